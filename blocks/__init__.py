@@ -1,0 +1,28 @@
+"""blocks: compose PyTorch training runs from typed blocks, check them, run them anywhere.
+
+The top-level package is torch-free: it holds the spec layer (blocks, recipes, the plan).
+Building (Lightning) and launching (processes) import torch when they are used.
+"""
+
+from blocks.core.block import KINDS, Block
+from blocks.core.errors import BlocksError, ConfigError, PlanError, Problem
+from blocks.core.plan import Plan, make_plan
+from blocks.core.recipe import Recipe, recipe
+from blocks.core.registry import register
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KINDS",
+    "Block",
+    "BlocksError",
+    "ConfigError",
+    "Plan",
+    "PlanError",
+    "Problem",
+    "Recipe",
+    "__version__",
+    "make_plan",
+    "recipe",
+    "register",
+]

@@ -1,0 +1,257 @@
+"""Hydra composition: blocks and recipes as config groups, and configs back into blocks.
+
+Every registered block is an option of its kind's group; its node is the block's typed
+dataclass fields plus ``_block_``, the registered name, so a resolved config (``config.yaml``)
+says which block to rebuild without any import path in it. A recipe is an option of the
+``recipe`` group that chooses an option in each group; a block the recipe customizes becomes
+a preset named after the recipe (``model=charlm``), so choosing another model drops the
+recipe's model settings instead of merging them into the wrong block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from blocks.core.block import KINDS, Block
+from blocks.core.errors import ConfigError, Problem, RegistryError, did_you_mean
+from blocks.core.registry import REGISTRY
+
+PRIMARY_CONFIG = "blocks"
+BLOCK_KEY = "_block_"
+DEFAULT_RECIPE = "charlm"
+GROUP_DEFAULTS: dict[str, str] = {
+    "data": "???",
+    "model": "???",
+    "task": "???",
+    "optim": "adamw",
+    "strategy": "single",
+    "precision": "32-true",
+    "checkpoint": "default",
+    "monitor": "default",
+    "trainer": "default",
+}
+GROUPS = (*KINDS, "recipe")
+
+
+def block_node(block: Block) -> DictConfig:
+    """The config node of *block*: ``_block_`` plus its typed fields (struct, so typos fail)."""
+    if not block.block_name:
+        raise RegistryError(f"{type(block).__qualname__} is not a registered block; decorate it with @register")
+    typed = OmegaConf.structured(block)
+    OmegaConf.set_readonly(typed, False)
+    node = OmegaConf.merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
+    OmegaConf.set_struct(node, True)
+    return node
+
+
+def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
+    """The primary config: the defaults list of every group, and Hydra's run-dir layout."""
+    defaults: list[Any] = ["_self_"]
+    defaults += [{kind: GROUP_DEFAULTS[kind]} for kind in KINDS]
+    defaults.append({"recipe": DEFAULT_RECIPE})
+    return {
+        "defaults": defaults,
+        "hydra": {
+            "searchpath": [f"file://{d}" for d in conf_dirs],
+            "run": {"dir": "outputs/${hydra.runtime.choices.recipe}/${now:%Y-%m-%d_%H-%M-%S}"},
+            "sweep": {
+                "dir": "multirun/${hydra.runtime.choices.recipe}/${now:%Y-%m-%d_%H-%M-%S}",
+                "subdir": "${hydra.job.num}",
+            },
+            "job": {"chdir": False},
+        },
+    }
+
+
+def config_to_blocks(config: Mapping[str, Any] | DictConfig) -> dict[str, Block]:
+    """Rebuild the block of every kind from a composed or saved config, validating each field."""
+    cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
+    problems: list[Problem] = []
+    out: dict[str, Block] = {}
+    for kind in KINDS:
+        node = cfg.get(kind)
+        if not isinstance(node, DictConfig) or BLOCK_KEY not in node:
+            problems.append(
+                Problem(kind, f"no {kind} block is chosen", f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>")
+            )
+            continue
+        try:
+            out[kind] = node_to_block(kind, node)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def node_to_block(kind: str, node: DictConfig) -> Block:
+    """One block from its config node; unknown fields, missing values and bad types are errors."""
+    name = str(node[BLOCK_KEY])
+    try:
+        cls = REGISTRY.get(kind, name).cls
+    except RegistryError as exc:
+        raise ConfigError(Problem(kind, exc.problems[0].message, f"{kind}=<option>")) from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in node.items() if k != BLOCK_KEY}
+    problems = []
+    for key in values:
+        if key not in fields:
+            hint = did_you_mean(str(key), fields)
+            problems.append(
+                Problem(
+                    f"{kind}.{key}",
+                    f"{kind}={name} has no field '{key}'" + (f"; {hint}" if hint else ""),
+                    f"fields of {kind}={name}: {', '.join(fields)}",
+                )
+            )
+    for key in fields:
+        if key in values and OmegaConf.is_missing(node, key):
+            problems.append(Problem(f"{kind}.{key}", "is required and has no value", f"{kind}.{key}=<value>"))
+    if problems:
+        raise ConfigError(problems)
+    base = OmegaConf.structured(cls)
+    OmegaConf.set_readonly(base, False)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.create({k: node[k] for k in values}))
+        container = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_problem(exc, prefix=kind)) from None
+    assert isinstance(container, dict)
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(hints.get(k), v) for k, v in container.items()}
+    return cls(**kwargs)
+
+
+def _coerce(annotation: Any, value: Any) -> Any:
+    """Lists from OmegaConf become tuples where the field is a tuple (blocks stay hashable)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if typing.get_origin(arg) is tuple:
+                origin = tuple
+    if origin is tuple and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _omegaconf_problem(exc: OmegaConfBaseException, prefix: str = "") -> Problem:
+    key = str(getattr(exc, "full_key", "") or "")
+    if prefix and key and not key.startswith(prefix + "."):
+        key = f"{prefix}.{key}"
+    message = str(getattr(exc, "msg", "") or exc).splitlines()[0]
+    expected = re.search(r"converted to (\w+)", message)
+    fix = f"give {key} a value of type {expected.group(1).lower()}" if expected else ""
+    return Problem(key or prefix, message, fix)
+
+
+def translate_compose_error(exc: BaseException, overrides: Sequence[str], known_keys: Mapping[str, Sequence[str]]) -> ConfigError:
+    """A Hydra composition exception as a :class:`ConfigError` naming the key and the fix.
+
+    *known_keys* maps each group to the keys of the option that would be chosen without the
+    failing override (for did-you-mean).
+    """
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    if isinstance(exc, MissingConfigException):
+        missing = str(getattr(exc, "missing_cfg_file", "") or "")
+        options = list(getattr(exc, "options", None) or [])
+        if "/" in missing:
+            group, option = missing.split("/", 1)
+            hint = did_you_mean(option, options)
+            return ConfigError(
+                Problem(
+                    group,
+                    f"no option '{option}' in group '{group}'" + (f"; {hint}" if hint else ""),
+                    f"available: {', '.join(options)}" if options else "",
+                )
+            )
+        match = re.search(r"You must specify '([\w/]+)'", str(exc))
+        if match:
+            group = match.group(1)
+            return ConfigError(Problem(group, f"no {group} option is chosen", f"{group}=<one of {', '.join(options)}>"))
+        return ConfigError(Problem("", str(exc).splitlines()[0]))
+    if isinstance(exc, OverrideParseException):
+        lines = str(exc).splitlines()
+        match = re.search(r"override '([^=']*)", lines[0])
+        detail = lines[1] if len(lines) > 1 else ""
+        return ConfigError(
+            Problem(
+                match.group(1) if match else "",
+                f"{lines[0]}: {detail}",
+                "write overrides as key=value, e.g. optim.lr=3e-4 (quote values with special characters)",
+            )
+        )
+    cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) else exc
+    override = _failing_override(str(exc), overrides)
+    if isinstance(cause, OmegaConfBaseException):
+        problem = _omegaconf_problem(cause)
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            return ConfigError(_unknown_key_problem(problem.key or override, known_keys))
+        if override and "=" in override:
+            value = override.split("=", 1)[1]
+            problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
+        return ConfigError(problem)
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    match = re.search(r"Could not override '([\w./]+)'", message)
+    if match:
+        return ConfigError(_unknown_key_problem(match.group(1), known_keys))
+    return ConfigError(Problem(override.split("=", 1)[0].lstrip("+~") if override else "", message))
+
+
+def _failing_override(message: str, overrides: Sequence[str]) -> str:
+    for override in overrides:
+        if override in message or f"'{override.split('=', 1)[0].lstrip('+~')}'" in message:
+            return override
+    return ""
+
+
+def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> Problem:
+    group, _, field = key.partition(".")
+    if not field:
+        hint = did_you_mean(group, GROUPS)
+        return Problem(
+            group,
+            f"'{group}' is not a config group" + (f"; {hint}" if hint else ""),
+            f"config groups: {', '.join(GROUPS)}",
+        )
+    keys = list(known_keys.get(group, ()))
+    hint = did_you_mean(field, keys)
+    fix = f"{group}.{hint.split(chr(39))[1]}=..." if hint else (f"keys of {group}: {', '.join(keys)}" if keys else "")
+    return Problem(key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix)
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A composed job config and the option chosen in each group.
+
+    Attributes:
+        config: the job's config (every kind's node), without Hydra's own settings.
+        choices: the option chosen for each group, ``recipe`` included.
+    """
+
+    config: DictConfig
+    choices: dict[str, str]
+
+
+def split_hydra(cfg: DictConfig) -> Composed:
+    """Separate a config composed with ``return_hydra_config`` (or inside a Hydra job) into a :class:`Composed`."""
+    choices = {
+        str(k): str(v)
+        for k, v in cfg.hydra.runtime.choices.items()
+        if not str(k).startswith("hydra/") and v is not None
+    }
+    job = OmegaConf.create({k: v for k, v in cfg.items() if k != "hydra"})
+    try:
+        OmegaConf.resolve(job)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_problem(exc)) from None
+    return Composed(config=job, choices=choices)

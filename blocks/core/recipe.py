@@ -1,0 +1,141 @@
+"""Recipes: Python functions that compose blocks into a job, each an option of the ``recipe`` group."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from blocks.checkpoint.base import CheckpointBlock
+from blocks.core.block import KINDS, Block
+from blocks.core.errors import RegistryError, did_you_mean
+from blocks.data.base import DataBlock
+from blocks.model.base import ModelBlock
+from blocks.monitor.base import MonitorBlock
+from blocks.optim.base import OptimBlock
+from blocks.precision.base import PrecisionBlock
+from blocks.strategy.base import StrategyBlock
+from blocks.task.base import TaskBlock
+from blocks.trainer.base import TrainerBlock
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """The blocks of a job. A kind left as None takes the group's default option.
+
+    Attributes:
+        data: where samples come from.
+        model: the network.
+        task: loss and metrics.
+        optim: optimizer, schedule, accumulation (default ``adamw``).
+        strategy: how training spreads over processes (default ``single``).
+        precision: numeric formats (default ``32-true``).
+        checkpoint: saving and resuming (default ``default``).
+        monitor: metrics and progress (default ``default``).
+        trainer: length, hardware, seed (default ``default``).
+    """
+
+    data: DataBlock
+    model: ModelBlock
+    task: TaskBlock
+    optim: OptimBlock | None = None
+    strategy: StrategyBlock | None = None
+    precision: PrecisionBlock | None = None
+    checkpoint: CheckpointBlock | None = None
+    monitor: MonitorBlock | None = None
+    trainer: TrainerBlock | None = None
+
+    def blocks(self) -> dict[str, Block]:
+        """The blocks the recipe sets, by kind (kinds left to their defaults are absent)."""
+        return {kind: block for kind in KINDS if (block := getattr(self, kind)) is not None}
+
+
+RecipeFn = Callable[[], Recipe]
+F = TypeVar("F", bound=RecipeFn)
+
+
+@dataclass(frozen=True)
+class RecipeEntry:
+    """A registered recipe function and where it came from."""
+
+    name: str
+    fn: RecipeFn
+    package: str
+    source: str
+
+    @property
+    def summary(self) -> str:
+        """The first line of the function's docstring."""
+        doc = (self.fn.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+    def build(self) -> Recipe:
+        """Call the recipe function and check that it returned a :class:`Recipe` of blocks."""
+        result = self.fn()
+        if not isinstance(result, Recipe):
+            raise RegistryError(
+                f"recipe '{self.name}' ({self.source}) returned {type(result).__name__}, not a Recipe"
+            )
+        for f in dataclasses.fields(result):
+            value = getattr(result, f.name)
+            if value is not None and not isinstance(value, Block):
+                raise RegistryError(f"recipe '{self.name}' sets {f.name} to {value!r}, which is not a block")
+        return result
+
+
+class RecipeBook:
+    """Every registered recipe by name."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, RecipeEntry] = {}
+        self._namespace = ""
+        self._package = "blocks"
+
+    def set_namespace(self, prefix: str, package: str) -> None:
+        """Register what follows under ``prefix/`` for *package* (empty prefix: built-in)."""
+        self._namespace, self._package = prefix, package
+
+    def add(self, name: str, fn: RecipeFn) -> RecipeEntry:
+        """Register *fn* as recipe *name*; a second function under the same name is an error."""
+        full = f"{self._namespace}/{name}" if self._namespace else name
+        source = f"{fn.__module__}.{fn.__qualname__}"
+        existing = self._entries.get(full)
+        if existing is not None and existing.source != source:
+            raise RegistryError(f"recipe '{full}' is defined twice: {existing.source} and {source}")
+        entry = RecipeEntry(full, fn, self._package, source)
+        self._entries[full] = entry
+        return entry
+
+    def get(self, name: str) -> RecipeEntry:
+        """The recipe called *name*, or a did-you-mean error."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            hint = did_you_mean(name, self._entries)
+            raise RegistryError(f"no recipe named '{name}'" + (f"; {hint}" if hint else "")) from None
+
+    def entries(self) -> list[RecipeEntry]:
+        """All recipes, by name."""
+        return [self._entries[n] for n in sorted(self._entries)]
+
+
+RECIPES = RecipeBook()
+"""The process-wide recipe book."""
+
+
+def recipe(name: str) -> Callable[[F], F]:
+    """Decorator: make a function returning a :class:`Recipe` an option of the ``recipe`` group.
+
+    Example::
+
+        @recipe("charlm")
+        def charlm() -> Recipe:
+            return Recipe(data=Text(), model=Transformer(), task=LanguageModeling())
+    """
+
+    def decorate(fn: F) -> F:
+        RECIPES.add(name, fn)
+        return fn
+
+    return decorate

@@ -1,0 +1,7 @@
+"""Data blocks: where samples come from and the batch contract (torch-free until built)."""
+
+from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
+from blocks.data.blobs import Blobs
+from blocks.data.text import Text
+
+__all__ = ["BatchSpec", "Blobs", "DataBlock", "FeatureBatch", "Text", "TokenBatch"]

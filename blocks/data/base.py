@@ -1,0 +1,79 @@
+"""The data kind: what a data block provides and the batch contract it shares with models and tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from blocks.core.block import Block
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from blocks.core.plan import CheckContext
+
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Batches of token ids: ``inputs`` and ``targets`` are ``int64[batch, seq_len]``.
+
+    Attributes:
+        vocab_size: number of distinct token ids.
+        seq_len: tokens per sample.
+    """
+
+    vocab_size: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class FeatureBatch:
+    """Batches of feature vectors with class labels: ``float32[batch, num_features]`` → ``int64[batch]``.
+
+    Attributes:
+        num_features: length of each feature vector.
+        num_classes: number of class labels.
+    """
+
+    num_features: int
+    num_classes: int
+
+
+BatchSpec = TokenBatch | FeatureBatch
+"""What a data block yields; models and tasks declare which specs they accept."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataBlock(Block):
+    """Base of data blocks: a dataset per split plus the batch contract.
+
+    Every item of a built dataset is a dict with ``inputs`` and ``targets`` tensors.
+
+    Attributes:
+        batch_size: micro-batch per device per forward pass.
+        num_workers: DataLoader worker processes per device (0 loads in the training process).
+    """
+
+    kind: ClassVar[str] = "data"
+
+    batch_size: int = 32
+    num_workers: int = 0
+
+    def batch_spec(self) -> BatchSpec:
+        """The shape of the batches this block yields (torch-free)."""
+        raise NotImplementedError
+
+    def num_samples(self, split: str) -> int:
+        """How many samples *split* holds (torch-free; 0 when the split is empty)."""
+        raise NotImplementedError
+
+    def build(self, split: str) -> Dataset:
+        """The torch dataset for *split* (``train`` or ``val``); imports torch lazily."""
+        raise NotImplementedError
+
+    def check(self, ctx: CheckContext) -> None:
+        """Batch size and worker count must be sane."""
+        ctx.positive("batch_size", self.batch_size)
+        ctx.positive("num_workers", self.num_workers, allow_zero=True)

@@ -1,0 +1,62 @@
+"""``data=blobs``: a generated classification set (Gaussian blobs), for fast tests and demos."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from blocks.core.registry import register
+from blocks.data.base import DataBlock, FeatureBatch
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from blocks.core.plan import CheckContext
+
+
+@register("blobs")
+@dataclass(frozen=True, kw_only=True)
+class Blobs(DataBlock):
+    """Gaussian blobs: one cluster per class in feature space, generated from a seed.
+
+    Attributes:
+        samples: total number of samples (train + val).
+        num_features: feature vector length.
+        num_classes: number of clusters, one per class.
+        spread: standard deviation of each cluster; larger is harder.
+        val_fraction: share of the samples held out for validation.
+        seed: seed of the generator; the same seed gives the same set.
+    """
+
+    samples: int = 4096
+    num_features: int = 32
+    num_classes: int = 4
+    spread: float = 1.0
+    val_fraction: float = 0.1
+    seed: int = 0
+
+    def batch_spec(self) -> FeatureBatch:
+        """Feature vectors with class labels."""
+        return FeatureBatch(num_features=self.num_features, num_classes=self.num_classes)
+
+    def num_samples(self, split: str) -> int:
+        """Samples in *split*."""
+        val = int(self.samples * self.val_fraction)
+        return val if split == "val" else self.samples - val
+
+    def build(self, split: str) -> Dataset:
+        """The generated split as a tensor dataset."""
+        from blocks.data.datasets import blobs_dataset
+
+        return blobs_dataset(self, split)
+
+    def check(self, ctx: CheckContext) -> None:
+        """Sizes must be positive and the split must leave training samples."""
+        super().check(ctx)
+        ctx.positive("samples", self.samples)
+        ctx.positive("num_features", self.num_features)
+        ctx.positive("spread", self.spread)
+        if self.num_classes < 2:
+            ctx.error("num_classes", f"needs at least 2 classes, got {self.num_classes}", "data.num_classes=2")
+        if not 0 <= self.val_fraction < 1:
+            ctx.error("val_fraction", f"must be in [0, 1), got {self.val_fraction}", "data.val_fraction=0.1")

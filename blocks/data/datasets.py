@@ -1,0 +1,73 @@
+"""Torch datasets behind the built-in data blocks (imported only when building)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.data import Dataset
+
+from blocks.data import corpus
+
+if TYPE_CHECKING:
+    from blocks.data.blobs import Blobs
+    from blocks.data.text import Text
+
+Sample = dict[str, torch.Tensor]
+
+
+class TokenWindows(Dataset[Sample]):
+    """Non-overlapping windows of ``seq_len + 1`` tokens; item ``i`` predicts window ``i`` shifted by one."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
+        self.tokens = tokens
+        self.seq_len = seq_len
+
+    @classmethod
+    def from_text_block(cls, block: Text, split: str) -> TokenWindows:
+        """Tokenize the block's corpus and keep the part for *split*."""
+        raw = corpus.corpus_bytes(block.path)
+        if block.level == "byte":
+            tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+        else:
+            alphabet = {ch: i for i, ch in enumerate(corpus.corpus_alphabet(block.path))}
+            text = raw.decode("utf-8", errors="replace")
+            tokens = torch.tensor([alphabet[ch] for ch in text], dtype=torch.long)
+        train, _ = block.split_tokens()
+        part = tokens[:train] if split == "train" else tokens[train:]
+        return cls(part, block.seq_len)
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.seq_len)
+
+    def __getitem__(self, index: int) -> Sample:
+        start = index * self.seq_len
+        window = self.tokens[start : start + self.seq_len + 1]
+        return {"inputs": window[:-1], "targets": window[1:]}
+
+
+class TensorPairs(Dataset[Sample]):
+    """Samples from two aligned tensors: features and labels."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.inputs = inputs
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Sample:
+        return {"inputs": self.inputs[index], "targets": self.targets[index]}
+
+
+def blobs_dataset(block: Blobs, split: str) -> TensorPairs:
+    """Generate the blobs set from the block's seed and return *split* of it."""
+    gen = torch.Generator().manual_seed(block.seed)
+    centers = torch.randn(block.num_classes, block.num_features, generator=gen) * 3.0
+    labels = torch.randint(0, block.num_classes, (block.samples,), generator=gen)
+    noise = torch.randn(block.samples, block.num_features, generator=gen) * block.spread
+    features = centers[labels] + noise
+    train = block.num_samples("train")
+    if split == "train":
+        return TensorPairs(features[:train], labels[:train])
+    return TensorPairs(features[train:], labels[train:])

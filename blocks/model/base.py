@@ -1,0 +1,54 @@
+"""The model kind: a network that maps a batch's ``inputs`` to outputs its task scores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from blocks.core.block import Block
+from blocks.data.base import BatchSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from blocks.core.plan import CheckContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelBlock(Block):
+    """Base of model blocks.
+
+    A model block declares which batch specs it accepts, how many parameters it has for a
+    given spec (torch-free, for the plan), and the repeated units that parallelism strategies
+    shard and checkpoint (e.g. a transformer's layers).
+    """
+
+    kind: ClassVar[str] = "model"
+    accepts: ClassVar[tuple[type, ...]] = ()
+    """Batch spec types (``TokenBatch``, ``FeatureBatch``) this model takes."""
+
+    def num_parameters(self, spec: BatchSpec) -> int:
+        """Parameter count for *spec*, computed without torch."""
+        raise NotImplementedError
+
+    def shard_units(self) -> str | None:
+        """Attribute name of the ``nn.ModuleList`` of repeated units, or ``None`` if it has none."""
+        return None
+
+    def build(self, spec: BatchSpec) -> nn.Module:
+        """The ``nn.Module`` for *spec*; imports torch lazily."""
+        raise NotImplementedError
+
+    def check(self, ctx: CheckContext) -> None:
+        """The data's batch spec must be one this model accepts."""
+        spec = ctx.batch_spec
+        if spec is not None and self.accepts and not isinstance(spec, self.accepts):
+            wanted = " or ".join(t.__name__ for t in self.accepts)
+            ctx.error(
+                "",
+                f"model={self.block_name} takes {wanted} batches but data={ctx.data.block_name} "
+                f"yields {type(spec).__name__}",
+                "choose a data block that yields " + wanted + " or a model that takes "
+                + type(spec).__name__,
+                check="data-model-batch",
+            )

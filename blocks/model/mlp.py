@@ -1,0 +1,63 @@
+"""``model=mlp``: a multi-layer perceptron classifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from blocks.core.registry import register
+from blocks.data.base import BatchSpec, FeatureBatch
+from blocks.model.base import ModelBlock
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from blocks.core.plan import CheckContext
+
+ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
+
+
+@register("mlp")
+@dataclass(frozen=True, kw_only=True)
+class MLP(ModelBlock):
+    """A multi-layer perceptron from feature vectors to class logits.
+
+    Attributes:
+        hidden: widths of the hidden layers, e.g. ``[128, 128]``.
+        activation: one of relu, gelu, tanh, silu.
+        dropout: dropout after each hidden activation.
+    """
+
+    accepts = (FeatureBatch,)
+
+    hidden: tuple[int, ...] = (128, 128)
+    activation: str = "relu"
+    dropout: float = 0.0
+
+    def widths(self, spec: FeatureBatch) -> list[int]:
+        """Layer widths from input features through the hidden layers to the classes."""
+        return [spec.num_features, *self.hidden, spec.num_classes]
+
+    def num_parameters(self, spec: BatchSpec) -> int:
+        """Weights and biases of every linear layer."""
+        assert isinstance(spec, FeatureBatch)
+        widths = self.widths(spec)
+        return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+
+    def build(self, spec: BatchSpec) -> nn.Module:
+        """An ``nn.Sequential`` of linear layers and activations."""
+        from blocks.model.networks import mlp
+
+        assert isinstance(spec, FeatureBatch)
+        return mlp(self.widths(spec), self.activation, self.dropout)
+
+    def check(self, ctx: CheckContext) -> None:
+        """Widths positive, activation known."""
+        super().check(ctx)
+        for width in self.hidden:
+            if width <= 0:
+                ctx.error("hidden", f"layer widths must be > 0, got {list(self.hidden)}", "model.hidden=[128,128]")
+                break
+        ctx.choice("activation", self.activation, ACTIVATIONS)
+        if not 0 <= self.dropout < 1:
+            ctx.error("dropout", f"must be in [0, 1), got {self.dropout}", "model.dropout=0.0")

@@ -1,0 +1,116 @@
+"""``model=transformer``: a small GPT-style decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from blocks.core.registry import register
+from blocks.data.base import BatchSpec, TokenBatch
+from blocks.model.base import ModelBlock
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from blocks.core.plan import CheckContext
+
+
+@register("transformer")
+@dataclass(frozen=True, kw_only=True)
+class Transformer(ModelBlock):
+    """A GPT-style decoder: token + position embeddings, pre-norm causal self-attention layers.
+
+    Its ``layers`` are the units that FSDP shards and activation checkpointing wraps.
+
+    Attributes:
+        d_model: width of the residual stream.
+        n_layers: number of transformer layers.
+        n_heads: attention heads per layer; must divide ``d_model``.
+        context: longest sequence the position embedding covers; must be >= ``data.seq_len``.
+        mlp_ratio: width of each layer's MLP as a multiple of ``d_model``.
+        dropout: dropout on attention and residual branches (0 for exact reproducibility
+            across process layouts).
+        vocab_size: token vocabulary; unset (null) takes the data's vocabulary.
+        tie_weights: share the input embedding with the output head.
+    """
+
+    accepts = (TokenBatch,)
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    context: int = 256
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    vocab_size: int | None = None
+    tie_weights: bool = True
+
+    def resolved_vocab(self, spec: TokenBatch) -> int:
+        """The vocabulary size: explicit, or the data's."""
+        return self.vocab_size if self.vocab_size is not None else spec.vocab_size
+
+    def num_parameters(self, spec: BatchSpec) -> int:
+        """Embeddings, layers (attention, MLP, norms) and the output head."""
+        assert isinstance(spec, TokenBatch)
+        d, vocab = self.d_model, self.resolved_vocab(spec)
+        hidden = self.mlp_ratio * d
+        per_layer = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * hidden + hidden) + (hidden * d + d)
+        head = 0 if self.tie_weights else vocab * d
+        return vocab * d + self.context * d + self.n_layers * per_layer + 2 * d + head
+
+    def shard_units(self) -> str:
+        """The decoder layers."""
+        return "layers"
+
+    def build(self, spec: BatchSpec) -> nn.Module:
+        """A :class:`~blocks.model.networks.Decoder`."""
+        from blocks.model.networks import Decoder
+
+        assert isinstance(spec, TokenBatch)
+        return Decoder(
+            vocab_size=self.resolved_vocab(spec),
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            context=self.context,
+            mlp_ratio=self.mlp_ratio,
+            dropout=self.dropout,
+            tie_weights=self.tie_weights,
+        )
+
+    def check(self, ctx: CheckContext) -> None:
+        """Shapes must agree with each other and with the data."""
+        super().check(ctx)
+        for name in ("d_model", "n_layers", "n_heads", "context", "mlp_ratio"):
+            ctx.positive(name, getattr(self, name))
+        if not 0 <= self.dropout < 1:
+            ctx.error("dropout", f"must be in [0, 1), got {self.dropout}", "model.dropout=0.0")
+        if self.n_heads > 0 and self.d_model % self.n_heads:
+            ctx.error(
+                "n_heads",
+                f"{self.n_heads} heads do not divide d_model={self.d_model}",
+                f"model.n_heads={_divisor_near(self.d_model, self.n_heads)}",
+            )
+        spec = ctx.batch_spec
+        if not isinstance(spec, TokenBatch):
+            return
+        if spec.seq_len > self.context:
+            ctx.error(
+                "context",
+                f"data.seq_len={spec.seq_len} is longer than model.context={self.context}",
+                f"model.context={spec.seq_len} or data.seq_len={self.context}",
+                check="seq-len-context",
+            )
+        if self.vocab_size is not None and self.vocab_size < spec.vocab_size:
+            ctx.error(
+                "vocab_size",
+                f"model.vocab_size={self.vocab_size} is smaller than the data's vocabulary ({spec.vocab_size})",
+                "model.vocab_size=null (take it from the data)",
+                check="vocab-size",
+            )
+
+
+def _divisor_near(n: int, target: int) -> int:
+    """The divisor of *n* closest to *target*."""
+    divisors = [k for k in range(1, n + 1) if n % k == 0]
+    return min(divisors, key=lambda k: (abs(k - target), k))

@@ -1,0 +1,5 @@
+"""Monitor blocks."""
+
+from blocks.monitor.base import Monitor, MonitorBlock
+
+__all__ = ["Monitor", "MonitorBlock"]

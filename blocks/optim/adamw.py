@@ -1,0 +1,75 @@
+"""``optim=adamw`` and ``optim=sgd``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from blocks.core.registry import register
+from blocks.optim.base import OptimBlock
+
+if TYPE_CHECKING:
+    import torch
+
+    from blocks.core.plan import CheckContext
+
+
+@register("adamw")
+@dataclass(frozen=True, kw_only=True)
+class AdamW(OptimBlock):
+    """AdamW with warmup and a decay schedule.
+
+    Attributes:
+        beta1: first-moment decay.
+        beta2: second-moment decay.
+        eps: denominator epsilon.
+    """
+
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def make_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
+        """``torch.optim.AdamW``."""
+        import torch
+
+        return torch.optim.AdamW(groups, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps)
+
+    def check(self, ctx: CheckContext) -> None:
+        """Betas in [0, 1)."""
+        super().check(ctx)
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                ctx.error(name, f"must be in [0, 1), got {value}", f"optim.{name}={0.9 if name == 'beta1' else 0.999}")
+        ctx.positive("eps", self.eps)
+
+
+@register("sgd")
+@dataclass(frozen=True, kw_only=True)
+class SGD(OptimBlock):
+    """Stochastic gradient descent with momentum, warmup and a decay schedule.
+
+    Attributes:
+        momentum: momentum factor (0 disables it).
+        nesterov: use Nesterov momentum.
+    """
+
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+
+    def make_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
+        """``torch.optim.SGD``."""
+        import torch
+
+        return torch.optim.SGD(groups, lr=self.lr, momentum=self.momentum, nesterov=self.nesterov)
+
+    def check(self, ctx: CheckContext) -> None:
+        """Momentum in [0, 1); Nesterov needs momentum."""
+        super().check(ctx)
+        if not 0 <= self.momentum < 1:
+            ctx.error("momentum", f"must be in [0, 1), got {self.momentum}", "optim.momentum=0.9")
+        if self.nesterov and self.momentum == 0:
+            ctx.error("nesterov", "Nesterov momentum needs optim.momentum > 0", "optim.momentum=0.9 or optim.nesterov=false")

@@ -1,0 +1,72 @@
+"""The optim kind: optimizer, learning-rate schedule, gradient accumulation and clipping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from blocks.core.block import Block
+from blocks.optim.schedule import SCHEDULES
+
+if TYPE_CHECKING:
+    import torch
+
+    from blocks.core.plan import CheckContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimBlock(Block):
+    """Base of optimizer blocks; holds everything about one optimizer step.
+
+    Attributes:
+        lr: peak learning rate, reached after warmup.
+        weight_decay: decoupled weight decay, applied to weight matrices only (not to
+            biases, norms or embeddings' 1-d parameters).
+        accumulate: micro-batches per optimizer step; their gradients are averaged. Means
+            the same under every strategy.
+        warmup_steps: optimizer steps of linear warmup.
+        schedule: decay after warmup: cosine, linear or constant.
+        min_lr_ratio: the LR at the end of the decay as a fraction of ``lr``.
+        grad_clip: clip the global gradient norm to this value; null disables clipping.
+    """
+
+    kind: ClassVar[str] = "optim"
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    accumulate: int = 1
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+
+    def make_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
+        """The torch optimizer over parameter *groups* (decayed and not decayed)."""
+        raise NotImplementedError
+
+    def build(
+        self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]], total_steps: int
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """The optimizer and its per-step LR scheduler."""
+        from blocks.optim.factory import build_optimizer
+
+        return build_optimizer(self, named_parameters, total_steps)
+
+    def check(self, ctx: CheckContext) -> None:
+        """Positive LR and accumulation, known schedule, warmup shorter than training."""
+        ctx.positive("lr", self.lr)
+        ctx.positive("weight_decay", self.weight_decay, allow_zero=True)
+        ctx.positive("accumulate", self.accumulate)
+        ctx.positive("warmup_steps", self.warmup_steps, allow_zero=True)
+        ctx.choice("schedule", self.schedule, SCHEDULES)
+        if not 0 <= self.min_lr_ratio <= 1:
+            ctx.error("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}", "optim.min_lr_ratio=0.1")
+        ctx.positive("grad_clip", self.grad_clip)
+        total = ctx.derived.total_steps
+        if total and self.warmup_steps >= total:
+            ctx.warning(
+                "warmup_steps",
+                f"warmup ({self.warmup_steps} steps) covers all {total} training steps; the LR never reaches optim.lr",
+                f"optim.warmup_steps={max(0, total // 10)}",
+            )

@@ -1,0 +1,41 @@
+"""The strategy kind: how the model and its training are spread over processes and devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from blocks.core.block import Block
+
+if TYPE_CHECKING:
+    from blocks.core.plan import CheckContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyBlock(Block):
+    """Base of strategy blocks.
+
+    ``shards_parameters`` says whether parameters, gradients and optimizer state are split
+    across processes (FSDP) or replicated (DDP, single); the plan's memory estimate and the
+    checkpoint format follow from it.
+    """
+
+    kind: ClassVar[str] = "strategy"
+    shards_parameters: ClassVar[bool] = False
+    max_world_size: ClassVar[int | None] = None
+
+    def build(self, *, accelerator: str, model_units: str | None) -> Any:
+        """The ``strategy`` argument for ``lightning.Trainer``; imports Lightning lazily."""
+        raise NotImplementedError
+
+    def check(self, ctx: CheckContext) -> None:
+        """World size within what this strategy runs."""
+        limit = self.max_world_size
+        world = ctx.derived.world_size
+        if limit is not None and world > limit:
+            ctx.error(
+                "",
+                f"strategy={self.block_name} runs {limit} process, but trainer.devices × trainer.nodes = {world}",
+                "trainer.devices=1 trainer.nodes=1, or a multi-process strategy once installed (strategy=ddp)",
+                check="strategy-world-size",
+            )

@@ -1,0 +1,7 @@
+"""Task blocks: losses and metrics."""
+
+from blocks.task.base import TaskBlock
+from blocks.task.classify import Classification
+from blocks.task.lm import LanguageModeling
+
+__all__ = ["Classification", "LanguageModeling", "TaskBlock"]

@@ -1,0 +1,69 @@
+"""The trainer settings: how long to train, on what hardware, with which seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from blocks.core.block import Block
+from blocks.core.registry import register
+
+if TYPE_CHECKING:
+    from blocks.core.plan import CheckContext
+
+ACCELERATORS = ("auto", "cpu", "gpu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerBlock(Block):
+    """Base of trainer settings blocks."""
+
+    kind: ClassVar[str] = "trainer"
+
+
+@register("default")
+@dataclass(frozen=True, kw_only=True)
+class Trainer(TrainerBlock):
+    """Length of training, hardware, seed and validation cadence.
+
+    Attributes:
+        max_steps: optimizer steps to train; null means until ``max_epochs``.
+        max_epochs: passes over the training split; null means until ``max_steps``.
+            With both set, training stops at whichever comes first.
+        devices: devices (processes) per node.
+        nodes: machines.
+        accelerator: ``auto`` (a GPU when there is one), ``cpu`` or ``gpu``.
+        seed: seeds weights, data order and every random number generator.
+        val_every: validate every N optimizer steps; null validates at the end of each epoch.
+            The end of training is always validated.
+        max_failures: restarts after a failure before the job gives up.
+        deterministic: make torch use deterministic algorithms (slower on GPU).
+    """
+
+    max_steps: int | None = None
+    max_epochs: int | None = 1
+    devices: int = 1
+    nodes: int = 1
+    accelerator: str = "auto"
+    seed: int = 0
+    val_every: int | None = None
+    max_failures: int = 0
+    deterministic: bool = False
+
+    def check(self, ctx: CheckContext) -> None:
+        """Training length set, hardware counts positive, accelerator known."""
+        if self.max_steps is None and self.max_epochs is None:
+            ctx.error("max_steps", "neither trainer.max_steps nor trainer.max_epochs is set", "trainer.max_steps=1000")
+        ctx.positive("max_steps", self.max_steps)
+        ctx.positive("max_epochs", self.max_epochs)
+        ctx.positive("devices", self.devices)
+        ctx.positive("nodes", self.nodes)
+        ctx.positive("val_every", self.val_every)
+        ctx.positive("max_failures", self.max_failures, allow_zero=True)
+        ctx.choice("accelerator", self.accelerator, ACCELERATORS)
+        if self.accelerator == "gpu" and ctx.environment.gpus == 0 and ctx.derived.world_size == self.devices:
+            ctx.warning(
+                "accelerator",
+                "trainer.accelerator=gpu but this machine has no GPU; the job fails unless it runs elsewhere",
+                "trainer.accelerator=auto",
+            )

@@ -1,0 +1,22 @@
+"""The default recipe: a character-level transformer language model on text that ships with Python."""
+
+from blocks import Recipe, recipe
+from blocks.data import Text
+from blocks.model import Transformer
+from blocks.monitor import Monitor
+from blocks.optim import AdamW
+from blocks.task import LanguageModeling
+from blocks.trainer import Trainer
+
+
+@recipe("charlm")
+def charlm() -> Recipe:
+    """A small GPT on the byte stream of Python's ``email`` package sources; learns in about a minute on a CPU."""
+    return Recipe(
+        data=Text(seq_len=64, batch_size=32),
+        model=Transformer(d_model=96, n_layers=3, n_heads=4, context=64),
+        task=LanguageModeling(),
+        optim=AdamW(lr=3e-3, warmup_steps=20, weight_decay=0.1),
+        monitor=Monitor(log_every_n_steps=10),
+        trainer=Trainer(max_steps=300, max_epochs=None, val_every=50),
+    )
