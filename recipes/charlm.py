@@ -13,10 +13,10 @@ from blocks.trainer import Trainer
 def charlm() -> Recipe:
     """A small GPT on the byte stream of Python's ``email`` package sources; learns in about a minute on a CPU."""
     return Recipe(
-        data=Text(seq_len=64, batch_size=32),
-        model=Transformer(d_model=96, n_layers=3, n_heads=4, context=64),
+        data=Text(seq_len=128, batch_size=32),
+        model=Transformer(d_model=128, n_layers=4, n_heads=4, context=128),
         task=LanguageModeling(),
-        optim=AdamW(lr=3e-3, warmup_steps=20, weight_decay=0.1),
+        optim=AdamW(lr=3e-3, warmup_steps=30, weight_decay=0.1),
         monitor=Monitor(log_every_n_steps=10),
-        trainer=Trainer(max_steps=300, max_epochs=None, val_every=50),
+        trainer=Trainer(max_steps=400, max_epochs=None, val_every=100),
     )

@@ -67,7 +67,7 @@ def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
                 "dir": "multirun/${hydra.runtime.choices.recipe}/${now:%Y-%m-%d_%H-%M-%S}",
                 "subdir": "${hydra.job.num}",
             },
-            "job": {"chdir": False},
+            "job": {"chdir": False, "name": "blocks"},
         },
     }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.block import KINDS, Block
@@ -148,6 +148,51 @@ class Plan:
     problems: tuple[Problem, ...]
 
     @property
+    def data(self) -> DataBlock:
+        """The data block."""
+        return _typed(self.blocks["data"], DataBlock)
+
+    @property
+    def model(self) -> ModelBlock:
+        """The model block."""
+        return _typed(self.blocks["model"], ModelBlock)
+
+    @property
+    def task(self) -> TaskBlock:
+        """The task block."""
+        return _typed(self.blocks["task"], TaskBlock)
+
+    @property
+    def optim(self) -> OptimBlock:
+        """The optim block."""
+        return _typed(self.blocks["optim"], OptimBlock)
+
+    @property
+    def strategy(self) -> StrategyBlock:
+        """The strategy block."""
+        return _typed(self.blocks["strategy"], StrategyBlock)
+
+    @property
+    def precision(self) -> PrecisionBlock:
+        """The precision block."""
+        return _typed(self.blocks["precision"], PrecisionBlock)
+
+    @property
+    def checkpoint(self) -> CheckpointBlock:
+        """The checkpoint block."""
+        return _typed(self.blocks["checkpoint"], CheckpointBlock)
+
+    @property
+    def monitor(self) -> MonitorBlock:
+        """The monitor block."""
+        return _typed(self.blocks["monitor"], MonitorBlock)
+
+    @property
+    def trainer(self) -> TrainerBlock:
+        """The trainer settings."""
+        return _typed(self.blocks["trainer"], TrainerBlock)
+
+    @property
     def ok(self) -> bool:
         """True when there is no error (warnings allowed)."""
         return not self.errors
@@ -180,6 +225,14 @@ class Plan:
             "derived": dataclasses.asdict(self.derived),
             "problems": [p.to_json() for p in self.problems],
         }
+
+
+T = TypeVar("T", bound=Block)
+
+
+def _typed(block: Block, cls: type[T]) -> T:
+    assert isinstance(block, cls)
+    return block
 
 
 def _plain(value: Any) -> Any:

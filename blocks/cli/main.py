@@ -1,0 +1,186 @@
+"""``blocks``: the command line (run, plan, list).
+
+Config mistakes end with exit status 2 and a message naming the key and the fix, never a
+traceback. ``plan`` and ``list`` never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from blocks import __version__
+from blocks.core.block import KINDS
+from blocks.core.errors import BlocksError, Problem, did_you_mean
+
+EXIT_INVALID = 2
+
+_HYDRA_INFO_FLAGS = ("cfg", "info", "help", "hydra_help", "shell_completion", "experimental_rerun")
+
+stdout = Console(soft_wrap=False)
+stderr = Console(stderr=True)
+
+
+def _fail(error: BlocksError, header: str = "blocks: the configuration has problems; nothing was started") -> int:
+    from blocks.cli.render import print_problems
+
+    print_problems(stderr, error.problems, header=header)
+    return error.exit_code
+
+
+def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
+    """Compose and check; print the plan(s). 0 when valid, 2 when not."""
+    from blocks.cli.render import plan_panel
+    from blocks.core import jobs
+    from blocks.launch.sweep import expand_sweep
+
+    job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
+    plans = []
+    for one in job_overrides:
+        try:
+            plans.append((one, jobs.plan(one)))
+        except BlocksError as exc:
+            if as_json:
+                print(json.dumps({"valid": False, "overrides": one, "problems": [p.to_json() for p in exc.problems]}, indent=2))
+                return EXIT_INVALID
+            return _fail(exc, header="blocks plan: the configuration does not compose")
+    if as_json:
+        payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
+        print(json.dumps(payload if multirun else payload[0], indent=2))
+    else:
+        for one, plan in plans:
+            if multirun:
+                stdout.print(f"[bold]job:[/] {' '.join(one) or '(no overrides)'}", highlight=False)
+            stdout.print(plan_panel(plan))
+    return 0 if all(plan.ok for _, plan in plans) else EXIT_INVALID
+
+
+def cmd_list(kind: str | None, *, as_json: bool) -> int:
+    """Print every registered block (of one kind)."""
+    from blocks.cli.render import entry_json, registry_table
+    from blocks.core import catalog
+    from blocks.core.registry import REGISTRY
+
+    if kind is not None and kind not in KINDS:
+        hint = did_you_mean(kind, KINDS)
+        raise BlocksError(Problem("KIND", f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""), f"one of: {', '.join(KINDS)}"))
+    catalog.load()
+    entries = REGISTRY.entries(kind)
+    if as_json:
+        print(json.dumps([entry_json(e) for e in entries], indent=2))
+    else:
+        stdout.print(registry_table(entries))
+    return 0
+
+
+def _precheck(args: Sequence[str]) -> int | None:
+    """Plan every job the command line would launch; print problems and return 2 if any fails."""
+    from hydra._internal.utils import get_args_parser
+
+    from blocks.cli.render import plan_panel
+    from blocks.core import jobs
+    from blocks.launch.sweep import expand_sweep
+
+    parsed = get_args_parser().parse_args(list(args))
+    if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS) or parsed.config_dir:
+        return None
+    overrides = list(parsed.overrides)
+    multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
+    sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "basic")
+    if multirun and sweeper == "basic":
+        job_overrides = expand_sweep(overrides)
+    elif multirun:
+        job_overrides = [[o for o in overrides if "," not in o.split("=", 1)[-1] and "(" not in o]]
+    else:
+        job_overrides = [overrides]
+    failed = 0
+    for one in job_overrides:
+        header = "blocks: the configuration has problems; nothing was started"
+        if len(job_overrides) > 1:
+            header = f"blocks: job [{' '.join(one)}] has problems; no job of the sweep was started"
+        try:
+            plan = jobs.plan(one)
+        except BlocksError as exc:
+            _fail(exc, header)
+            failed += 1
+            continue
+        if not multirun:
+            stdout.print(plan_panel(plan))
+        elif not plan.ok:
+            from blocks.cli.render import print_problems
+
+            print_problems(stderr, plan.problems, header=header)
+        if not plan.ok:
+            failed += 1
+    if failed:
+        return EXIT_INVALID
+    if multirun:
+        stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
+    return None
+
+
+def cmd_run(args: Sequence[str]) -> int:
+    """Check every job, then hand the command line to Hydra, which runs the driver per job."""
+    code = _precheck(args)
+    if code is not None:
+        return code
+    import hydra
+
+    from blocks.core import catalog
+    from blocks.core.compose import PRIMARY_CONFIG
+    from blocks.launch.driver import run_job
+
+    catalog.load()
+    sys.argv = ["blocks", *args]
+    hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_job)()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``blocks``."""
+    parser = argparse.ArgumentParser(
+        prog="blocks",
+        description="Compose training runs from typed blocks, check them, run them.",
+    )
+    parser.add_argument("--version", action="version", version=f"blocks {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="compose, check, then train (Hydra overrides, -m sweeps and Hydra flags work)",
+        add_help=False,
+    )
+    run.add_argument("args", nargs=argparse.REMAINDER)
+    plan = sub.add_parser("plan", help="compose and check only; print the plan (exit 2 when invalid)")
+    plan.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4 strategy=single")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("-m", "--multirun", action="store_true", help="plan every job of a sweep")
+    lst = sub.add_parser("list", help="every registered block with its fields")
+    lst.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
+    lst.add_argument("--json", action="store_true", help="print as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``blocks`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        dispatch = lambda: cmd_run(argv[1:])  # noqa: E731 - Hydra parses run's arguments itself
+    else:
+        args = build_parser().parse_args(argv)
+        if args.command == "plan":
+            dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
+        else:
+            dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
+    try:
+        code = dispatch()
+    except BlocksError as exc:
+        code = _fail(exc)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

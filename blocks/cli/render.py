@@ -1,0 +1,135 @@
+"""Rendering plans, problems and block listings with rich (torch-free)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from blocks.core.block import Block, block_fields
+from blocks.core.errors import Problem
+from blocks.core.plan import Plan
+from blocks.core.registry import Entry
+
+_DERIVED_LABELS = {
+    "accelerator": "accelerator",
+    "world_size": "world size (devices × nodes)",
+    "micro_batch": "micro-batch per device",
+    "accumulate": "accumulate",
+    "global_batch": "global batch (micro × world × accumulate)",
+    "train_samples": "train samples",
+    "val_samples": "val samples",
+    "steps_per_epoch": "steps per epoch",
+    "total_steps": "total steps",
+    "epochs": "epochs",
+    "warmup_steps": "warmup steps",
+    "effective_lr": "effective LR",
+    "parameters": "model parameters",
+}
+
+
+def _changed_fields(block: Block) -> str:
+    """``name=value`` for the fields that differ from the block class's defaults."""
+    default = type(block)()
+    parts = [
+        f"{f.name}={getattr(block, f.name)!r}"
+        for f in dataclasses.fields(block)
+        if getattr(block, f.name) != getattr(default, f.name)
+    ]
+    return " ".join(parts)
+
+
+def _number(value: object) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def plan_panel(plan: Plan) -> Panel:
+    """The plan as a rich panel: blocks, derived numbers, problems."""
+    blocks = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    blocks.add_column("group")
+    blocks.add_column("block")
+    blocks.add_column("option")
+    blocks.add_column("settings (non-default)", overflow="fold")
+    for kind, block in plan.blocks.items():
+        option = plan.choices.get(kind, block.block_name)
+        blocks.add_row(kind, block.block_name, "" if option == block.block_name else option, _changed_fields(block))
+    derived = Table(show_header=False, box=None, pad_edge=False)
+    derived.add_column(style="cyan")
+    derived.add_column(justify="right")
+    values = dataclasses.asdict(plan.derived)
+    for key, label in _DERIVED_LABELS.items():
+        derived.add_row(label, _number(values[key]))
+    parts: list[object] = [blocks, Text(""), derived]
+    if plan.problems:
+        parts += [Text(""), problems_text(plan.problems)]
+    status = "[green]valid[/]" if plan.ok else f"[red]{len(plan.errors)} error(s)[/]"
+    title = f"plan: recipe [bold]{plan.choices.get('recipe', '-')}[/] — {status}"
+    return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
+
+
+def problems_text(problems: Iterable[Problem]) -> Text:
+    """Problems as coloured lines: ``error optim.lr: ...`` then the fix."""
+    text = Text()
+    for problem in problems:
+        style = "bold red" if problem.is_error else "bold yellow"
+        text.append(f"{problem.severity} ", style=style)
+        if problem.key:
+            text.append(f"{problem.key}: ", style="bold")
+        text.append(problem.message + "\n")
+        if problem.fix:
+            text.append(f"    fix: {problem.fix}\n", style="dim")
+    text.rstrip()
+    return text
+
+
+def print_problems(console: Console, problems: Iterable[Problem], *, header: str = "") -> None:
+    """Print *problems* (to the console's stream) under an optional header."""
+    if header:
+        console.print(header, style="bold", highlight=False)
+    console.print(problems_text(problems), highlight=False)
+
+
+def registry_table(entries: list[Entry]) -> Table:
+    """Every block: kind, name, package, fields and the first line of its doc."""
+    table = Table(show_header=True, header_style="bold", show_lines=True)
+    table.add_column("kind")
+    table.add_column("name", style="bold")
+    table.add_column("package")
+    table.add_column("fields (type = default)", overflow="fold")
+    table.add_column("about", overflow="fold")
+    for entry in entries:
+        fields = "\n".join(f"{f.name}: {f.type} = {f.default!r}" for f in block_fields(entry.cls))
+        package = entry.package + (f" {entry.version}" if entry.version else "")
+        table.add_row(entry.kind, entry.name, package, fields, entry.cls.summary())
+    return table
+
+
+def entry_json(entry: Entry) -> dict[str, object]:
+    """A JSON-ready description of one registered block."""
+    return {
+        "kind": entry.kind,
+        "name": entry.name,
+        "package": entry.package,
+        "version": entry.version,
+        "doc": entry.cls.summary(),
+        "fields": [
+            {"name": f.name, "type": f.type, "default": _jsonable(f.default), "doc": f.doc}
+            for f in block_fields(entry.cls)
+        ],
+    }
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, tuple):
+        return list(value)
+    return value

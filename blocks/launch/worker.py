@@ -1,0 +1,65 @@
+"""The worker: rebuild a run from its run dir and train it (one process, or one rank of many).
+
+Workers never run Hydra: they read the frozen ``config.yaml`` the driver wrote, which is
+what makes sweeps of multi-process jobs and restarts safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from blocks.core.catalog import load
+from blocks.launch.run_dir import Summary, load_plan
+
+
+def train(run_dir: Path, *, console: bool = True) -> Summary:
+    """Train the run in *run_dir* and write its ``summary.json`` (on failure too)."""
+    started = time.perf_counter()
+    load()
+    plan = load_plan(run_dir)
+    plan.raise_for_errors()
+
+    from blocks.build.digest import state_digest
+    from blocks.build.trainer import build_run
+
+    built = build_run(plan, run_dir, console=console)
+    trainer, module = built.trainer, built.module
+    summary = Summary(status="completed", world_size=plan.derived.world_size)
+    try:
+        trainer.fit(module, datamodule=built.datamodule)
+        if trainer.interrupted:
+            summary.status, summary.reason = "interrupted", "training was interrupted (SIGINT or SIGTERM)"
+        elif plan.derived.val_samples and module.validated_at_step != trainer.global_step:
+            trainer.validate(module, datamodule=built.datamodule, verbose=False)
+    except BaseException as exc:
+        if trainer.interrupted or isinstance(exc, KeyboardInterrupt):
+            summary.status, summary.reason = "interrupted", "training was interrupted (SIGINT or SIGTERM)"
+        else:
+            summary.status, summary.reason = "failed", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        built.recorder.close()
+        summary.global_step = trainer.global_step
+        steps_per_epoch = plan.derived.steps_per_epoch
+        summary.epoch = trainer.global_step // steps_per_epoch if steps_per_epoch else 0
+        summary.metrics = dict(built.recorder.last)
+        summary.samples_per_s = built.recorder.samples_per_s
+        summary.state_digest = state_digest(module.model)
+        summary.wall_s = time.perf_counter() - started
+        if trainer.is_global_zero:
+            summary.write(run_dir)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m blocks.launch.worker RUN_DIR``: the entry point torchrun, srun and mpirun start."""
+    parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    train(args.run_dir)
+
+
+if __name__ == "__main__":
+    main()

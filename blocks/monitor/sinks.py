@@ -1,0 +1,129 @@
+"""Where metric rows go: ``metrics.csv`` and the console (torch-free)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Protocol
+
+Row = dict[str, float]
+
+
+class MetricSink(Protocol):
+    """Receives one row per logged step."""
+
+    def write(self, step: int, row: Row) -> None:
+        """Record *row* (metric name → value) at optimizer step *step*."""
+
+    def close(self) -> None:
+        """Flush and release resources."""
+
+
+class CsvSink:
+    """``metrics.csv``: a ``step`` column, then one column per metric in order of first appearance.
+
+    Rows at the same step (training, then validation) are merged into one. When a metric
+    appears for the first time the file is rewritten with the wider header, which happens a
+    handful of times per run.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.columns: list[str] = []
+        self.rows: list[tuple[int, Row]] = []
+        self._written = 0
+
+    def write(self, step: int, row: Row) -> None:
+        """Buffer *row*; rows of earlier steps are written out."""
+        if self.rows and self.rows[-1][0] == step:
+            self.rows[-1][1].update(row)
+        else:
+            self.rows.append((step, dict(row)))
+        new = [name for name in row if name not in self.columns]
+        if new:
+            self.columns.extend(new)
+            self._rewrite(upto=len(self.rows) - 1)
+        else:
+            self._append(upto=len(self.rows) - 1)
+
+    def close(self) -> None:
+        """Write every buffered row."""
+        self._append(upto=len(self.rows))
+
+    def _format(self, step: int, row: Row) -> list[str]:
+        return [str(step)] + [_fmt(row[c]) if c in row else "" for c in self.columns]
+
+    def _rewrite(self, upto: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["step", *self.columns])
+            for step, row in self.rows[:upto]:
+                writer.writerow(self._format(step, row))
+        self._written = upto
+
+    def _append(self, upto: int) -> None:
+        if upto <= self._written:
+            return
+        if not self.path.exists():
+            self._rewrite(upto)
+            return
+        with self.path.open("a", newline="") as fh:
+            writer = csv.writer(fh)
+            for step, row in self.rows[self._written : upto]:
+                writer.writerow(self._format(step, row))
+        self._written = upto
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    return f"{value:.6g}"
+
+
+class ConsoleSink:
+    """Progress on the console: a live rich bar on a terminal, plain periodic lines otherwise."""
+
+    def __init__(self, total_steps: int, mode: str = "auto") -> None:
+        self.total_steps = total_steps
+        interactive = sys.stdout.isatty()
+        self.mode = ("bar" if interactive else "lines") if mode == "auto" else mode
+        self.started = time.monotonic()
+        self._progress = None
+        self._task = None
+        if self.mode == "bar":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, stats="")
+            self._progress.start()
+
+    def write(self, step: int, row: Row) -> None:
+        """Update the bar, or print one line."""
+        if self.mode == "off":
+            return
+        stats = "  ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k in _SHOWN)
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=step, stats=stats)
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / step * (self.total_steps - step) if step else 0.0
+        print(f"step {step}/{self.total_steps}  {stats}  elapsed={elapsed:.0f}s eta={eta:.0f}s", flush=True)
+
+    def close(self) -> None:
+        """Stop the live display."""
+        if self._progress is not None:
+            self._progress.stop()
+
+
+_SHOWN = ("train/loss", "val/loss", "lr", "samples_per_s", "val/accuracy")
