@@ -81,7 +81,7 @@ def _precheck(args: Sequence[str]) -> int | None:
     """Plan every job the command line would launch; print problems and return 2 if any fails."""
     from hydra._internal.utils import get_args_parser
 
-    from blocks.cli.render import plan_panel
+    from blocks.cli.render import plan_panel, print_problems
     from blocks.core import jobs
     from blocks.launch.sweep import expand_sweep
 
@@ -110,11 +110,8 @@ def _precheck(args: Sequence[str]) -> int | None:
             continue
         if not multirun:
             stdout.print(plan_panel(plan))
-        elif not plan.ok:
-            from blocks.cli.render import print_problems
-
-            print_problems(stderr, plan.problems, header=header)
         if not plan.ok:
+            print_problems(stderr, plan.errors, header=header)
             failed += 1
     if failed:
         return EXIT_INVALID

@@ -95,7 +95,7 @@ def problems_text(problems: Iterable[Problem]) -> Text:
 def print_problems(console: Console, problems: Iterable[Problem], *, header: str = "") -> None:
     """Print *problems* (to the console's stream) under an optional header."""
     if header:
-        console.print(header, style="bold", highlight=False)
+        console.print(header, style="bold", highlight=False, markup=False)
     console.print(problems_text(problems), highlight=False)
 
 

@@ -39,7 +39,7 @@ GROUP_DEFAULTS: dict[str, str] = {
     "monitor": "default",
     "trainer": "default",
 }
-GROUPS = (*KINDS, "recipe")
+GROUPS = (*KINDS, "recipe", "debug")
 
 
 def block_node(block: Block) -> DictConfig:
@@ -58,6 +58,7 @@ def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
     defaults: list[Any] = ["_self_"]
     defaults += [{kind: GROUP_DEFAULTS[kind]} for kind in KINDS]
     defaults.append({"recipe": DEFAULT_RECIPE})
+    defaults.append({"debug": None})
     return {
         "defaults": defaults,
         "hydra": {
@@ -201,6 +202,19 @@ def translate_compose_error(exc: BaseException, overrides: Sequence[str], known_
             problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
         return ConfigError(problem)
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    inside = re.match(r"In '([\w./-]+)': \w+ raised while composing config", message)
+    key_match = re.search(r"full_key: ([\w./]+)", str(exc))
+    if inside and key_match:
+        source, key = inside.group(1), key_match.group(1)
+        detail = str(exc).splitlines()[1] if len(str(exc).splitlines()) > 1 else ""
+        return ConfigError(
+            Problem(
+                key,
+                f"config '{source}' sets {key}, which the chosen {key.split('.')[0]} block does not accept ({detail})",
+                f"choose a {key.split('.')[0]} block that has this field, or give the new block its own preset "
+                f"(Python recipes do this for you)",
+            )
+        )
     match = re.search(r"Could not override '([\w./]+)'", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))

@@ -12,7 +12,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from blocks.core.compose import config_to_blocks
-from blocks.core.plan import make_plan
+from blocks.core.jobs import compose
+from blocks.core.plan import Plan, make_plan
 from blocks.launch.run_dir import SUMMARY_FILE, Summary, freeze_config, write_job_files
 
 
@@ -41,3 +42,22 @@ def launch(run_dir: Path) -> Summary:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
         raise
+
+
+def prepare(overrides: list[str], run_dir: Path) -> Plan:
+    """Compose *overrides*, plan, and write the run dir's job files; raises on config mistakes.
+
+    The Python twin of ``blocks run`` up to the point where training starts.
+    """
+    composed = compose(overrides)
+    config = freeze_config(composed.config, run_dir)
+    plan = make_plan(config_to_blocks(config), composed.choices)
+    plan.raise_for_errors()
+    write_job_files(run_dir, config, plan)
+    return plan
+
+
+def run(overrides: list[str], run_dir: Path) -> Summary:
+    """Compose, plan and train one job in this process, writing its run dir (no Hydra job)."""
+    prepare(overrides, run_dir)
+    return launch(run_dir)

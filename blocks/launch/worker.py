@@ -29,12 +29,11 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     summary = Summary(status="completed", world_size=plan.derived.world_size)
     try:
         trainer.fit(module, datamodule=built.datamodule)
-        if trainer.interrupted:
-            summary.status, summary.reason = "interrupted", "training was interrupted (SIGINT or SIGTERM)"
-        elif plan.derived.val_samples and module.validated_at_step != trainer.global_step:
+        if plan.derived.val_samples and module.validated_at_step != trainer.global_step:
             trainer.validate(module, datamodule=built.datamodule, verbose=False)
     except BaseException as exc:
-        if trainer.interrupted or isinstance(exc, KeyboardInterrupt):
+        # Lightning turns Ctrl-C into SystemExit after a graceful shutdown.
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             summary.status, summary.reason = "interrupted", "training was interrupted (SIGINT or SIGTERM)"
         else:
             summary.status, summary.reason = "failed", f"{type(exc).__name__}: {exc}"

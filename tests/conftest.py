@@ -1,0 +1,57 @@
+"""Shared helpers: run the real ``blocks`` CLI in a subprocess and read run dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    """A finished CLI invocation."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_cli(args: Sequence[str], *, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
+    """Run ``python -m blocks ARGS`` as a user would, without a terminal."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "blocks", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    """``cli(*args)`` runs the CLI in a fresh directory."""
+
+    def invoke(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
+        return run_cli(args, cwd=tmp_path, timeout=timeout, env=env)
+
+    return invoke

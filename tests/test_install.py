@@ -1,0 +1,42 @@
+"""A non-editable ``pip install .`` works from any directory, with recipes and presets inside the wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment with blocks installed from a freshly built wheel (deps from the host)."""
+    root = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True)
+    (wheel,) = root.glob("blocks-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "blocks/_recipes/charlm.py" in names
+    assert "blocks/_conf/recipe/tiny_lm.yaml" in names
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([venv / "bin" / "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    return venv
+
+
+def test_installed_cli_finds_recipes_and_presets(installed: Path, tmp_path: Path) -> None:
+    blocks = str(installed / "bin" / "blocks")
+    where = subprocess.run([installed / "bin" / "python", "-c", "import blocks; print(blocks.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert str(installed) in where.stdout, "the wheel, not the checkout, must be imported"
+    for recipe in ("charlm", "blobs", "tiny_lm"):
+        result = subprocess.run([blocks, "plan", "--json", f"recipe={recipe}", "debug=fast"],
+                                capture_output=True, text=True, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["recipe"] == recipe
+    listing = subprocess.run([blocks, "list", "--json"], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert {e["name"] for e in json.loads(listing.stdout)} >= {"text", "transformer", "adamw"}

@@ -1,0 +1,72 @@
+"""``blocks run`` through the real CLI and Hydra: single runs, sweeps, interruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import read_summary
+
+FAST = ["recipe=blobs", "data.samples=512", "trainer.max_epochs=1"]
+
+
+def test_run_writes_one_run_dir(cli, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = cli("run", *FAST, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.output
+    assert "plan: recipe blobs" in result.stdout
+    assert "step " in result.stdout  # plain progress lines without a terminal
+    assert "\x1b[" not in result.stdout
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.csv").is_file()
+
+
+def test_default_run_dir_is_under_outputs(cli, tmp_path: Path) -> None:
+    result = cli("run", *FAST, "monitor.progress=off")
+    assert result.returncode == 0, result.output
+    (run_dir,) = (tmp_path / "outputs" / "blobs").iterdir()
+    assert read_summary(run_dir)["status"] == "completed"
+
+
+def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = cli("run", "-m", *FAST, "optim=adamw,sgd", "optim.lr=0.01,0.003", "monitor.progress=off",
+                 f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.output
+    job_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in job_dirs] == ["0", "1", "2", "3"]
+    seen = set()
+    for job_dir in job_dirs:
+        assert read_summary(job_dir)["status"] == "completed"
+        optim = json.loads((job_dir / "plan.json").read_text())["blocks"]["optim"]
+        seen.add((optim["block"], optim["fields"]["lr"]))
+    assert seen == {("adamw", 0.01), ("adamw", 0.003), ("sgd", 0.01), ("sgd", 0.003)}
+    assert not (tmp_path / "outputs").exists(), "no stray run dirs outside the sweep dir"
+
+
+def test_sigint_marks_the_run_interrupted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blocks", "run", "recipe=blobs", "data.samples=200000", "trainer.max_epochs=5",
+         "monitor.log_every_n_steps=1", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("step 3/") or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted"
+    assert summary["global_step"] >= 3
+    assert summary["reason"]
