@@ -28,7 +28,9 @@ class Result:
         return self.stdout + self.stderr
 
 
-def run_cli(args: Sequence[str], *, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
+def run_cli(
+    args: Sequence[str], *, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> Result:
     """Run ``python -m blocks ARGS`` as a user would, without a terminal."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
     proc = subprocess.run(

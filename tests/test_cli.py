@@ -111,9 +111,19 @@ def test_list_shows_every_block_with_fields(cli) -> None:
     assert result.returncode == 0, result.output
     entries = json.loads(result.stdout)
     names = {(e["kind"], e["name"]) for e in entries}
-    for expected in [("data", "text"), ("data", "blobs"), ("model", "transformer"), ("model", "mlp"),
-                     ("task", "lm"), ("task", "classify"), ("optim", "adamw"), ("optim", "sgd"),
-                     ("strategy", "single"), ("precision", "bf16-mixed"), ("checkpoint", "default")]:
+    for expected in [
+        ("data", "text"),
+        ("data", "blobs"),
+        ("model", "transformer"),
+        ("model", "mlp"),
+        ("task", "lm"),
+        ("task", "classify"),
+        ("optim", "adamw"),
+        ("optim", "sgd"),
+        ("strategy", "single"),
+        ("precision", "bf16-mixed"),
+        ("checkpoint", "default"),
+    ]:
         assert expected in names
     adamw = next(e for e in entries if e["name"] == "adamw")
     lr = next(f for f in adamw["fields"] if f["name"] == "lr")

@@ -17,7 +17,9 @@ from tests.conftest import REPO
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment with blocks installed from a freshly built wheel (deps from the host)."""
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True
+    )
     (wheel,) = root.glob("blocks-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "blocks/_recipes/charlm.py" in names
@@ -30,13 +32,24 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_installed_cli_finds_recipes_and_presets(installed: Path, tmp_path: Path) -> None:
     blocks = str(installed / "bin" / "blocks")
-    where = subprocess.run([installed / "bin" / "python", "-c", "import blocks; print(blocks.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, check=True)
+    where = subprocess.run(
+        [installed / "bin" / "python", "-c", "import blocks; print(blocks.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
     assert str(installed) in where.stdout, "the wheel, not the checkout, must be imported"
     for recipe in ("charlm", "blobs", "tiny_lm"):
-        result = subprocess.run([blocks, "plan", "--json", f"recipe={recipe}", "debug=fast"],
-                                capture_output=True, text=True, cwd=tmp_path)
+        result = subprocess.run(
+            [blocks, "plan", "--json", f"recipe={recipe}", "debug=fast"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["recipe"] == recipe
-    listing = subprocess.run([blocks, "list", "--json"], capture_output=True, text=True, cwd=tmp_path, check=True)
+    listing = subprocess.run(
+        [blocks, "list", "--json"], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
     assert {e["name"] for e in json.loads(listing.stdout)} >= {"text", "transformer", "adamw"}

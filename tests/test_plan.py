@@ -21,7 +21,13 @@ def error_keys(p) -> list[str]:
 
 
 def test_derived_batch_arithmetic() -> None:
-    p = plan("recipe=blobs", "data.batch_size=16", "optim.accumulate=4", "data.samples=10000", "data.val_fraction=0.2")
+    p = plan(
+        "recipe=blobs",
+        "data.batch_size=16",
+        "optim.accumulate=4",
+        "data.samples=10000",
+        "data.val_fraction=0.2",
+    )
     d = p.derived
     assert (d.world_size, d.micro_batch, d.accumulate, d.global_batch) == (1, 16, 4, 64)
     assert (d.train_samples, d.val_samples) == (8000, 2000)
@@ -46,7 +52,9 @@ def test_text_data_counts_windows_from_the_corpus_size() -> None:
     p = plan("data.seq_len=100", "model.context=128")
     train = p.derived.train_samples
     assert train > 1000
-    assert plan("data.seq_len=50", "model.context=128").derived.train_samples == pytest.approx(2 * train, rel=0.01)
+    assert plan("data.seq_len=50", "model.context=128").derived.train_samples == pytest.approx(
+        2 * train, rel=0.01
+    )
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,15 @@ def test_default_run_dir_is_under_outputs(cli, tmp_path: Path) -> None:
 
 def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    result = cli("run", "-m", *FAST, "optim=adamw,sgd", "optim.lr=0.01,0.003", "monitor.progress=off",
-                 f"hydra.sweep.dir={sweep}")
+    result = cli(
+        "run",
+        "-m",
+        *FAST,
+        "optim=adamw,sgd",
+        "optim.lr=0.01,0.003",
+        "monitor.progress=off",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert result.returncode == 0, result.output
     job_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert [p.name for p in job_dirs] == ["0", "1", "2", "3"]
@@ -53,9 +60,21 @@ def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
 def test_sigint_marks_the_run_interrupted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "blocks", "run", "recipe=blobs", "data.samples=200000", "trainer.max_epochs=5",
-         "monitor.log_every_n_steps=1", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "blocks",
+            "run",
+            "recipe=blobs",
+            "data.samples=200000",
+            "trainer.max_epochs=5",
+            "monitor.log_every_n_steps=1",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None

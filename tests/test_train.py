@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -70,13 +71,23 @@ def test_optimizers_schedules_and_options_train(tmp_path: Path, overrides: list[
 
 
 def test_lr_follows_warmup_then_cosine(tmp_path: Path) -> None:
-    driver.run([*TINY_BLOBS, "trainer.max_steps=20", "trainer.max_epochs=null", "optim.warmup_steps=4",
-                "optim.lr=0.01", "optim.min_lr_ratio=0.0", "monitor.log_every_n_steps=1"], tmp_path)
+    driver.run(
+        [
+            *TINY_BLOBS,
+            "trainer.max_steps=20",
+            "trainer.max_epochs=null",
+            "optim.warmup_steps=4",
+            "optim.lr=0.01",
+            "optim.min_lr_ratio=0.0",
+            "monitor.log_every_n_steps=1",
+        ],
+        tmp_path,
+    )
     lrs = [float(r["lr"]) for r in metrics_rows(tmp_path) if r.get("lr")]
     assert len(lrs) == 20
     assert lrs[:4] == pytest.approx([0.01 * 2 / 5, 0.01 * 3 / 5, 0.01 * 4 / 5, 0.01])  # lr after each step
     assert lrs[-1] == pytest.approx(0.0, abs=1e-9)
-    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[3:]))
 
 
 def test_char_level_text_from_files(tmp_path: Path) -> None:
@@ -87,7 +98,9 @@ def test_char_level_text_from_files(tmp_path: Path) -> None:
     summary = driver.run([*TINY_LM, f"data.path={corpus}/*.txt", "data.level=char"], tmp_path / "run")
     assert summary.status == "completed"
     plan = load_plan(tmp_path / "run")
-    assert plan.data.batch_spec().vocab_size == len(set((corpus / "a.txt").read_text() + (corpus / "b.txt").read_text() + "\n"))
+    assert plan.data.batch_spec().vocab_size == len(
+        set((corpus / "a.txt").read_text() + (corpus / "b.txt").read_text() + "\n")
+    )
 
 
 def test_run_dir_holds_the_contract_files(tmp_path: Path) -> None:
@@ -99,14 +112,26 @@ def test_run_dir_holds_the_contract_files(tmp_path: Path) -> None:
     for column in ("train/loss", "lr", "grad_norm", "samples_per_s", "val/loss", "val/accuracy"):
         assert column in header
     data = json.loads((tmp_path / "summary.json").read_text())
-    assert set(data) >= {"status", "reason", "global_step", "epoch", "world_size", "restarts", "resumed_from",
-                         "metrics", "samples_per_s", "wall_s", "state_digest"}
+    assert set(data) >= {
+        "status",
+        "reason",
+        "global_step",
+        "epoch",
+        "world_size",
+        "restarts",
+        "resumed_from",
+        "metrics",
+        "samples_per_s",
+        "wall_s",
+        "state_digest",
+    }
     assert data["status"] == "completed" and data["reason"] is None and data["world_size"] == 1
     assert data["samples_per_s"] > 0 and data["wall_s"] > 0 and len(data["state_digest"]) == 64
     config = OmegaConf.load(tmp_path / "config.yaml")
     assert config.checkpoint.dir == str((tmp_path / "checkpoints").resolve())
-    assert load_plan(tmp_path).blocks == jobs.plan_config(jobs.compose([*TINY_BLOBS, "trainer.max_epochs=1",
-        "monitor.log_every_n_steps=2"])).blocks | {"checkpoint": load_plan(tmp_path).checkpoint}
+    assert load_plan(tmp_path).blocks == jobs.plan_config(
+        jobs.compose([*TINY_BLOBS, "trainer.max_epochs=1", "monitor.log_every_n_steps=2"])
+    ).blocks | {"checkpoint": load_plan(tmp_path).checkpoint}
     assert summary.state_digest == data["state_digest"]
 
 

@@ -1,0 +1,1 @@
+"""The `blocks` command line."""

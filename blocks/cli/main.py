@@ -25,7 +25,9 @@ stdout = Console(soft_wrap=False)
 stderr = Console(stderr=True)
 
 
-def _fail(error: BlocksError, header: str = "blocks: the configuration has problems; nothing was started") -> int:
+def _fail(
+    error: BlocksError, header: str = "blocks: the configuration has problems; nothing was started"
+) -> int:
     from blocks.cli.render import print_problems
 
     print_problems(stderr, error.problems, header=header)
@@ -45,7 +47,12 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
             plans.append((one, jobs.plan(one)))
         except BlocksError as exc:
             if as_json:
-                print(json.dumps({"valid": False, "overrides": one, "problems": [p.to_json() for p in exc.problems]}, indent=2))
+                print(
+                    json.dumps(
+                        {"valid": False, "overrides": one, "problems": [p.to_json() for p in exc.problems]},
+                        indent=2,
+                    )
+                )
                 return EXIT_INVALID
             return _fail(exc, header="blocks plan: the configuration does not compose")
     if as_json:
@@ -67,7 +74,13 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
 
     if kind is not None and kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
-        raise BlocksError(Problem("KIND", f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""), f"one of: {', '.join(KINDS)}"))
+        raise BlocksError(
+            Problem(
+                "KIND",
+                f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""),
+                f"one of: {', '.join(KINDS)}",
+            )
+        )
     catalog.load()
     entries = REGISTRY.entries(kind)
     if as_json:

@@ -62,7 +62,9 @@ def plan_panel(plan: Plan) -> Panel:
     blocks.add_column("settings (non-default)", overflow="fold")
     for kind, block in plan.blocks.items():
         option = plan.choices.get(kind, block.block_name)
-        blocks.add_row(kind, block.block_name, "" if option == block.block_name else option, _changed_fields(block))
+        blocks.add_row(
+            kind, block.block_name, "" if option == block.block_name else option, _changed_fields(block)
+        )
     derived = Table(show_header=False, box=None, pad_edge=False)
     derived.add_column(style="cyan")
     derived.add_column(justify="right")

@@ -1,0 +1,1 @@
+"""The spec layer: blocks, registry, recipes, composition and the plan (torch-free)."""

@@ -25,6 +25,9 @@ KINDS: tuple[str, ...] = (
 """Every block kind, in the order the plan shows them. Each is a Hydra config group."""
 
 
+BlockT = typing.TypeVar("BlockT", bound="Block")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Block:
     """Base of every block.
@@ -48,7 +51,7 @@ class Block:
         blocks and the derived numbers from ``ctx``. The default checks nothing.
         """
 
-    def replace(self, **changes: Any) -> typing.Self:
+    def replace(self: BlockT, **changes: Any) -> BlockT:
         """A copy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
 

@@ -45,10 +45,13 @@ GROUPS = (*KINDS, "recipe", "debug")
 def block_node(block: Block) -> DictConfig:
     """The config node of *block*: ``_block_`` plus its typed fields (struct, so typos fail)."""
     if not block.block_name:
-        raise RegistryError(f"{type(block).__qualname__} is not a registered block; decorate it with @register")
+        raise RegistryError(
+            f"{type(block).__qualname__} is not a registered block; decorate it with @register"
+        )
     typed = OmegaConf.structured(block)
     OmegaConf.set_readonly(typed, False)
     node = OmegaConf.merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
+    assert isinstance(node, DictConfig)
     OmegaConf.set_struct(node, True)
     return node
 
@@ -82,7 +85,9 @@ def config_to_blocks(config: Mapping[str, Any] | DictConfig) -> dict[str, Block]
         node = cfg.get(kind)
         if not isinstance(node, DictConfig) or BLOCK_KEY not in node:
             problems.append(
-                Problem(kind, f"no {kind} block is chosen", f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>")
+                Problem(
+                    kind, f"no {kind} block is chosen", f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>"
+                )
             )
             continue
         try:
@@ -102,7 +107,7 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
     except RegistryError as exc:
         raise ConfigError(Problem(kind, exc.problems[0].message, f"{kind}=<option>")) from None
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in node.items() if k != BLOCK_KEY}
+    values = {str(k): v for k, v in node.items() if k != BLOCK_KEY}
     problems = []
     for key in values:
         if key not in fields:
@@ -128,7 +133,7 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
         raise ConfigError(_omegaconf_problem(exc, prefix=kind)) from None
     assert isinstance(container, dict)
     hints = typing.get_type_hints(cls)
-    kwargs = {k: _coerce(hints.get(k), v) for k, v in container.items()}
+    kwargs = {str(k): _coerce(hints.get(str(k)), v) for k, v in container.items()}
     return cls(**kwargs)
 
 
@@ -154,7 +159,9 @@ def _omegaconf_problem(exc: OmegaConfBaseException, prefix: str = "") -> Problem
     return Problem(key or prefix, message, fix)
 
 
-def translate_compose_error(exc: BaseException, overrides: Sequence[str], known_keys: Mapping[str, Sequence[str]]) -> ConfigError:
+def translate_compose_error(
+    exc: BaseException, overrides: Sequence[str], known_keys: Mapping[str, Sequence[str]]
+) -> ConfigError:
     """A Hydra composition exception as a :class:`ConfigError` naming the key and the fix.
 
     *known_keys* maps each group to the keys of the option that would be chosen without the
@@ -178,7 +185,9 @@ def translate_compose_error(exc: BaseException, overrides: Sequence[str], known_
         match = re.search(r"You must specify '([\w/]+)'", str(exc))
         if match:
             group = match.group(1)
-            return ConfigError(Problem(group, f"no {group} option is chosen", f"{group}=<one of {', '.join(options)}>"))
+            return ConfigError(
+                Problem(group, f"no {group} option is chosen", f"{group}=<one of {', '.join(options)}>")
+            )
         return ConfigError(Problem("", str(exc).splitlines()[0]))
     if isinstance(exc, OverrideParseException):
         lines = str(exc).splitlines()
@@ -239,7 +248,11 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
         )
     keys = list(known_keys.get(group, ()))
     hint = did_you_mean(field, keys)
-    fix = f"{group}.{hint.split(chr(39))[1]}=..." if hint else (f"keys of {group}: {', '.join(keys)}" if keys else "")
+    fix = (
+        f"{group}.{hint.split(chr(39))[1]}=..."
+        if hint
+        else (f"keys of {group}: {', '.join(keys)}" if keys else "")
+    )
     return Problem(key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix)
 
 

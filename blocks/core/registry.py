@@ -88,7 +88,8 @@ class Registry:
             names = sorted(self._entries[kind])
             hint = did_you_mean(name, names)
             raise RegistryError(
-                f"no {kind} block named '{name}'" + (f"; {hint}" if hint else "")
+                f"no {kind} block named '{name}'"
+                + (f"; {hint}" if hint else "")
                 + f" (available: {', '.join(names)})"
             ) from None
 

@@ -1,0 +1,1 @@
+"""The launch layer: the driver, run dirs and workers."""

@@ -23,7 +23,9 @@ def run_job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    choices = {str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")}
+    choices = {
+        str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")
+    }
     config = freeze_config(cfg, run_dir)
     plan = make_plan(config_to_blocks(config), choices)
     write_job_files(run_dir, config, plan)

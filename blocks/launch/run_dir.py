@@ -24,6 +24,7 @@ Status = Literal["completed", "failed", "interrupted"]
 def freeze_config(config: DictConfig, run_dir: Path) -> DictConfig:
     """The config as the run will use it: resolved, with run-dir defaults filled in."""
     frozen = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    assert isinstance(frozen, DictConfig)
     if frozen.checkpoint.get("dir", None) is None and "dir" in frozen.checkpoint:
         frozen.checkpoint.dir = str((run_dir / CHECKPOINTS_DIR).resolve())
     return frozen

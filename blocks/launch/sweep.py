@@ -29,5 +29,7 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
         parsed = parser.parse_overrides(list(overrides))
         batches = BasicSweeper.split_arguments(parsed, None)
     except HydraException as exc:
-        raise ConfigError(Problem("", str(exc).splitlines()[0], "check the sweep syntax, e.g. optim.lr=1e-3,3e-4")) from None
+        raise ConfigError(
+            Problem("", str(exc).splitlines()[0], "check the sweep syntax, e.g. optim.lr=1e-3,3e-4")
+        ) from None
     return [list(job) for batch in batches for job in batch]

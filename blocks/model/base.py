@@ -48,7 +48,6 @@ class ModelBlock(Block):
                 "",
                 f"model={self.block_name} takes {wanted} batches but data={ctx.data.block_name} "
                 f"yields {type(spec).__name__}",
-                "choose a data block that yields " + wanted + " or a model that takes "
-                + type(spec).__name__,
+                "choose a data block that yields " + wanted + " or a model that takes " + type(spec).__name__,
                 check="data-model-batch",
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,7 @@ class MLP(ModelBlock):
         """Weights and biases of every linear layer."""
         assert isinstance(spec, FeatureBatch)
         widths = self.widths(spec)
-        return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+        return sum(a * b + b for a, b in itertools.pairwise(widths))
 
     def build(self, spec: BatchSpec) -> nn.Module:
         """An ``nn.Sequential`` of linear layers and activations."""
@@ -56,7 +57,9 @@ class MLP(ModelBlock):
         super().check(ctx)
         for width in self.hidden:
             if width <= 0:
-                ctx.error("hidden", f"layer widths must be > 0, got {list(self.hidden)}", "model.hidden=[128,128]")
+                ctx.error(
+                    "hidden", f"layer widths must be > 0, got {list(self.hidden)}", "model.hidden=[128,128]"
+                )
                 break
         ctx.choice("activation", self.activation, ACTIVATIONS)
         if not 0 <= self.dropout < 1:

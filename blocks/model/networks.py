@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "tanh": nn.Tanh,
+    "silu": nn.SiLU,
+}
 
 
 def mlp(widths: list[int], activation: str, dropout: float) -> nn.Sequential:
     """Linear layers of the given widths with *activation* (and dropout) between them."""
     layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(widths, widths[1:], strict=False)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(widths) - 2:
             layers.append(_ACTIVATIONS[activation]())
@@ -35,6 +41,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend over earlier positions only; ``x`` is ``[batch, seq, width]``."""
         batch, seq, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
         q, k, v = (t.view(batch, seq, self.n_heads, width // self.n_heads).transpose(1, 2) for t in (q, k, v))
@@ -60,6 +67,7 @@ class DecoderLayer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One residual attention block and one residual MLP block."""
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -83,7 +91,9 @@ class Decoder(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(context, d_model)
         self.dropout = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, mlp_ratio, dropout) for _ in range(n_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(d_model, n_heads, mlp_ratio, dropout) for _ in range(n_layers)
+        )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_weights:
@@ -103,6 +113,7 @@ class Decoder(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits for the next token at every position of ``tokens`` (``[batch, seq]``)."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         for layer in self.layers:

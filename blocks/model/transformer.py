@@ -54,7 +54,9 @@ class Transformer(ModelBlock):
         assert isinstance(spec, TokenBatch)
         d, vocab = self.d_model, self.resolved_vocab(spec)
         hidden = self.mlp_ratio * d
-        per_layer = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * hidden + hidden) + (hidden * d + d)
+        per_layer = (
+            2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * hidden + hidden) + (hidden * d + d)
+        )
         head = 0 if self.tie_weights else vocab * d
         return vocab * d + self.context * d + self.n_layers * per_layer + 2 * d + head
 

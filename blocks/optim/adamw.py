@@ -42,7 +42,11 @@ class AdamW(OptimBlock):
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
             if not 0 <= value < 1:
-                ctx.error(name, f"must be in [0, 1), got {value}", f"optim.{name}={0.9 if name == 'beta1' else 0.999}")
+                ctx.error(
+                    name,
+                    f"must be in [0, 1), got {value}",
+                    f"optim.{name}={0.9 if name == 'beta1' else 0.999}",
+                )
         ctx.positive("eps", self.eps)
 
 
@@ -72,4 +76,8 @@ class SGD(OptimBlock):
         if not 0 <= self.momentum < 1:
             ctx.error("momentum", f"must be in [0, 1), got {self.momentum}", "optim.momentum=0.9")
         if self.nesterov and self.momentum == 0:
-            ctx.error("nesterov", "Nesterov momentum needs optim.momentum > 0", "optim.momentum=0.9 or optim.nesterov=false")
+            ctx.error(
+                "nesterov",
+                "Nesterov momentum needs optim.momentum > 0",
+                "optim.momentum=0.9 or optim.nesterov=false",
+            )

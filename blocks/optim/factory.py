@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     from blocks.optim.base import OptimBlock
 
 
-def parameter_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
+def parameter_groups(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float
+) -> list[dict]:
     """Two groups: matrices (decayed) and everything 1-d (biases, norms; not decayed)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for _, param in named_parameters:
         if not param.requires_grad:
             continue

@@ -53,7 +53,11 @@ class Trainer(TrainerBlock):
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""
         if self.max_steps is None and self.max_epochs is None:
-            ctx.error("max_steps", "neither trainer.max_steps nor trainer.max_epochs is set", "trainer.max_steps=1000")
+            ctx.error(
+                "max_steps",
+                "neither trainer.max_steps nor trainer.max_epochs is set",
+                "trainer.max_steps=1000",
+            )
         ctx.positive("max_steps", self.max_steps)
         ctx.positive("max_epochs", self.max_epochs)
         ctx.positive("devices", self.devices)

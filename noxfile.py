@@ -1,0 +1,48 @@
+"""Developer sessions: ``nox -s lint typecheck tests`` is what CI runs; ``docs`` builds the site."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.default_venv_backend = "venv"
+
+# The CPU build on this project's machines; set BLOCKS_TORCH to e.g. "torch==2.13.0" from another index
+# for a GPU build.
+TORCH = os.environ.get("BLOCKS_TORCH", "torch==2.13.0")
+
+
+def install_project(session: nox.Session, extras: str = "dev") -> None:
+    session.install(TORCH)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the library."""
+    install_project(session)
+    session.run("mypy")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The pytest suite (real processes, real training on CPU)."""
+    install_project(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with warnings as errors."""
+    install_project(session, "dev,docs")
+    session.run("mkdocs", "build", "--strict", "-d", "site")
