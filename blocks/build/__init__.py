@@ -1,0 +1,1 @@
+"""The build layer: plans into Lightning objects (imports torch and Lightning)."""

@@ -1,0 +1,63 @@
+"""The LightningDataModule built from a data block."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, Dataset
+
+from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
+from blocks.data.base import DataBlock
+
+
+class BlocksDataModule(pl.LightningDataModule):
+    """Train and val loaders for a data block, with the global batch stream of the plan."""
+
+    def __init__(self, data: DataBlock, *, accumulate: int, seed: int) -> None:
+        super().__init__()
+        self.data = data
+        self.accumulate = accumulate
+        self.seed = seed
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def setup(self, stage: str) -> None:
+        """Build the datasets once per process."""
+        if self.train_set is None:
+            self.train_set = self.data.build("train")
+        if self.val_set is None and self.data.num_samples("val") > 0:
+            self.val_set = self.data.build("val")
+
+    def _loader(self, dataset: Dataset, batch_sampler: object) -> DataLoader:
+        workers = self.data.num_workers
+        return DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,  # type: ignore[arg-type]
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Micro-batches of this rank, global batch by global batch."""
+        assert self.train_set is not None and self.trainer is not None
+        sampler = SeededPermutation(len(self.train_set), self.seed)  # type: ignore[arg-type]
+        batches = GlobalBatchSampler(
+            sampler,
+            micro_batch=self.data.batch_size,
+            accumulate=self.accumulate,
+            rank=self.trainer.global_rank,
+            world_size=self.trainer.world_size,
+        )
+        return self._loader(self.train_set, batches)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """This rank's contiguous shard of the validation split (none when there is no split)."""
+        if self.val_set is None or self.trainer is None:
+            return []
+        batches = ShardedBatchSampler(
+            len(self.val_set),  # type: ignore[arg-type]
+            batch_size=self.data.batch_size,
+            rank=self.trainer.global_rank,
+            world_size=self.trainer.world_size,
+        )
+        return self._loader(self.val_set, batches)

@@ -1,0 +1,59 @@
+"""The LightningModule built from the model, task and optim blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from blocks.data.base import BatchSpec
+from blocks.model.base import ModelBlock
+from blocks.optim.base import OptimBlock
+from blocks.task.base import TaskBlock
+
+
+class BlocksModule(pl.LightningModule):
+    """Trains ``model`` on ``task``'s loss with ``optim``; validation metrics come from the task.
+
+    Training steps return the loss and log nothing: the metrics callback reads the loss from
+    the step outputs and syncs with the device only at its logging interval.
+    """
+
+    def __init__(self, model: ModelBlock, task: TaskBlock, optim: OptimBlock, spec: BatchSpec, total_steps: int) -> None:
+        super().__init__()
+        self.model = model.build(spec)
+        self.objective = task.build(spec)
+        self.optim_block = optim
+        self.total_steps = total_steps
+        self.val_metrics: dict[str, float] = {}
+        self.validated_at_step = -1
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The model's outputs for *inputs*."""
+        return self.model(inputs)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """The task's loss on one micro-batch."""
+        return self.objective.loss(self.model(batch["inputs"]), batch)
+
+    def on_validation_epoch_start(self) -> None:
+        """Start validation metrics from zero."""
+        self.objective.reset()
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Accumulate the task's validation metrics."""
+        self.objective.update(self.model(batch["inputs"]), batch)
+
+    def on_validation_epoch_end(self) -> None:
+        """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""
+        values = {f"val/{name}": value for name, value in self.objective.compute().items()}
+        self.log_dict(values)
+        self.val_metrics = {name: float(value) for name, value in values.items()}
+        self.validated_at_step = self.trainer.global_step
+        self.objective.reset()
+
+    def configure_optimizers(self) -> Any:
+        """The optim block's optimizer with a per-step LR schedule."""
+        optimizer, scheduler = self.optim_block.build(self.model.named_parameters(), self.total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

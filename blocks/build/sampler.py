@@ -1,0 +1,100 @@
+"""Samplers that make the global batch stream independent of the process layout.
+
+Each optimizer step consumes one *global batch*: ``global_batch`` consecutive indices of a
+seeded permutation of the training split. The global batch is cut into ``accumulate``
+micro-steps, and each micro-step into ``world_size`` micro-batches, one per rank. So the
+samples behind every optimizer step depend only on the seed and the global batch size, not
+on how many processes share it or how many micro-batches it is accumulated from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class SeededPermutation(Sampler[int]):
+    """A permutation of ``range(num_samples)`` drawn from ``seed + epoch`` (or the identity)."""
+
+    def __init__(self, num_samples: int, seed: int, *, shuffle: bool = True) -> None:
+        self.num_samples = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls this at the start of every epoch."""
+        self.epoch = epoch
+
+    def indices(self) -> list[int]:
+        """This epoch's order."""
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches, in order, for every global batch of the epoch.
+
+    Partial global batches at the end of an epoch are dropped, so every optimizer step
+    averages exactly ``micro_batch × world_size × accumulate`` samples.
+    """
+
+    def __init__(
+        self,
+        sampler: SeededPermutation,
+        *,
+        micro_batch: int,
+        accumulate: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.sampler = sampler
+        self.micro_batch = micro_batch
+        self.accumulate = accumulate
+        self.rank = rank
+        self.world_size = world_size
+        self.global_batch = micro_batch * accumulate * world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch."""
+        return self.sampler.num_samples // self.global_batch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.accumulate
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self.sampler.indices()
+        per_micro_step = self.micro_batch * self.world_size
+        for step in range(self.steps_per_epoch):
+            global_batch = order[step * self.global_batch : (step + 1) * self.global_batch]
+            for micro in range(self.accumulate):
+                chunk = global_batch[micro * per_micro_step : (micro + 1) * per_micro_step]
+                yield chunk[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch]
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Evaluation batches: contiguous shards per rank, in order, no padding or repeats."""
+
+    def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int) -> None:
+        per_rank = -(-num_samples // world_size)
+        self.start = min(num_samples, rank * per_rank)
+        self.stop = min(num_samples, self.start + per_rank)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-(self.stop - self.start) // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for begin in range(self.start, self.stop, self.batch_size):
+            yield list(range(begin, min(begin + self.batch_size, self.stop)))

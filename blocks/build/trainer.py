@@ -1,0 +1,87 @@
+"""Turning a plan into Lightning objects: the module, the data module and the trainer."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytorch_lightning as pl
+
+from blocks.build.datamodule import BlocksDataModule
+from blocks.build.metrics import MetricsRecorder
+from blocks.build.module import BlocksModule
+from blocks.core.plan import Plan
+from blocks.monitor.base import Monitor
+from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
+from blocks.trainer.base import Trainer
+
+_QUIET_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda")
+
+
+@dataclass
+class BuiltRun:
+    """The Lightning objects of one run."""
+
+    module: BlocksModule
+    datamodule: BlocksDataModule
+    trainer: pl.Trainer
+    recorder: MetricsRecorder
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's start-up chatter; the plan already says what runs where."""
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+
+
+def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
+    """Build the module, data module and trainer for *plan*, writing metrics into *run_dir*."""
+    quiet_lightning()
+    derived = plan.derived
+    trainer_block = plan.trainer
+    assert isinstance(trainer_block, Trainer)
+    monitor = plan.monitor
+    assert isinstance(monitor, Monitor)
+    pl.seed_everything(trainer_block.seed, workers=True, verbose=False)
+    spec = plan.data.batch_spec()
+    module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps)
+    datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
+    sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv")]
+    if console and monitor.progress != "off":
+        sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
+    recorder = MetricsRecorder(
+        sinks,
+        every_n_steps=monitor.log_every_n_steps,
+        global_batch=derived.global_batch,
+        grad_norm=monitor.grad_norm,
+    )
+    val_every = trainer_block.val_every
+    has_val = derived.val_samples > 0
+    trainer = pl.Trainer(
+        accelerator=derived.accelerator,
+        devices=derived.devices,
+        num_nodes=derived.nodes,
+        strategy=plan.strategy.build(accelerator=derived.accelerator, model_units=plan.model.shard_units()),
+        precision=plan.precision.lightning,  # type: ignore[arg-type]
+        max_steps=derived.total_steps,
+        max_epochs=-1,
+        accumulate_grad_batches=derived.accumulate,
+        gradient_clip_val=plan.optim.grad_clip,
+        val_check_interval=val_every * derived.accumulate if (val_every and has_val) else None,
+        check_val_every_n_epoch=None if val_every else 1,
+        limit_val_batches=None if has_val else 0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        deterministic=trainer_block.deterministic,
+        default_root_dir=str(run_dir),
+        callbacks=[recorder],
+    )
+    return BuiltRun(module=module, datamodule=datamodule, trainer=trainer, recorder=recorder)
