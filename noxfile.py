@@ -22,7 +22,7 @@ def install_project(session: nox.Session, extras: str = "dev") -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff lint and format check."""
-    session.install("ruff>=0.6")
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,3 +59,15 @@ def cli(tmp_path: Path):
         return run_cli(args, cwd=tmp_path, timeout=timeout, env=env)
 
     return invoke
+
+
+@contextlib.contextmanager
+def spawned(args: Sequence[str], **kwargs) -> Iterator[subprocess.Popen]:
+    """A process in its own session; it and everything it started are killed when the block exits."""
+    proc = subprocess.Popen(list(args), start_new_session=True, **kwargs)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

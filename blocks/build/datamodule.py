@@ -34,7 +34,8 @@ class BlocksDataModule(pl.LightningDataModule):
             batch_sampler=batch_sampler,  # type: ignore[arg-type]
             num_workers=workers,
             persistent_workers=workers > 0,
-            pin_memory=self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
+            pin_memory=self.trainer is not None
+            and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -51,7 +52,7 @@ class BlocksDataModule(pl.LightningDataModule):
         return self._loader(self.train_set, batches)
 
     def val_dataloader(self) -> DataLoader | list:
-        """This rank's contiguous shard of the validation split (none when there is no split)."""
+        """The validation loader: contiguous shards per rank (an empty list without a split)."""
         if self.val_set is None or self.trainer is None:
             return []
         batches = ShardedBatchSampler(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -10,6 +11,11 @@ import torch
 
 from blocks.monitor.sinks import MetricSink, Row
 
+log = logging.getLogger(__name__)
+PER_RANK_COLUMNS_UP_TO = 8
+SPREAD_WINDOWS_BEFORE_WARNING = 3
+"""A spread must persist this many logged windows to warn: one noisy window is sampling, not a fault."""
+
 
 class MetricsRecorder(pl.Callback):
     """Collects training metrics every ``log_every_n_steps`` optimizer steps and validation metrics.
@@ -17,14 +23,28 @@ class MetricsRecorder(pl.Callback):
     Between rows, the loss of each micro-batch is added to a device tensor (no host sync);
     at a logging step the row is read back once: ``train/loss`` (mean over the steps since
     the last row), ``lr``, ``grad_norm`` (before clipping), ``samples_per_s`` and
-    ``step_time_s``. Only global rank 0 writes to the sinks.
+    ``step_time_s``. With several processes the loss is averaged over ranks and
+    ``train/loss_spread`` ((max - min) / mean over ranks) is logged, with each rank's loss
+    for up to 8 ranks; a spread over ``rank_spread_tolerance`` for 3 logged windows in a row
+    is a warning (once per episode). Only global
+    rank 0 writes to the sinks.
     """
 
-    def __init__(self, sinks: list[MetricSink], *, every_n_steps: int, global_batch: int, grad_norm: bool) -> None:
+    def __init__(
+        self,
+        sinks: list[MetricSink],
+        *,
+        every_n_steps: int,
+        global_batch: int,
+        grad_norm: bool,
+        rank_spread_tolerance: float = 0.05,
+    ) -> None:
         self.sinks = sinks
         self.every = every_n_steps
         self.global_batch = global_batch
         self.want_grad_norm = grad_norm
+        self.rank_spread_tolerance = rank_spread_tolerance
+        self._spread_windows = 0
         self.last: Row = {}
         self._loss_sum: torch.Tensor | None = None
         self._steps = 0
@@ -40,12 +60,16 @@ class MetricsRecorder(pl.Callback):
         self._seen_step = trainer.global_step
         self._train_start = self._window_start = time.perf_counter()
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
         """Measure the gradient norm before clipping, only on steps that will be logged."""
         if self.want_grad_norm and (trainer.global_step + 1) % self.every == 0:
             grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
             if grads:
-                self._grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+                norm = torch.nn.utils.get_total_norm(grads)
+                full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when FSDP shards the grads
+                self._grad_norm = full_tensor() if full_tensor is not None else norm
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -68,7 +92,7 @@ class MetricsRecorder(pl.Callback):
         elapsed = max(now - self._window_start, 1e-9)
         row: Row = {}
         if self._loss_sum is not None:
-            row["train/loss"] = float(self._loss_sum) / self._steps
+            row.update(self._loss_row(trainer, self._loss_sum / self._steps))
         row["lr"] = float(trainer.optimizers[0].param_groups[0]["lr"])
         if self._grad_norm is not None:
             row["grad_norm"] = float(self._grad_norm)
@@ -78,6 +102,29 @@ class MetricsRecorder(pl.Callback):
         self._emit(trainer, row)
         self._loss_sum, self._grad_norm, self._steps = None, None, 0
         self._window_start = now
+
+    def _loss_row(self, trainer: pl.Trainer, loss: torch.Tensor) -> Row:
+        """The window's mean loss; across ranks its mean, spread and (for a few ranks) each value."""
+        if trainer.world_size == 1:
+            return {"train/loss": float(loss)}
+        per_rank = _gather_scalar(loss.detach().float())
+        mean = float(per_rank.mean())
+        spread = float(per_rank.max() - per_rank.min()) / abs(mean) if mean else 0.0
+        row: Row = {"train/loss": mean, "train/loss_spread": spread}
+        if trainer.world_size <= PER_RANK_COLUMNS_UP_TO:
+            row.update({f"train/loss_rank{rank}": float(value) for rank, value in enumerate(per_rank)})
+        self._spread_windows = self._spread_windows + 1 if spread > self.rank_spread_tolerance else 0
+        if self._spread_windows == SPREAD_WINDOWS_BEFORE_WARNING and trainer.is_global_zero:
+            log.warning(
+                "step %d: training loss has differed across ranks by more than %.1f%% of its mean for %d "
+                "logged steps (now %.1f%%): %s",
+                trainer.global_step,
+                100 * self.rank_spread_tolerance,
+                SPREAD_WINDOWS_BEFORE_WARNING,
+                100 * spread,
+                ", ".join(f"{v:.4g}" for v in per_rank.tolist()),
+            )
+        return row
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Record the validation metrics at the current step."""
@@ -107,3 +154,12 @@ class MetricsRecorder(pl.Callback):
     def samples_per_s(self) -> float:
         """Average training throughput over the whole run."""
         return self.samples_seen / self.train_seconds if self.train_seconds else 0.0
+
+
+def _gather_scalar(value: torch.Tensor) -> torch.Tensor:
+    """Every rank's value of a scalar tensor, in rank order (one all-gather)."""
+    import torch.distributed as dist
+
+    parts = [torch.zeros_like(value) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, value)
+    return torch.stack(parts).cpu()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -20,14 +21,31 @@ class BlocksModule(pl.LightningModule):
     the step outputs and syncs with the device only at its logging interval.
     """
 
-    def __init__(self, model: ModelBlock, task: TaskBlock, optim: OptimBlock, spec: BatchSpec, total_steps: int) -> None:
+    def __init__(
+        self,
+        model: ModelBlock,
+        task: TaskBlock,
+        optim: OptimBlock,
+        spec: BatchSpec,
+        total_steps: int,
+        parallelize: Callable[..., None] | None = None,
+    ) -> None:
         super().__init__()
+        self.parallelize = parallelize
+        self._parallelized = False
         self.model = model.build(spec)
         self.objective = task.build(spec)
         self.optim_block = optim
         self.total_steps = total_steps
         self.val_metrics: dict[str, float] = {}
         self.validated_at_step = -1
+
+    def configure_model(self) -> None:
+        """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up."""
+        if self.parallelize is None or self._parallelized:
+            return
+        self.parallelize(self.model, self.device_mesh)
+        self._parallelized = True
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The model's outputs for *inputs*."""
@@ -48,7 +66,7 @@ class BlocksModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""
         values = {f"val/{name}": value for name, value in self.objective.compute().items()}
-        self.log_dict(values)
+        self.log_dict(values, sync_dist=True)  # already synced by the metrics; keeps Lightning quiet
         self.val_metrics = {name: float(value) for name, value in values.items()}
         self.validated_at_step = self.trainer.global_step
         self.objective.reset()

@@ -29,7 +29,7 @@ class SeededPermutation(Sampler[int]):
         self.epoch = epoch
 
     def indices(self) -> list[int]:
-        """This epoch's order."""
+        """The sample order of the current epoch."""
         if not self.shuffle:
             return list(range(self.num_samples))
         generator = torch.Generator().manual_seed(self.seed + self.epoch)

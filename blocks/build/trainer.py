@@ -48,7 +48,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     assert isinstance(monitor, Monitor)
     pl.seed_everything(trainer_block.seed, workers=True, verbose=False)
     spec = plan.data.batch_spec()
-    module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps)
+    parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
+    module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps, parallelize)
     datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
     sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv")]
     if console and monitor.progress != "off":
@@ -58,6 +59,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         every_n_steps=monitor.log_every_n_steps,
         global_batch=derived.global_batch,
         grad_norm=monitor.grad_norm,
+        rank_spread_tolerance=monitor.rank_spread_tolerance,
     )
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
@@ -65,8 +67,10 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         accelerator=derived.accelerator,
         devices=derived.devices,
         num_nodes=derived.nodes,
-        strategy=plan.strategy.build(accelerator=derived.accelerator, model_units=plan.model.shard_units()),
-        precision=plan.precision.lightning,  # type: ignore[arg-type]
+        strategy=plan.strategy.build(
+            accelerator=derived.accelerator, precision=plan.precision, world_size=derived.world_size
+        ),
+        precision=plan.strategy.lightning_precision(plan.precision),  # type: ignore[arg-type]
         max_steps=derived.total_steps,
         max_epochs=-1,
         accumulate_grad_batches=derived.accumulate,
@@ -82,6 +86,6 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         use_distributed_sampler=False,
         deterministic=trainer_block.deterministic,
         default_root_dir=str(run_dir),
-        callbacks=[recorder],
+        callbacks=[recorder, *plan.strategy.callbacks(accumulate=derived.accumulate)],
     )
     return BuiltRun(module=module, datamodule=datamodule, trainer=trainer, recorder=recorder)

@@ -32,6 +32,7 @@ class Checkpoint(CheckpointBlock):
         resume: ``auto`` continues from the newest checkpoint in ``dir`` if there is one,
             ``never`` starts fresh, a URL resumes from that checkpoint or fails.
         enabled: false turns saving and resuming off.
+        save_weights: write the final consolidated weights to ``model.safetensors`` in the run dir.
     """
 
     dir: str | None = None
@@ -39,6 +40,7 @@ class Checkpoint(CheckpointBlock):
     keep_last: int = 2
     resume: str = "auto"
     enabled: bool = True
+    save_weights: bool = True
 
     def check(self, ctx: CheckContext) -> None:
         """Non-negative interval, at least one kept checkpoint."""

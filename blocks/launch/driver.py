@@ -2,25 +2,30 @@
 
 Hydra composes the config and picks the run dir (one per job, also in sweeps). The driver
 plans the job, freezes ``config.yaml`` and ``plan.json`` into the run dir, and trains: in
-its own process for one process.
+its own process for one process, through torchrun for several (or when restarts are asked for).
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
 from blocks.core.jobs import compose
 from blocks.core.plan import Plan, make_plan
-from blocks.launch.run_dir import SUMMARY_FILE, Summary, freeze_config, write_job_files
+from blocks.launch.run_dir import SUMMARY_FILE, Summary, freeze_config, load_plan, write_job_files
+from blocks.launch.torchrun import needs_launcher, run_torchrun
 
 
 def run_job(cfg: DictConfig) -> float | None:
     """The Hydra task function: plan, write the run dir, train. Returns ``val/loss`` for sweepers."""
     from hydra.core.hydra_config import HydraConfig
 
+    catalog.load()  # launcher plugins (joblib, submitit) run jobs in fresh processes
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     choices = {
@@ -30,12 +35,38 @@ def run_job(cfg: DictConfig) -> float | None:
     plan = make_plan(config_to_blocks(config), choices)
     write_job_files(run_dir, config, plan)
     plan.raise_for_errors()
-    summary = launch(run_dir)
+    try:
+        summary = launch(run_dir, plan)
+    except JobFailed as exc:
+        print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
+        raise SystemExit(1) from None
     return summary.metrics.get("val/loss")
 
 
-def launch(run_dir: Path) -> Summary:
-    """Train the run in *run_dir*; a failure before training starts still leaves a ``summary.json``."""
+def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
+    """Train the run in *run_dir*: in this process, or through torchrun for several processes or restarts.
+
+    A run that dies without writing ``summary.json`` (a crash before training, a killed
+    process) still gets one, with status ``failed``.
+    """
+    plan = plan or load_plan(run_dir)
+    if needs_launcher(plan):
+        (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+        code = run_torchrun(run_dir, plan)
+        if code == 0 and plan.derived.nodes > 1:
+            _await(run_dir / SUMMARY_FILE, timeout_s=SUMMARY_WAIT_S)  # global rank 0 may run on another node
+        if not (run_dir / SUMMARY_FILE).exists():
+            Summary(
+                status="failed",
+                reason=f"worker processes exited with status {code} without a summary",
+                world_size=plan.derived.world_size,
+                restarts=getattr(plan.trainer, "max_failures", 0),
+            ).write(run_dir)
+        summary = Summary.read(run_dir)
+        if code != 0 or summary.status != "completed":
+            raise JobFailed(f"the job ended with status '{summary.status}': {summary.reason}", summary)
+        return summary
+
     from blocks.launch.worker import train
 
     try:
@@ -44,6 +75,23 @@ def launch(run_dir: Path) -> Summary:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
         raise
+
+
+SUMMARY_WAIT_S = 300.0
+
+
+def _await(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+class JobFailed(RuntimeError):
+    """The workers of a job failed or were interrupted; ``summary`` says how."""
+
+    def __init__(self, message: str, summary: Summary) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 def prepare(overrides: list[str], run_dir: Path) -> Plan:
@@ -60,6 +108,5 @@ def prepare(overrides: list[str], run_dir: Path) -> Plan:
 
 
 def run(overrides: list[str], run_dir: Path) -> Summary:
-    """Compose, plan and train one job in this process, writing its run dir (no Hydra job)."""
-    prepare(overrides, run_dir)
-    return launch(run_dir)
+    """Compose, plan and train one job, writing its run dir (no Hydra job): the Python ``blocks run``."""
+    return launch(run_dir, prepare(overrides, run_dir))

@@ -17,6 +17,7 @@ PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
 CHECKPOINTS_DIR = "checkpoints"
+WEIGHTS_FILE = "model.safetensors"
 
 Status = Literal["completed", "failed", "interrupted"]
 

@@ -7,11 +7,14 @@ what makes sweeps of multi-process jobs and restarts safe.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 import time
 from pathlib import Path
 
 from blocks.core.catalog import load
-from blocks.launch.run_dir import Summary, load_plan
+from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
 
 
 def train(run_dir: Path, *, console: bool = True) -> Summary:
@@ -21,12 +24,16 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     plan = load_plan(run_dir)
     plan.raise_for_errors()
 
-    from blocks.build.digest import state_digest
     from blocks.build.trainer import build_run
+    from blocks.build.weights import full_state_dict, is_sharded, save_weights, state_digest
 
     built = build_run(plan, run_dir, console=console)
     trainer, module = built.trainer, built.module
-    summary = Summary(status="completed", world_size=plan.derived.world_size)
+    summary = Summary(
+        status="completed",
+        world_size=plan.derived.world_size,
+        restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
     try:
         trainer.fit(module, datamodule=built.datamodule)
         if plan.derived.val_samples and module.validated_at_step != trainer.global_step:
@@ -45,11 +52,28 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         summary.epoch = trainer.global_step // steps_per_epoch if steps_per_epoch else 0
         summary.metrics = dict(built.recorder.last)
         summary.samples_per_s = built.recorder.samples_per_s
-        summary.state_digest = state_digest(module.model)
+        # Gathering sharded weights is a collective: only safe when every rank got this far.
+        if summary.status == "completed" or not is_sharded(module.model):
+            state = full_state_dict(module.model)
+            if trainer.is_global_zero:
+                summary.state_digest = state_digest(state)
+                if summary.status == "completed" and getattr(plan.checkpoint, "save_weights", False):
+                    save_weights(state, run_dir / WEIGHTS_FILE)
         summary.wall_s = time.perf_counter() - started
         if trainer.is_global_zero:
             summary.write(run_dir)
+        _shut_down_process_group(wait_for_peers=summary.status == "completed")
     return summary
+
+
+def _shut_down_process_group(*, wait_for_peers: bool) -> None:
+    """Leave the process group together (after a barrier) so no rank tears it down under another."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,6 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     train(args.run_dir)
+    # Everything is written and the process group is destroyed. Skip interpreter
+    # finalization: with gloo, a backend thread can still be joinable when C++ statics are
+    # destroyed, which aborts a finished worker ("terminate called without an active
+    # exception") and makes torchrun report a completed job as failed.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

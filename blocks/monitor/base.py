@@ -34,13 +34,17 @@ class Monitor(MonitorBlock):
         progress: ``auto`` (a live bar on a terminal, plain lines otherwise), ``bar``,
             ``lines`` or ``off``.
         grad_norm: log the global gradient norm (before clipping) at each logged step.
+        rank_spread_tolerance: with several processes, warn when the ranks' training losses
+            differ by more than this fraction of their mean ((max - min) / mean).
     """
 
     log_every_n_steps: int = 10
     progress: str = "auto"
     grad_norm: bool = True
+    rank_spread_tolerance: float = 0.05
 
     def check(self, ctx: CheckContext) -> None:
         """Positive interval, known progress mode."""
         ctx.positive("log_every_n_steps", self.log_every_n_steps)
         ctx.choice("progress", self.progress, PROGRESS)
+        ctx.positive("rank_spread_tolerance", self.rank_spread_tolerance)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -9,6 +10,7 @@ from blocks.core.block import Block
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
+    from blocks.precision.base import PrecisionBlock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,9 +26,21 @@ class StrategyBlock(Block):
     shards_parameters: ClassVar[bool] = False
     max_world_size: ClassVar[int | None] = None
 
-    def build(self, *, accelerator: str, model_units: str | None) -> Any:
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
         """The ``strategy`` argument for ``lightning.Trainer``; imports Lightning lazily."""
         raise NotImplementedError
+
+    def lightning_precision(self, precision: PrecisionBlock) -> str:
+        """The ``precision`` argument for ``lightning.Trainer`` under this strategy."""
+        return precision.lightning
+
+    def parallelizer(self, *, precision: PrecisionBlock, units: str | None) -> Callable[..., None] | None:
+        """A function ``(model, device_mesh)`` that parallelizes the model in place, or None."""
+        return None
+
+    def callbacks(self, *, accumulate: int) -> list[Any]:
+        """Lightning callbacks this strategy needs (e.g. to control gradient sync)."""
+        return []
 
     def check(self, ctx: CheckContext) -> None:
         """World size within what this strategy runs."""
@@ -36,6 +50,6 @@ class StrategyBlock(Block):
             ctx.error(
                 "",
                 f"strategy={self.block_name} runs {limit} process, but trainer.devices × trainer.nodes = {world}",
-                "trainer.devices=1 trainer.nodes=1, or a multi-process strategy once installed (strategy=ddp)",
+                "strategy=ddp (or strategy=fsdp), or trainer.devices=1 trainer.nodes=1",
                 check="strategy-world-size",
             )

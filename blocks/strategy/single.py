@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blocks.core.registry import register
 from blocks.strategy.base import StrategyBlock
+
+if TYPE_CHECKING:
+    from blocks.precision.base import PrecisionBlock
 
 
 @register("single")
@@ -16,6 +19,6 @@ class Single(StrategyBlock):
 
     max_world_size = 1
 
-    def build(self, *, accelerator: str, model_units: str | None) -> Any:
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
         """Lightning's single-device strategy."""
         return "auto"

@@ -1,0 +1,46 @@
+"""Final weights: a consolidated state dict, its ``state_digest``, and ``model.safetensors``."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether FSDP2 has sharded any part of *module*."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded CPU state dict with plain parameter names.
+
+    Under FSDP2 this is a collective (every rank must call it) and only global rank 0 gets
+    the tensors; other ranks get an empty dict.
+    """
+    if is_sharded(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+    return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a state dict's tensors in name order, each as contiguous CPU bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Write *state* as safetensors (shared tensors, like tied embeddings, are stored once each)."""
+    from safetensors.torch import save_file
+
+    save_file({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()}, str(path))

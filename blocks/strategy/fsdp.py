@@ -1,0 +1,103 @@
+"""``strategy=fsdp``: shard parameters, gradients and optimizer state with FSDP2 (``fully_shard``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from blocks.core.registry import register
+from blocks.strategy.base import StrategyBlock
+from blocks.strategy.ddp import check_backend
+
+if TYPE_CHECKING:
+    from blocks.core.plan import CheckContext
+    from blocks.precision.base import PrecisionBlock
+
+
+@register("fsdp")
+@dataclass(frozen=True, kw_only=True)
+class FSDP(StrategyBlock):
+    """Fully sharded data parallel (FSDP2) through Lightning's ``ModelParallelStrategy``.
+
+    ``fully_shard`` is applied from outside the model: to each unit the model block declares
+    (the transformer's layers), then to the root. The mixed-precision policy comes from the
+    precision block, so there is one precision setting: ``precision=bf16-mixed`` keeps float32
+    sharded parameters and computes in bfloat16; ``precision=bf16-true`` stores bfloat16.
+
+    Attributes:
+        backend: process-group backend; null picks nccl on GPUs and gloo on CPUs.
+        reshard_after_forward: free gathered parameters after each unit's forward (less memory,
+            one more all-gather in backward).
+        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory.
+        activation_checkpointing: recompute each unit's activations in backward instead of storing them.
+        reduce_every_micro_batch: with ``optim.accumulate > 1``, reduce-scatter gradients after
+            every micro-batch (sharded gradients: less memory) instead of only after the last
+            (unsharded gradients kept until then: less traffic).
+        collective_timeout_s: a collective that waits longer than this fails the job instead of hanging.
+    """
+
+    shards_parameters = True
+
+    backend: str | None = None
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    activation_checkpointing: bool = False
+    reduce_every_micro_batch: bool = True
+    collective_timeout_s: float = 1800.0
+
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
+        """Lightning's ``ModelParallelStrategy`` over a one-dimensional data-parallel mesh."""
+        from datetime import timedelta
+
+        from pytorch_lightning.strategies import ModelParallelStrategy
+
+        from blocks.strategy.ddp import backend_for
+
+        return ModelParallelStrategy(
+            data_parallel_size=world_size,
+            tensor_parallel_size=1,
+            process_group_backend=backend_for(accelerator, self.backend),
+            timeout=timedelta(seconds=self.collective_timeout_s),
+        )
+
+    def parallelizer(self, *, precision: PrecisionBlock, units: str | None) -> Callable[..., None] | None:
+        """Shard each of the model's units, then the root."""
+        from blocks.strategy.parallelize import fsdp_parallelizer
+
+        assert units is not None, "the plan refuses fsdp on a model without units"
+        return fsdp_parallelizer(self, precision, units)
+
+    def callbacks(self, *, accumulate: int) -> list[Any]:
+        """With deferred reduction, turn gradient sync off for all but the last micro-batch."""
+        if self.reduce_every_micro_batch or accumulate == 1:
+            return []
+        from blocks.strategy.parallelize import DeferGradientSync
+
+        return [DeferGradientSync(accumulate)]
+
+    def lightning_precision(self, precision: PrecisionBlock) -> str:
+        """Mixed precision is FSDP's own policy, so Lightning keeps float32 (no autocast on top)."""
+        return "32-true" if precision.lightning.endswith("-mixed") else precision.lightning
+
+    def check(self, ctx: CheckContext) -> None:
+        """The model must declare units; the precision must have an FSDP policy."""
+        super().check(ctx)
+        ctx.positive("collective_timeout_s", self.collective_timeout_s)
+        check_backend(ctx, self.backend)
+        units = ctx.model.shard_units()
+        if units is None:
+            ctx.error(
+                "",
+                f"strategy=fsdp shards the units a model declares, and model={ctx.model.block_name} declares none",
+                "strategy=ddp for this model, or a model block whose shard_units() names its repeated layers",
+                check="fsdp-model-units",
+            )
+        precision = ctx.block("precision")
+        if precision.block_name == "16-mixed":
+            ctx.error(
+                "",
+                "strategy=fsdp has no float16 policy with a gradient scaler here",
+                "precision=bf16-mixed",
+                check="fsdp-precision",
+            )

@@ -1,0 +1,270 @@
+"""Real multi-process training on CPU with gloo: DDP, FSDP2, sweeps, two nodes, restarts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from blocks.launch import driver
+from tests.conftest import read_summary, spawned
+
+pytestmark = pytest.mark.timeout(600)
+
+LM = [
+    "recipe=tiny_lm",
+    "trainer.max_steps=8",
+    "trainer.val_every=null",
+    "monitor.progress=off",
+    "optim.warmup_steps=2",
+]
+FAST_DDP = ["recipe=blobs", "data.samples=1024", "trainer.max_epochs=1", "strategy=ddp", "trainer.devices=2"]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+def test_global_batch_stream_is_independent_of_the_process_layout(tmp_path: Path) -> None:
+    """Batch 16 on one process = 8 × accumulate 2 = DDP 2 × 8 = FSDP 2 × 8 = FSDP 2 × 4 × accumulate 2."""
+    layouts = {
+        "single": ["data.batch_size=16"],
+        "accumulate": ["data.batch_size=8", "optim.accumulate=2"],
+        "ddp": ["data.batch_size=8", "strategy=ddp", "trainer.devices=2"],
+        "fsdp": ["data.batch_size=8", "strategy=fsdp", "trainer.devices=2"],
+        "fsdp_deferred_sync": [
+            "data.batch_size=4",
+            "optim.accumulate=2",
+            "strategy=fsdp",
+            "trainer.devices=2",
+            "strategy.reduce_every_micro_batch=false",
+        ],
+    }
+    results = {name: driver.run([*LM, *overrides], tmp_path / name) for name, overrides in layouts.items()}
+    reference = weights(tmp_path / "single")
+    for name in layouts:
+        assert results[name].status == "completed"
+        assert results[name].world_size == (2 if "ddp" in name or "fsdp" in name else 1)
+        other = weights(tmp_path / name)
+        assert sorted(other) == sorted(reference), name
+        for key, tensor in reference.items():
+            torch.testing.assert_close(other[key], tensor, rtol=1e-4, atol=2e-5, msg=f"{name}: {key}")
+
+
+def test_ddp_logs_every_ranks_loss_and_the_spread(tmp_path: Path) -> None:
+    summary = driver.run([*FAST_DDP, "monitor.log_every_n_steps=2"], tmp_path)
+    assert summary.status == "completed" and summary.world_size == 2
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
+    for column in ("train/loss", "train/loss_spread", "train/loss_rank0", "train/loss_rank1", "val/accuracy"):
+        assert column in header
+    assert summary.metrics["val/accuracy"] > 0.9
+    ranks = [summary.metrics["train/loss_rank0"], summary.metrics["train/loss_rank1"]]
+    assert summary.metrics["train/loss"] == pytest.approx(sum(ranks) / 2, rel=1e-5)
+
+
+def test_fsdp_with_activation_checkpointing_and_bf16_mixed(tmp_path: Path) -> None:
+    summary = driver.run(
+        [
+            *LM,
+            "strategy=fsdp",
+            "trainer.devices=2",
+            "strategy.activation_checkpointing=true",
+            "precision=bf16-mixed",
+        ],
+        tmp_path,
+    )
+    assert summary.status == "completed"
+    names = sorted(weights(tmp_path))
+    assert "layers.0.attn.qkv.weight" in names, "weights are saved under the model's own names"
+    assert all(t.dtype == torch.float32 for t in weights(tmp_path).values()), (
+        "bf16-mixed keeps float32 weights"
+    )
+
+
+def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = cli("run", "-m", *LM, "strategy=ddp,fsdp", "trainer.devices=2", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.output
+    entries = sorted(p.name for p in sweep.iterdir() if not p.name.startswith("."))
+    assert entries == ["0", "1", "multirun.yaml"], entries
+    for job in ("0", "1"):
+        summary = read_summary(sweep / job)
+        assert summary["status"] == "completed" and summary["world_size"] == 2
+        assert not any(p.is_dir() for p in (sweep / job).iterdir() if not p.name.startswith(".")), (
+            "no extra dirs per rank inside a job's run dir"
+        )
+
+
+def test_joblib_launcher_runs_distributed_jobs_in_parallel(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = cli(
+        "run",
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *FAST_DDP,
+        "optim.lr=0.01,0.003",
+        "monitor.progress=off",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.output
+    for job in ("0", "1"):
+        assert read_summary(sweep / job)["status"] == "completed"
+
+
+def test_submitit_local_launcher(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = cli(
+        "run",
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=10",
+        "recipe=blobs",
+        "data.samples=512",
+        "trainer.max_epochs=1",
+        "optim.lr=0.01,0.003",
+        "monitor.progress=off",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.output
+    for job in ("0", "1"):
+        assert read_summary(sweep / job)["status"] == "completed"
+
+
+def test_three_two_process_jobs_at_once_never_collide(tmp_path: Path) -> None:
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                spawned(
+                    [
+                        sys.executable,
+                        "-m",
+                        "blocks",
+                        "run",
+                        *FAST_DDP,
+                        "monitor.progress=off",
+                        f"hydra.run.dir={tmp_path / str(i)}",
+                    ],
+                    cwd=tmp_path,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for i in range(3)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+    for i in range(3):
+        assert read_summary(tmp_path / str(i))["status"] == "completed"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:
+    """Two `blocks run` invocations, one per "node", meet at a c10d rendezvous and train together."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
+    args = [
+        sys.executable,
+        "-m",
+        "blocks",
+        "run",
+        "recipe=blobs",
+        "data.samples=1024",
+        "trainer.max_epochs=1",
+        "strategy=ddp",
+        "trainer.nodes=2",
+        "trainer.devices=1",
+        "monitor.progress=off",
+        f"hydra.run.dir={run_dir}",
+    ]
+    with contextlib.ExitStack() as stack:
+        nodes = [
+            stack.enter_context(
+                spawned(
+                    args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+                )
+            )
+            for _ in range(2)
+        ]
+        for node in nodes:
+            _, err = node.communicate(timeout=240)
+            assert node.returncode == 0, err[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert "train/loss_rank1" in (run_dir / "metrics.csv").read_text().splitlines()[0]
+
+
+def test_multi_node_without_a_rendezvous_is_a_clear_error(cli) -> None:
+    result = cli("run", *FAST_DDP, "trainer.nodes=2", env={"BLOCKS_RDZV_ENDPOINT": ""})
+    assert result.returncode != 0
+    assert "BLOCKS_RDZV_ENDPOINT" in result.output
+
+
+def worker_pids(run_dir: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        is_worker = b"blocks.launch.worker" in cmdline and b"torch.distributed.run" not in cmdline
+        if is_worker and str(run_dir).encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [
+        sys.executable,
+        "-m",
+        "blocks",
+        "run",
+        "recipe=tiny_lm",
+        "trainer.max_steps=200",
+        "trainer.val_every=null",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.max_failures=1",
+        "monitor.log_every_n_steps=1",
+        f"hydra.run.dir={run_dir}",
+    ]
+    with spawned(
+        args,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            if line.startswith("step 5/") or time.monotonic() > deadline:
+                break
+        victims = worker_pids(run_dir)
+        assert len(victims) == 2
+        os.kill(victims[-1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
+    assert summary["restarts"] == 1
