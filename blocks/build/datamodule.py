@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader, Dataset
 
+from blocks.build.checkpointing import ResumableLoader, processed_micro_batches
 from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.data.base import DataBlock
 
@@ -27,19 +31,28 @@ class BlocksDataModule(pl.LightningDataModule):
         if self.val_set is None and self.data.num_samples("val") > 0:
             self.val_set = self.data.build("val")
 
-    def _loader(self, dataset: Dataset, batch_sampler: object) -> DataLoader:
+    def _loader_options(self) -> dict[str, Any]:
+        """Options shared by the loaders.
+
+        Each loader gets its own generator, so creating an iterator never draws from the global
+        RNG (which would shift dropout after a resume).
+        """
         workers = self.data.num_workers
-        return DataLoader(
-            dataset,
-            batch_sampler=batch_sampler,  # type: ignore[arg-type]
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            pin_memory=self.trainer is not None
-            and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
-        )
+        on_gpu = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
+        return {
+            "num_workers": workers,
+            "persistent_workers": workers > 0,
+            "pin_memory": on_gpu,
+            "generator": torch.Generator().manual_seed(self.seed),
+        }
+
+    def _progress(self) -> tuple[int, int]:
+        """The current epoch and the micro-batches training has processed in it."""
+        assert self.trainer is not None
+        return self.trainer.current_epoch, processed_micro_batches(self.trainer)
 
     def train_dataloader(self) -> DataLoader:
-        """Micro-batches of this rank, global batch by global batch."""
+        """Micro-batches of this rank, global batch by global batch; resumable mid-epoch."""
         assert self.train_set is not None and self.trainer is not None
         sampler = SeededPermutation(len(self.train_set), self.seed)  # type: ignore[arg-type]
         batches = GlobalBatchSampler(
@@ -49,7 +62,13 @@ class BlocksDataModule(pl.LightningDataModule):
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
         )
-        return self._loader(self.train_set, batches)
+        return ResumableLoader(
+            self.train_set,
+            batch_sampler=batches,
+            progress=self._progress,
+            accumulate=self.accumulate,
+            **self._loader_options(),
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         """The validation loader: contiguous shards per rank (an empty list without a split)."""
@@ -61,4 +80,4 @@ class BlocksDataModule(pl.LightningDataModule):
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
         )
-        return self._loader(self.val_set, batches)
+        return DataLoader(self.val_set, batch_sampler=batches, **self._loader_options())

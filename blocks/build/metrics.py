@@ -145,6 +145,12 @@ class MetricsRecorder(pl.Callback):
             for sink in self.sinks:
                 sink.write(trainer.global_step, row)
 
+    def flush(self, trainer: pl.Trainer) -> None:
+        """Write out buffered rows (global rank 0), e.g. right before a checkpoint."""
+        if trainer.is_global_zero:
+            for sink in self.sinks:
+                sink.flush()
+
     def close(self) -> None:
         """Flush every sink."""
         for sink in self.sinks:

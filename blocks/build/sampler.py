@@ -64,6 +64,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.world_size = world_size
         self.global_batch = micro_batch * accumulate * world_size
+        self._resume: tuple[int, int] | None = None
+
+    def resume_at(self, *, epoch: int, steps_done: int) -> None:
+        """On the next pass over *epoch*, skip the *steps_done* global batches already trained on."""
+        self._resume = (epoch, steps_done)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -76,7 +81,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         order = self.sampler.indices()
         per_micro_step = self.micro_batch * self.world_size
-        for step in range(self.steps_per_epoch):
+        first = 0
+        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+            first = self._resume[1]
+            self._resume = None
+        for step in range(first, self.steps_per_epoch):
             global_batch = order[step * self.global_batch : (step + 1) * self.global_batch]
             for micro in range(self.accumulate):
                 chunk = global_batch[micro * per_micro_step : (micro + 1) * per_micro_step]

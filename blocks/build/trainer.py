@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytorch_lightning as pl
 
+from blocks.build.checkpointing import CheckpointCallback, resolve_resume
 from blocks.build.datamodule import BlocksDataModule
 from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
+from blocks.checkpoint import store
+from blocks.checkpoint.base import Checkpoint
+from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.core.plan import Plan
+from blocks.launch.run_dir import CHECKPOINTS_DIR
 from blocks.monitor.base import Monitor
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
 from blocks.trainer.base import Trainer
@@ -22,12 +27,14 @@ _QUIET_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.ac
 
 @dataclass
 class BuiltRun:
-    """The Lightning objects of one run."""
+    """The Lightning objects of one run, and the checkpoint it resumes from."""
 
     module: BlocksModule
     datamodule: BlocksDataModule
     trainer: pl.Trainer
     recorder: MetricsRecorder
+    resume_from: str | None = None
+    checkpointer: CheckpointCallback | None = None
 
 
 def quiet_lightning() -> None:
@@ -48,10 +55,22 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     assert isinstance(monitor, Monitor)
     pl.seed_everything(trainer_block.seed, workers=True, verbose=False)
     spec = plan.data.batch_spec()
+    checkpoint_block = plan.checkpoint
+    assert isinstance(checkpoint_block, Checkpoint)
+    directory = checkpoint_block.dir or str(run_dir / CHECKPOINTS_DIR)
+    digests = store.block_digests(
+        {kind: {"_block_": block.block_name, **asdict(block)} for kind, block in plan.blocks.items()}
+    )
+    resume_from = (
+        resolve_resume(checkpoint_block, directory, block_digests=digests, global_batch=derived.global_batch)
+        if checkpoint_block.enabled
+        else None
+    )
+    resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps, parallelize)
     datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
-    sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv")]
+    sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step)]
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
     recorder = MetricsRecorder(
@@ -61,6 +80,23 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         grad_norm=monitor.grad_norm,
         rank_spread_tolerance=monitor.rank_spread_tolerance,
     )
+    callbacks: list[pl.Callback] = [recorder, *plan.strategy.callbacks(accumulate=derived.accumulate)]
+    io = FsspecCheckpointIO()
+    checkpointer = None
+    if checkpoint_block.enabled:
+        checkpointer = CheckpointCallback(
+            checkpoint_block,
+            io,
+            directory=directory,
+            accumulate=derived.accumulate,
+            global_batch=derived.global_batch,
+            world_size=derived.world_size,
+            block_digests=digests,
+            resumed_from=resume_from,
+            metrics=lambda: dict(recorder.last),
+            before_save=recorder.flush,
+        )
+        callbacks.append(checkpointer)
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
     trainer = pl.Trainer(
@@ -68,7 +104,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         devices=derived.devices,
         num_nodes=derived.nodes,
         strategy=plan.strategy.build(
-            accelerator=derived.accelerator, precision=plan.precision, world_size=derived.world_size
+            accelerator=derived.accelerator, precision=plan.precision, world_size=derived.world_size, io=io
         ),
         precision=plan.strategy.lightning_precision(plan.precision),  # type: ignore[arg-type]
         max_steps=derived.total_steps,
@@ -86,6 +122,6 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         use_distributed_sampler=False,
         deterministic=trainer_block.deterministic,
         default_root_dir=str(run_dir),
-        callbacks=[recorder, *plan.strategy.callbacks(accumulate=derived.accumulate)],
+        callbacks=callbacks,
     )
-    return BuiltRun(module=module, datamodule=datamodule, trainer=trainer, recorder=recorder)
+    return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer)

@@ -22,29 +22,78 @@ class CheckpointBlock(Block):
 @register("default")
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(CheckpointBlock):
-    """Full training state saved to any fsspec URL, with retention and automatic resume.
+    """Committed checkpoints of the full training state on any fsspec URL, retention and exact resume.
+
+    A checkpoint counts only once its manifest (sizes and sha256 of its files) is written;
+    resume skips corrupt or unfinished ones. Restored: model, optimizer, LR schedule, loop
+    counters, every rank's RNG states and the position in the global batch stream.
 
     Attributes:
         dir: where checkpoints go (local path or fsspec URL such as ``s3://bucket/run``);
             null means ``checkpoints/`` in the run dir.
-        every_n_steps: save every N optimizer steps; 0 saves only at the end of training.
+        every_n_steps: save every N optimizer steps; 0 turns the step trigger off.
+        every_seconds: also save when this many seconds passed since the last save; null: off.
         keep_last: how many of the newest checkpoints to keep (at least 1).
-        resume: ``auto`` continues from the newest checkpoint in ``dir`` if there is one,
+        keep_best: also keep this many with the best ``monitor`` value.
+        monitor: metric that ranks checkpoints for ``keep_best``, e.g. ``val/loss``.
+        mode: ``min`` or ``max``: which ``monitor`` values are best.
+        resume: ``auto`` continues from the newest committed checkpoint in ``dir`` if there is one,
             ``never`` starts fresh, a URL resumes from that checkpoint or fails.
+        on_signal: save when SIGTERM or SIGINT stops training (preemption), then end ``interrupted``.
         enabled: false turns saving and resuming off.
         save_weights: write the final consolidated weights to ``model.safetensors`` in the run dir.
     """
 
     dir: str | None = None
     every_n_steps: int = 0
+    every_seconds: float | None = None
     keep_last: int = 2
+    keep_best: int = 0
+    monitor: str | None = None
+    mode: str = "min"
     resume: str = "auto"
+    on_signal: bool = True
     enabled: bool = True
     save_weights: bool = True
 
     def check(self, ctx: CheckContext) -> None:
-        """Non-negative interval, at least one kept checkpoint."""
+        """Sane triggers and retention; the monitored metric must be one the task logs."""
         ctx.positive("every_n_steps", self.every_n_steps, allow_zero=True)
+        ctx.positive("every_seconds", self.every_seconds)
         ctx.positive("keep_last", self.keep_last)
+        ctx.positive("keep_best", self.keep_best, allow_zero=True)
+        ctx.choice("mode", self.mode, ("min", "max"))
         if not self.resume:
             ctx.error("resume", "must be 'auto', 'never' or a checkpoint URL", "checkpoint.resume=auto")
+        elif self.enabled and self.resume not in ("auto", "never"):
+            self._check_resume_url(ctx)
+        if self.keep_best and not self.monitor:
+            ctx.error(
+                "monitor", "checkpoint.keep_best needs a metric to rank by", "checkpoint.monitor=val/loss"
+            )
+        if self.monitor:
+            task = ctx.block("task")
+            logged = [f"val/{name}" for name in task.metric_names()]  # type: ignore[attr-defined]
+            logged += ["train/loss"]
+            if self.monitor not in logged:
+                ctx.error(
+                    "monitor",
+                    f"'{self.monitor}' is not a metric task={task.block_name} logs ({', '.join(logged)})",
+                    f"checkpoint.monitor={logged[0]}",
+                    check="checkpoint-monitor-metric",
+                )
+
+    def _check_resume_url(self, ctx: CheckContext) -> None:
+        """An explicit resume URL must name a committed checkpoint (its files are verified at run time)."""
+        from blocks.checkpoint import store
+
+        try:
+            store.read_manifest(self.resume)
+        except (store.CheckpointError, OSError, ValueError, ImportError) as exc:
+            ctx.error(
+                "resume",
+                str(exc) if isinstance(exc, store.CheckpointError) else f"cannot read {self.resume}: {exc}",
+                "point checkpoint.resume at a committed checkpoint directory (one with MANIFEST.json), "
+                "or use checkpoint.resume=auto",
+                check="resume-committed",
+            )

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
+from blocks.core.errors import BlocksError
 from blocks.core.jobs import compose
 from blocks.core.plan import Plan, make_plan
 from blocks.launch.run_dir import SUMMARY_FILE, Summary, freeze_config, load_plan, write_job_files
@@ -40,6 +41,11 @@ def run_job(cfg: DictConfig) -> float | None:
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
         raise SystemExit(1) from None
+    except BlocksError as exc:
+        print(f"blocks: the job could not start (run dir: {run_dir})", file=sys.stderr)
+        for problem in exc.problems:
+            print(problem.render(), file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
     return summary.metrics.get("val/loss")
 
 

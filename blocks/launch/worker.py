@@ -33,9 +33,10 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         status="completed",
         world_size=plan.derived.world_size,
         restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        resumed_from=built.resume_from,
     )
     try:
-        trainer.fit(module, datamodule=built.datamodule)
+        trainer.fit(module, datamodule=built.datamodule, ckpt_path=built.resume_from, weights_only=True)
         if plan.derived.val_samples and module.validated_at_step != trainer.global_step:
             trainer.validate(module, datamodule=built.datamodule, verbose=False)
     except BaseException as exc:

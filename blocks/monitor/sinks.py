@@ -18,6 +18,9 @@ class MetricSink(Protocol):
     def write(self, step: int, row: Row) -> None:
         """Record *row* (metric name → value) at optimizer step *step*."""
 
+    def flush(self) -> None:
+        """Write out anything buffered."""
+
     def close(self) -> None:
         """Flush and release resources."""
 
@@ -30,16 +33,36 @@ class CsvSink:
     handful of times per run.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, keep_until_step: int | None = None) -> None:
         self.path = path
         self.columns: list[str] = []
         self.rows: list[tuple[int, Row]] = []
         self._written = 0
+        self._keep_until_step = keep_until_step
+
+    def _keep_rows_until(self, step: int) -> None:
+        """On resume: keep the rows up to the checkpoint's step, drop those the resumed run will redo."""
+        with self.path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            self.columns = [c for c in (reader.fieldnames or []) if c != "step"]
+            for record in reader:
+                if int(record["step"]) <= step:
+                    self.rows.append(
+                        (int(record["step"]), {k: float(v) for k, v in record.items() if k != "step" and v})
+                    )
+        self._rewrite(upto=len(self.rows))
 
     def write(self, step: int, row: Row) -> None:
         """Buffer *row*; rows of earlier steps are written out."""
+        if self._keep_until_step is not None:
+            if self.path.exists():
+                self._keep_rows_until(self._keep_until_step)
+            self._keep_until_step = None
         if self.rows and self.rows[-1][0] == step:
             self.rows[-1][1].update(row)
+            if self._written == len(self.rows):  # that row is already on disk (flushed for a checkpoint)
+                self._rewrite(upto=len(self.rows))
+                return
         else:
             self.rows.append((step, dict(row)))
         new = [name for name in row if name not in self.columns]
@@ -49,9 +72,13 @@ class CsvSink:
         else:
             self._append(upto=len(self.rows) - 1)
 
+    def flush(self) -> None:
+        """Write every buffered row (before a checkpoint, so a resume finds every row up to it)."""
+        self._append(upto=len(self.rows))
+
     def close(self) -> None:
         """Write every buffered row."""
-        self._append(upto=len(self.rows))
+        self.flush()
 
     def _format(self, step: int, row: Row) -> list[str]:
         return [str(step)] + [_fmt(row[c]) if c in row else "" for c in self.columns]
@@ -119,6 +146,9 @@ class ConsoleSink:
         elapsed = time.monotonic() - self.started
         eta = elapsed / step * (self.total_steps - step) if step else 0.0
         print(f"step {step}/{self.total_steps}  {stats}  elapsed={elapsed:.0f}s eta={eta:.0f}s", flush=True)
+
+    def flush(self) -> None:
+        """Nothing is buffered on the console."""
 
     def close(self) -> None:
         """Stop the live display."""

@@ -26,8 +26,12 @@ class StrategyBlock(Block):
     shards_parameters: ClassVar[bool] = False
     max_world_size: ClassVar[int | None] = None
 
-    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
-        """The ``strategy`` argument for ``lightning.Trainer``; imports Lightning lazily."""
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int, io: Any = None) -> Any:
+        """The ``strategy`` argument for ``lightning.Trainer``; imports Lightning lazily.
+
+        *io* is the checkpoint plugin (``blocks.checkpoint.io.FsspecCheckpointIO``) the strategy
+        saves and loads through.
+        """
         raise NotImplementedError
 
     def lightning_precision(self, precision: PrecisionBlock) -> str:

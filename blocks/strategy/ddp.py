@@ -44,7 +44,7 @@ class DDP(StrategyBlock):
     gradient_as_bucket_view: bool = True
     collective_timeout_s: float = 1800.0
 
-    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int, io: Any = None) -> Any:
         """Lightning's ``DDPStrategy``."""
         from datetime import timedelta
 
@@ -57,6 +57,7 @@ class DDP(StrategyBlock):
             bucket_cap_mb=self.bucket_cap_mb,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             timeout=timedelta(seconds=self.collective_timeout_s),
+            checkpoint_io=io,
         )
 
     def check(self, ctx: CheckContext) -> None:

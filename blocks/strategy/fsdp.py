@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 class FSDP(StrategyBlock):
     """Fully sharded data parallel (FSDP2) through Lightning's ``ModelParallelStrategy``.
 
+    Checkpoints are torch distributed checkpoint (DCP) shards written through fsspec, so they
+    go to ``s3://`` as well and load on another world size.
+
     ``fully_shard`` is applied from outside the model: to each unit the model block declares
     (the transformer's layers), then to the root. The mixed-precision policy comes from the
     precision block, so there is one precision setting: ``precision=bf16-mixed`` keeps float32
@@ -46,15 +49,15 @@ class FSDP(StrategyBlock):
     reduce_every_micro_batch: bool = True
     collective_timeout_s: float = 1800.0
 
-    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int, io: Any = None) -> Any:
         """Lightning's ``ModelParallelStrategy`` over a one-dimensional data-parallel mesh."""
         from datetime import timedelta
 
-        from pytorch_lightning.strategies import ModelParallelStrategy
-
+        from blocks.checkpoint.sharded import ShardedCheckpointStrategy
         from blocks.strategy.ddp import backend_for
 
-        return ModelParallelStrategy(
+        return ShardedCheckpointStrategy(
+            io=io,
             data_parallel_size=world_size,
             tensor_parallel_size=1,
             process_group_backend=backend_for(accelerator, self.backend),

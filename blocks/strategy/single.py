@@ -19,6 +19,8 @@ class Single(StrategyBlock):
 
     max_world_size = 1
 
-    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int) -> Any:
-        """Lightning's single-device strategy."""
-        return "auto"
+    def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int, io: Any = None) -> Any:
+        """Lightning's single-device strategy on the accelerator's first device."""
+        from pytorch_lightning.strategies import SingleDeviceStrategy
+
+        return SingleDeviceStrategy(device="cuda:0" if accelerator == "gpu" else "cpu", checkpoint_io=io)

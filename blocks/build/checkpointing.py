@@ -1,0 +1,281 @@
+"""When to save, what to restore: the checkpoint callback, resumable loading and resume resolution."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
+
+from blocks.checkpoint import store
+from blocks.checkpoint.base import Checkpoint
+from blocks.checkpoint.io import FsspecCheckpointIO
+from blocks.core.errors import BlocksError, Problem
+
+log = logging.getLogger(__name__)
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader whose position in the global batch stream survives a restart.
+
+    Lightning saves its ``state_dict`` with the loop state and calls ``load_state_dict``
+    before iterating again. The position is counted in optimizer steps of the current epoch
+    (read from Lightning's progress, not from the iterator, which prefetches), so a resume on
+    another world size or accumulation continues the same stream as long as the global batch
+    is the same.
+    """
+
+    def __init__(
+        self, *args: Any, progress: Callable[[], tuple[int, int]], accumulate: int, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._progress = progress
+        self._accumulate = accumulate
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "steps_done", "global_batch"}`` at this moment of training."""
+        epoch, micro_batches = self._progress()
+        return {
+            "epoch": epoch,
+            "steps_done": micro_batches // self._accumulate,
+            "global_batch": self.batch_sampler.global_batch,  # type: ignore[union-attr]
+        }
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Skip the steps already taken in the saved epoch on the next pass over it."""
+        sampler = self.batch_sampler
+        if state.get("global_batch") != sampler.global_batch:  # type: ignore[union-attr]
+            raise store.CheckpointError(
+                f"the checkpoint's global batch is {state.get('global_batch')}, this run's is "
+                f"{sampler.global_batch}; keep data.batch_size × world size × optim.accumulate equal to resume"  # type: ignore[union-attr]
+            )
+        sampler.resume_at(epoch=state["epoch"], steps_done=state["steps_done"])  # type: ignore[union-attr]
+
+
+def processed_micro_batches(trainer: pl.Trainer) -> int:
+    """Micro-batches training has processed in the current epoch (Lightning's own progress count)."""
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    return int(current.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+
+
+def rng_state() -> dict[str, Any]:
+    """The random number generator states of the calling process (tensors and plain data only)."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [kind, np.asarray(keys).tolist(), pos, has_gauss, gauss],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore generator states saved by :func:`rng_state`."""
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, gauss_value = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss_value))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _all_ranks(value: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+class CheckpointCallback(pl.Callback):
+    """Saves committed checkpoints at the configured triggers and applies retention.
+
+    Triggers: every ``every_n_steps`` optimizer steps, every ``every_seconds`` (rank 0's clock,
+    broadcast), the end of training, and SIGTERM/SIGINT between optimizer steps. Its own state
+    in each checkpoint is every rank's RNG states.
+    """
+
+    def __init__(
+        self,
+        block: Checkpoint,
+        io: FsspecCheckpointIO,
+        *,
+        directory: str,
+        accumulate: int,
+        global_batch: int,
+        world_size: int,
+        block_digests: dict[str, str],
+        resumed_from: str | None,
+        metrics: Callable[[], dict[str, float]],
+        before_save: Callable[[pl.Trainer], None] = lambda trainer: None,
+    ) -> None:
+        self.block = block
+        self.io = io
+        self.directory = directory
+        self.accumulate = accumulate
+        self.global_batch = global_batch
+        self.world_size = world_size
+        self.block_digests = block_digests
+        self.resumed_from = resumed_from
+        self.metrics = metrics
+        self.before_save = before_save
+        self.last_saved_step = -1
+        self.saved: list[str] = []
+        self._last_save_time = time.monotonic()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving)."""
+        return {"rng": _all_ranks(rng_state())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore this rank's RNG states (or rank 0's, reseeded by rank, on a new world size)."""
+        import torch.distributed as dist
+
+        states = state_dict.get("rng") or []
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if rank < len(states):
+            set_rng_state(states[rank])
+        elif states:
+            set_rng_state(states[0])
+            torch.manual_seed(int(torch.initial_seed()) + rank)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Remove checkpoints a crash left uncommitted (global rank 0, before anything is saved)."""
+        if trainer.is_global_zero:
+            _, uncommitted = store.scan(self.directory)
+            for url in uncommitted:
+                log.warning("removing uncommitted checkpoint %s (a save that never finished)", url)
+                store.remove(url)
+        trainer.strategy.barrier("blocks-checkpoint-cleanup")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Save on the step and time triggers, only at optimizer-step boundaries."""
+        if (batch_idx + 1) % self.accumulate:
+            return
+        step = trainer.global_step
+        due = bool(self.block.every_n_steps) and step % self.block.every_n_steps == 0
+        if self.block.every_seconds:
+            elapsed = time.monotonic() - self._last_save_time
+            due = due or bool(trainer.strategy.broadcast(elapsed >= self.block.every_seconds))
+        if due:
+            self.save(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The final checkpoint."""
+        self.save(trainer)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """On SIGTERM (preemption), save before exiting when between optimizer steps."""
+        if not isinstance(exception, SIGTERMException) or not self.block.on_signal:
+            return
+        if processed_micro_batches(trainer) % self.accumulate == 0:
+            self.save(trainer)
+        else:
+            log.warning(
+                "SIGTERM in the middle of an accumulated step: not saving; the last checkpoint stands"
+            )
+
+    def save(self, trainer: pl.Trainer) -> None:
+        """Write and commit a checkpoint at the current step, then apply retention."""
+        step = trainer.global_step
+        if step == self.last_saved_step or step == 0:
+            return
+        url = store.join(self.directory, store.step_dir_name(step))
+        self.before_save(trainer)
+        self.io.pending_manifest = store.Manifest(
+            step=step,
+            epoch=trainer.current_epoch,
+            world_size=self.world_size,
+            sharded=False,
+            global_batch=self.global_batch,
+            block_digests=self.block_digests,
+            metrics=self.metrics(),
+        )
+        trainer.save_checkpoint(url, weights_only=False)
+        self.last_saved_step = step
+        self._last_save_time = time.monotonic()
+        self.saved.append(url)
+        if trainer.is_global_zero:
+            self._retain()
+
+    def _retain(self) -> None:
+        committed, _ = store.scan(self.directory)
+        protected = [self.resumed_from] if self.resumed_from else []
+        for url in store.to_delete(
+            committed,
+            keep_last=self.block.keep_last,
+            keep_best=self.block.keep_best,
+            monitor=self.block.monitor,
+            mode=self.block.mode,
+            protected=protected,
+        ):
+            store.remove(url)
+
+
+def resolve_resume(
+    block: Checkpoint, directory: str, *, block_digests: dict[str, str], global_batch: int
+) -> str | None:
+    """The checkpoint this run resumes from, per ``checkpoint.resume``; errors name the key and the fix."""
+    if not block.enabled or block.resume == "never":
+        return None
+    if block.resume == "auto":
+        found = store.newest_valid(directory)
+        if found is None:
+            return None
+        _check_compatible(found.url, found.manifest, block_digests, global_batch)
+        return found.url
+    try:
+        manifest = store.verify(block.resume)
+    except store.CheckpointError as exc:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                str(exc),
+                "point checkpoint.resume at a committed checkpoint, or use auto",
+            )
+        ) from None
+    _check_compatible(block.resume, manifest, block_digests, global_batch)
+    return block.resume
+
+
+def _check_compatible(url: str, manifest: store.Manifest, digests: dict[str, str], global_batch: int) -> None:
+    differing = [
+        kind for kind, digest in digests.items() if manifest.block_digests.get(kind) not in (None, digest)
+    ]
+    if differing:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                f"{url} was saved by a job with a different {', '.join(differing)} block",
+                "resume with the same blocks, or start fresh with checkpoint.resume=never "
+                "(or another checkpoint.dir)",
+            )
+        )
+    if manifest.global_batch and manifest.global_batch != global_batch:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                f"{url} was trained with a global batch of {manifest.global_batch}, this run's is {global_batch}",
+                "keep data.batch_size × world size × optim.accumulate equal to the checkpoint's to continue "
+                "the same batch stream",
+            )
+        )

@@ -1,0 +1,367 @@
+"""Checkpoints that never lose work: commit protocol, exact resume after kill -9, retention, s3, FSDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from blocks.checkpoint import store
+from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
+from tests.conftest import read_summary, spawned
+
+pytestmark = pytest.mark.timeout(600)
+
+LM = [
+    "recipe=tiny_lm",
+    "trainer.max_steps=24",
+    "trainer.val_every=8",
+    "monitor.log_every_n_steps=1",
+    "checkpoint.every_n_steps=3",
+    "model.dropout=0.1",
+]
+DDP = ["strategy=ddp", "trainer.devices=2", "data.batch_size=8"]
+
+
+def blocks_run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_and_kill_at(args: list[str], cwd: Path, step: int) -> None:
+    """Start a run and SIGKILL it (driver and workers) once it logs *step*: a machine dying mid-run."""
+    with spawned(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 240
+        for line in proc.stdout:
+            if line.startswith(f"step {step}/") or time.monotonic() > deadline:
+                break
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def digest_of_uninterrupted(args: list[str], cwd: Path) -> tuple[str, str]:
+    run_dir = cwd / "uninterrupted"
+    result = blocks_run([*args, f"hydra.run.dir={run_dir}"], cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return read_summary(run_dir)["state_digest"], (run_dir / "metrics.csv").read_text()
+
+
+def metric_columns(csv_text: str, columns: int = 3) -> list[str]:
+    return [",".join(line.split(",")[:columns]) for line in csv_text.splitlines()]
+
+
+@pytest.mark.parametrize(("layout", "kill_steps"), [("single", 2), ("ddp", 1)])
+def test_kill_9_and_rerun_reaches_the_uninterrupted_digest(
+    tmp_path: Path, layout: str, kill_steps: int
+) -> None:
+    args = LM + (DDP if layout == "ddp" else [])
+    expected_digest, expected_metrics = digest_of_uninterrupted(args, tmp_path)
+    picker = random.Random(f"{layout}-kill-points")
+    for attempt, step in enumerate(sorted(picker.sample(range(4, 22), kill_steps))):
+        run_dir = tmp_path / f"killed-{attempt}"
+        run_and_kill_at([*args, f"hydra.run.dir={run_dir}"], tmp_path, step)
+        assert not (run_dir / "summary.json").exists() or read_summary(run_dir)["status"] != "completed"
+        result = blocks_run([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(run_dir)
+        assert summary["resumed_from"], f"killed at step {step}: the rerun must resume"
+        assert summary["state_digest"] == expected_digest, f"killed at step {step}"
+        assert metric_columns((run_dir / "metrics.csv").read_text()) == metric_columns(expected_metrics)
+
+
+def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(tmp_path: Path) -> None:
+    """What a kill during a save leaves: files of the newest step without a manifest."""
+    run_dir = tmp_path / "run"
+    args = [*LM, "trainer.max_steps=9", f"hydra.run.dir={run_dir}"]
+    assert blocks_run(args, tmp_path).returncode == 0
+    checkpoints = run_dir / "checkpoints"
+    newest = checkpoints / store.step_dir_name(9)
+    half_written = checkpoints / store.step_dir_name(12)
+    shutil.copytree(newest, half_written)
+    (half_written / store.MANIFEST).unlink()
+    with (half_written / "state.pt").open("r+b") as fh:
+        fh.truncate(1000)
+    result = blocks_run([*LM, "trainer.max_steps=15", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["resumed_from"].endswith(store.step_dir_name(9))
+    assert summary["global_step"] == 15
+    assert not half_written.exists() or (half_written / store.MANIFEST).exists()
+
+
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert blocks_run([*LM, "trainer.max_steps=9", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    newest = run_dir / "checkpoints" / store.step_dir_name(9) / "state.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    result = blocks_run([*LM, "trainer.max_steps=12", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "does not match the manifest" in result.stdout + result.stderr
+    assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(6))
+
+
+def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [
+        *LM,
+        "trainer.max_steps=12",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep_last=2",
+        "checkpoint.keep_best=1",
+        "checkpoint.monitor=val/loss",
+        "trainer.val_every=2",
+        f"hydra.run.dir={run_dir}",
+    ]
+    assert blocks_run(args, tmp_path).returncode == 0
+    committed, uncommitted = store.scan(str(run_dir / "checkpoints"))
+    steps = [c.manifest.step for c in committed]
+    best = min(committed, key=lambda c: c.manifest.metrics["val/loss"]).manifest.step
+    assert uncommitted == []
+    assert steps[-2:] == [10, 12]
+    assert set(steps) == {10, 12, best}
+    resumed = store.join(str(run_dir / "checkpoints"), store.step_dir_name(12))
+    assert (
+        blocks_run([*args[:-1], "trainer.max_steps=20", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    )
+    assert read_summary(run_dir)["resumed_from"] == resumed
+    assert Path(resumed, store.MANIFEST).exists(), "the checkpoint a run resumed from is never deleted"
+
+
+def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [
+        "recipe=tiny_lm",
+        "trainer.max_steps=400",
+        "trainer.val_every=null",
+        "monitor.log_every_n_steps=1",
+        f"hydra.run.dir={run_dir}",
+    ]
+    with spawned(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("step 5/"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted"
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    assert committed and committed[-1].manifest.step == summary["global_step"]
+    result = blocks_run([*args[:1], "trainer.max_steps=20", *args[2:]], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(run_dir)["resumed_from"] == committed[-1].url
+
+
+def test_resume_from_a_missing_url_is_a_plan_error(cli, tmp_path: Path) -> None:
+    result = cli("run", *LM, f"checkpoint.resume={tmp_path}/nowhere/step-000000003")
+    assert result.returncode == 2
+    assert "checkpoint.resume" in result.output and "not a committed checkpoint" in result.output
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert blocks_run([*LM, "trainer.max_steps=6", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    result = blocks_run(
+        [*LM, "trainer.max_steps=9", "model.d_model=48", "model.n_heads=2", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "different model block" in result.stderr
+    assert "checkpoint.resume=never" in result.stderr
+
+
+class Payload:
+    """Something that is not a tensor: loading it would run arbitrary code."""
+
+
+def test_a_checkpoint_carrying_pickled_code_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert blocks_run([*LM, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    good = run_dir / "checkpoints" / store.step_dir_name(3)
+    evil = tmp_path / "evil" / store.step_dir_name(3)
+    shutil.copytree(good, evil)
+    state = torch.load(evil / "state.pt", weights_only=True)
+    state["payload"] = Payload()
+    torch.save(state, evil / "state.pt")
+    store.commit(str(evil), store.read_manifest(str(good)))
+    result = blocks_run(
+        [*LM, "trainer.max_steps=6", f"checkpoint.resume={evil}", f"hydra.run.dir={tmp_path / 'victim'}"],
+        tmp_path,
+    )
+    assert result.returncode != 0
+    summary = read_summary(tmp_path / "victim")
+    assert summary["status"] == "failed"
+    assert "refusing to load" in summary["reason"]
+
+
+def test_fsdp_save_on_two_resume_on_two_and_load_on_one(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    fsdp = [
+        "recipe=tiny_lm",
+        "trainer.val_every=null",
+        "checkpoint.every_n_steps=4",
+        f"checkpoint.dir={ckpt}",
+        "strategy=fsdp",
+        "monitor.progress=off",
+    ]
+    first = blocks_run(
+        [
+            *fsdp,
+            "trainer.devices=2",
+            "data.batch_size=8",
+            "trainer.max_steps=8",
+            f"hydra.run.dir={tmp_path / 'a'}",
+        ],
+        tmp_path,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    committed, _ = store.scan(str(ckpt))
+    assert committed[-1].manifest.sharded and committed[-1].manifest.world_size == 2
+    assert any(p.name.endswith(".distcp") for p in Path(committed[-1].url, "dcp").iterdir())
+    exported = checkpoint_weights(committed[-1].url)
+    final = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert sorted(exported) == sorted(final)
+    for name, tensor in final.items():
+        torch.testing.assert_close(exported[name], tensor)
+    second = blocks_run(
+        [
+            *fsdp,
+            "trainer.devices=2",
+            "data.batch_size=8",
+            "trainer.max_steps=12",
+            f"hydra.run.dir={tmp_path / 'b'}",
+        ],
+        tmp_path,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert read_summary(tmp_path / "b")["resumed_from"].endswith(store.step_dir_name(8))
+    single = blocks_run(
+        [
+            *fsdp,
+            "trainer.devices=1",
+            "data.batch_size=16",
+            "trainer.max_steps=16",
+            f"hydra.run.dir={tmp_path / 'c'}",
+        ],
+        tmp_path,
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    summary = read_summary(tmp_path / "c")
+    assert summary["resumed_from"].endswith(store.step_dir_name(12)) and summary["world_size"] == 1
+    out = export_checkpoint(store.join(str(ckpt), store.step_dir_name(16)), tmp_path / "model.safetensors")
+    assert set(load_file(str(out))) == set(final)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def s3_server(monkeypatch: pytest.MonkeyPatch):
+    """moto's standalone S3 server on loopback, and the environment that points s3fs at it.
+
+    Subprocesses get it through the environment (fsspec reads ``FSSPEC_S3_*`` at import);
+    this process through fsspec's config.
+    """
+    import fsspec
+
+    port = free_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
+    with spawned(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])
+        fs.mkdir("blocks-test")
+        yield env, fs
+
+
+def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) -> None:
+    env, fs = s3_server
+    url = "s3://blocks-test/run1"
+    args = [*LM, "trainer.max_steps=9", f"checkpoint.dir={url}", "checkpoint.keep_last=2"]
+    first = blocks_run([*args, f"hydra.run.dir={tmp_path / 'a'}"], tmp_path, env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("blocks-test/run1")) == [
+        "step-000000006",
+        "step-000000009",
+    ]
+    manifest = json.loads(fs.cat_file("blocks-test/run1/step-000000009/MANIFEST.json"))
+    assert manifest["files"]["state.pt"]["size"] == fs.size("blocks-test/run1/step-000000009/state.pt")
+    second = blocks_run(
+        [*LM, "trainer.max_steps=12", f"checkpoint.dir={url}", f"hydra.run.dir={tmp_path / 'b'}"],
+        tmp_path,
+        env,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert read_summary(tmp_path / "b")["resumed_from"] == f"{url}/step-000000009"
+    sharded = blocks_run(
+        [
+            "recipe=tiny_lm",
+            "trainer.max_steps=4",
+            "trainer.val_every=null",
+            "strategy=fsdp",
+            "trainer.devices=2",
+            "data.batch_size=8",
+            "checkpoint.every_n_steps=2",
+            "checkpoint.dir=s3://blocks-test/fsdp",
+            f"hydra.run.dir={tmp_path / 'c'}",
+        ],
+        tmp_path,
+        env,
+    )
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert any(p.endswith(".distcp") for p in fs.ls("blocks-test/fsdp/step-000000004/dcp"))
+    assert store.read_manifest("s3://blocks-test/fsdp/step-000000004").sharded
