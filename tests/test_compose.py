@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from hydra import compose, initialize
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import MISSING
 
 from blocks.core import catalog, jobs
 from blocks.core.compose import PRIMARY_CONFIG, config_to_blocks, split_hydra
 from blocks.core.errors import ConfigError
 from blocks.core.recipe import RECIPES
-from blocks.core.registry import REGISTRY
+from blocks.core.registry import REGISTRY, register
 from blocks.data import Text
 from blocks.launch.sweep import expand_sweep
 from blocks.model import MLP, Transformer
 
 catalog.load()
+
+
+@register("mlp_with_required_width")
+@dataclass(frozen=True, kw_only=True)
+class MLPWithRequiredWidth(MLP):
+    """An MLP with a field the user must give (``omegaconf.MISSING``).
+
+    Attributes:
+        width: a value with no default.
+    """
+
+    width: int = MISSING
+
+
+catalog.register_configs()  # make the block registered above a config option
 YAML_RECIPES = ["tiny_lm"]
 ALL_RECIPES = sorted({e.name for e in RECIPES.entries()} | set(YAML_RECIPES))
 
@@ -95,3 +113,14 @@ def test_sweep_expands_to_every_combination() -> None:
 def test_glob_sweep_over_a_group() -> None:
     jobs_ = expand_sweep(["precision=glob(bf16*)"])
     assert sorted(j[0] for j in jobs_) == ["precision=bf16-mixed", "precision=bf16-true"]
+
+
+def test_a_required_field_without_a_value_names_the_key_and_the_fix() -> None:
+    with pytest.raises(ConfigError) as info:
+        jobs.plan(["recipe=blobs", "model=mlp_with_required_width"])
+    (problem,) = info.value.problems
+    assert problem.key == "model.width"
+    assert problem.message == "is required and has no value"
+    assert problem.fix == "model.width=<value>"
+    given = jobs.blocks_for(["recipe=blobs", "model=mlp_with_required_width", "model.width=3"])
+    assert given["model"] == MLPWithRequiredWidth(width=3)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from blocks.core import catalog, jobs
 from blocks.core.block import block_fields
-from blocks.core.errors import RegistryError
-from blocks.core.recipe import Recipe, RecipeBook
-from blocks.core.registry import Registry
+from blocks.core.errors import ConfigError, RegistryError
+from blocks.core.recipe import RECIPES, Recipe, RecipeBook
+from blocks.core.registry import REGISTRY, Registry
 from blocks.data import Blobs
 from blocks.model import MLP
 from blocks.model.base import ModelBlock
@@ -68,6 +70,25 @@ def test_blocks_must_be_frozen_dataclasses_with_defaults() -> None:
         registry.add(NoDefault, "nodefault")
 
 
+def test_a_subclass_that_forgot_dataclass_is_refused() -> None:
+    registry = Registry()
+
+    class Wider(Tiny):
+        """Forgot @dataclass: without it, this field would silently not be a block field."""
+
+        depth: int = 2
+
+    with pytest.raises(RegistryError, match=r"decorate it with @dataclass\(frozen=True, kw_only=True\)"):
+        registry.add(Wider, "wider")
+
+
+def test_every_built_in_block_is_a_dataclass_itself() -> None:
+    catalog.load()
+    registry = Registry()
+    for entry in REGISTRY.entries():
+        assert registry.add(entry.cls, entry.name).cls is entry.cls
+
+
 def test_lookup_suggests_close_names() -> None:
     registry = Registry()
     registry.add(Tiny, "tiny")
@@ -107,3 +128,73 @@ def test_a_recipe_must_return_a_recipe() -> None:
     entry = book.add("broken", lambda: {"data": Blobs()})  # type: ignore[arg-type,return-value]
     with pytest.raises(RegistryError, match="not a Recipe"):
         entry.build()
+
+
+GOOD_RECIPE_FILE = """
+from blocks import Recipe, recipe
+from blocks.data import Blobs
+from blocks.model import MLP
+from blocks.task import Classification
+
+
+@recipe("from_good_file")
+def from_good_file() -> Recipe:
+    \"\"\"Loads fine.\"\"\"
+    return Recipe(data=Blobs(), model=MLP(hidden=(8,)), task=Classification())
+"""
+
+BROKEN_ON_IMPORT = """
+from blocks import Recipe, recipe
+from blocks.model import MLP
+
+NARROW = MLP(hiden=(8,))
+
+
+@recipe("from_broken_file")
+def from_broken_file() -> Recipe:
+    \"\"\"Never registers: the module raises first.\"\"\"
+    return Recipe(data=None, model=NARROW, task=None)
+"""
+
+BROKEN_WHEN_CALLED = """
+from blocks import Recipe, recipe
+from blocks.data import Blobs
+from blocks.model import MLP
+from blocks.task import Classification
+
+
+@recipe("broken_when_called")
+def broken_when_called() -> Recipe:
+    \"\"\"Registers, but raises when called.\"\"\"
+    return Recipe(data=Blobs(), model=MLP(hiden=(8,)), task=Classification())
+"""
+
+
+def test_a_recipe_file_that_raises_is_skipped_and_recorded(tmp_path: Path) -> None:
+    (tmp_path / "good_recipes.py").write_text(GOOD_RECIPE_FILE)
+    (tmp_path / "broken_recipes.py").write_text(BROKEN_ON_IMPORT)
+    problems = catalog.load_recipe_files(tmp_path, package="test-skip-broken")
+    assert RECIPES.get("from_good_file").summary == "Loads fine."
+    (problem,) = problems
+    assert problem.path == (tmp_path / "broken_recipes.py").resolve()
+    assert problem.line == 5
+    assert "TypeError" in problem.message and "hiden" in problem.message
+    assert problem.recipes == ("from_broken_file",)
+    assert problem in catalog.load_problems()
+    catalog.register_configs()  # make the recipes loaded above options of the recipe group
+    with pytest.raises(ConfigError) as info:
+        jobs.compose(["recipe=from_broken_file"])
+    assert info.value.problems[0].key == "recipe"
+    assert str(problem.path) in info.value.problems[0].message
+    assert jobs.plan(["recipe=from_good_file"]).ok
+
+
+def test_a_recipe_that_raises_when_called_is_skipped_and_recorded(tmp_path: Path) -> None:
+    (tmp_path / "called_recipes.py").write_text(BROKEN_WHEN_CALLED)
+    assert catalog.load_recipe_files(tmp_path, package="test-skip-called") == []
+    catalog.register_configs()
+    path = (tmp_path / "called_recipes.py").resolve()
+    (problem,) = [p for p in catalog.load_problems() if p.path == path]
+    assert problem.recipes == ("broken_when_called",) and problem.during == "call" and problem.line == 11
+    with pytest.raises(ConfigError, match=r"called_recipes\.py:11 raised TypeError"):
+        jobs.compose(["recipe=broken_when_called"])

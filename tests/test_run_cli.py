@@ -27,11 +27,16 @@ def test_run_writes_one_run_dir(cli, tmp_path: Path) -> None:
     assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.csv").is_file()
 
 
-def test_default_run_dir_is_under_outputs(cli, tmp_path: Path) -> None:
-    result = cli("run", *FAST, "monitor.progress=off")
+def test_default_run_dir_is_under_outputs_and_printed_before_training(cli, tmp_path: Path) -> None:
+    result = cli("run", *FAST, "monitor.log_every_n_steps=1")
     assert result.returncode == 0, result.output
     (run_dir,) = (tmp_path / "outputs" / "blobs").iterdir()
     assert read_summary(run_dir)["status"] == "completed"
+    lines = result.stdout.splitlines()
+    printed = [line for line in lines if line.startswith("run dir: ")]
+    assert printed == [f"run dir: {run_dir}"]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step "))
+    assert lines.index(printed[0]) < first_step
 
 
 def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:

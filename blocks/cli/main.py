@@ -10,12 +10,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from blocks import __version__
 from blocks.core.block import KINDS
 from blocks.core.errors import BlocksError, Problem, did_you_mean
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 EXIT_INVALID = 2
 
@@ -25,13 +30,28 @@ stdout = Console(soft_wrap=False)
 stderr = Console(stderr=True)
 
 
-def _fail(
-    error: BlocksError, header: str = "blocks: the configuration has problems; nothing was started"
-) -> int:
+RUN_HEADER = "blocks: the configuration has problems; nothing was started"
+PLAN_HEADER = "blocks plan: the configuration does not compose"
+LIST_HEADER = "blocks list: nothing was listed"
+_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER}
+
+
+def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
     from blocks.cli.render import print_problems
 
     print_problems(stderr, error.problems, header=header)
     return error.exit_code
+
+
+def load_catalog() -> None:
+    """Load blocks and recipes; print the recipe files that could not load as warnings on stderr."""
+    from blocks.cli.render import print_problems
+    from blocks.core import catalog
+
+    catalog.load()
+    problems = catalog.load_problems()
+    if problems:
+        print_problems(stderr, [p.warning() for p in problems])
 
 
 def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
@@ -54,14 +74,14 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
                     )
                 )
                 return EXIT_INVALID
-            return _fail(exc, header="blocks plan: the configuration does not compose")
+            return _fail(exc, header=PLAN_HEADER)
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         print(json.dumps(payload if multirun else payload[0], indent=2))
     else:
         for one, plan in plans:
             if multirun:
-                stdout.print(f"[bold]job:[/] {' '.join(one) or '(no overrides)'}", highlight=False)
+                stdout.print(f"[bold]job:[/] {escape(' '.join(one)) or '(no overrides)'}", highlight=False)
             stdout.print(plan_panel(plan))
     return 0 if all(plan.ok for _, plan in plans) else EXIT_INVALID
 
@@ -74,13 +94,14 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
 
     if kind is not None and kind not in KINDS:
         hint = did_you_mean(kind, KINDS)
-        raise BlocksError(
+        error = BlocksError(
             Problem(
-                "KIND",
+                "kind",
                 f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""),
-                f"one of: {', '.join(KINDS)}",
+                f"blocks list <kind> with one of: {', '.join(KINDS)}",
             )
         )
+        return _fail(error, LIST_HEADER)
     catalog.load()
     entries = REGISTRY.entries(kind)
     if as_json:
@@ -99,6 +120,7 @@ def _precheck(args: Sequence[str]) -> int | None:
     from blocks.launch.sweep import expand_sweep
 
     parsed = get_args_parser().parse_args(list(args))
+    _refuse_combined_modes(parsed)
     if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS) or parsed.config_dir:
         return None
     overrides = list(parsed.overrides)
@@ -112,7 +134,7 @@ def _precheck(args: Sequence[str]) -> int | None:
         job_overrides = [overrides]
     failed = 0
     for one in job_overrides:
-        header = "blocks: the configuration has problems; nothing was started"
+        header = RUN_HEADER
         if len(job_overrides) > 1:
             header = f"blocks: job [{' '.join(one)}] has problems; no job of the sweep was started"
         try:
@@ -133,6 +155,26 @@ def _precheck(args: Sequence[str]) -> int | None:
     return None
 
 
+def _refuse_combined_modes(parsed: argparse.Namespace) -> None:
+    """Hydra runs one of --run, -m, --cfg, --info and --shell-completion; it raises a bare ValueError for more."""
+    modes = {
+        "--run": parsed.run,
+        "-m/--multirun": parsed.multirun,
+        "--cfg": parsed.cfg is not None,
+        "--info": parsed.info is not None,
+        "--shell-completion": parsed.shell_completion,
+    }
+    chosen = [flag for flag, on in modes.items() if on]
+    if len(chosen) > 1:
+        raise BlocksError(
+            Problem(
+                chosen[1],
+                f"{' and '.join(chosen)} cannot be combined: Hydra does one of them per command",
+                "drop one of them; to see a sweep job's config, run --cfg job with that job's values (no -m)",
+            )
+        )
+
+
 def cmd_run(args: Sequence[str]) -> int:
     """Check every job, then hand the command line to Hydra, which runs the driver per job."""
     code = _precheck(args)
@@ -140,14 +182,26 @@ def cmd_run(args: Sequence[str]) -> int:
         return code
     import hydra
 
-    from blocks.core import catalog
     from blocks.core.compose import PRIMARY_CONFIG
+
+    sys.argv = ["blocks", *args]
+    hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_and_say_where)()
+    return 0
+
+
+def run_and_say_where(cfg: DictConfig) -> float | None:
+    """The Hydra task of ``blocks run``: print a single run's run dir, then run the driver."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from blocks.launch.driver import run_job
 
-    catalog.load()
-    sys.argv = ["blocks", *args]
-    hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_job)()
-    return 0
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.RUN:
+        stdout.print(
+            f"run dir: {hydra_cfg.runtime.output_dir}", highlight=False, markup=False, soft_wrap=True
+        )
+    return run_job(cfg)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,9 +240,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:
+        load_catalog()
         code = dispatch()
     except BlocksError as exc:
-        code = _fail(exc)
+        code = _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
     sys.exit(code)
 
 

@@ -62,9 +62,8 @@ def plan_panel(plan: Plan) -> Panel:
     blocks.add_column("settings (non-default)", overflow="fold")
     for kind, block in plan.blocks.items():
         option = plan.choices.get(kind, block.block_name)
-        blocks.add_row(
-            kind, block.block_name, "" if option == block.block_name else option, _changed_fields(block)
-        )
+        cells = (kind, block.block_name, "" if option == block.block_name else option, _changed_fields(block))
+        blocks.add_row(*(Text(cell) for cell in cells))
     derived = Table(show_header=False, box=None, pad_edge=False)
     derived.add_column(style="cyan")
     derived.add_column(justify="right")
@@ -112,7 +111,8 @@ def registry_table(entries: list[Entry]) -> Table:
     for entry in entries:
         fields = "\n".join(f"{f.name}: {f.type} = {f.default!r}" for f in block_fields(entry.cls))
         package = entry.package + (f" {entry.version}" if entry.version else "")
-        table.add_row(entry.kind, entry.name, package, fields, entry.cls.summary())
+        cells = (entry.kind, entry.name, package, fields, entry.cls.summary())
+        table.add_row(*(Text(cell) for cell in cells))  # Text: type names like tuple[int, ...] are not markup
     return table
 
 

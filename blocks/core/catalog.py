@@ -1,17 +1,30 @@
-"""Loading everything that can be composed: built-in blocks, shipped recipes, config groups."""
+"""Loading everything that can be composed: built-in blocks, shipped recipes, config groups.
+
+A recipe file that raises when it is imported, or a recipe that raises when it is called, is
+skipped and recorded as a :class:`LoadProblem`: the rest of the catalog still loads, the CLI
+shows each problem as a warning, and choosing a recipe that could not load names the file.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import re
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from blocks.core import paths
 from blocks.core.compose import block_node, primary_node
-from blocks.core.errors import RegistryError
-from blocks.core.recipe import RECIPES
+from blocks.core.errors import BlocksError, Problem, RegistryError
+from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
+
+if TYPE_CHECKING:
+    from hydra.core.config_store import ConfigStore
 
 BUILTIN_KINDS = (
     "blocks.data",
@@ -26,6 +39,58 @@ BUILTIN_KINDS = (
 )
 
 _loaded = False
+_RECIPE_DECORATOR = re.compile(r"""@recipe\(\s*["']([^"']+)["']""")
+
+
+@dataclass(frozen=True)
+class LoadProblem:
+    """A recipe file, or one recipe in it, that raised while loading and was skipped.
+
+    Attributes:
+        path: the recipe file.
+        message: the exception, as ``Type: message``.
+        recipes: the recipe names the file declares with ``@recipe("...")`` (read from its
+            source, since the file could not run), or the one recipe that raised.
+        line: the line of the file where it raised, when known.
+        during: ``import`` (the whole file was skipped) or ``call`` (the recipe function raised
+            when called, and only that recipe was skipped).
+    """
+
+    path: Path
+    message: str
+    recipes: tuple[str, ...] = ()
+    line: int | None = None
+    during: Literal["import", "call"] = "import"
+
+    @property
+    def where(self) -> str:
+        """``path:line``, or the path alone."""
+        return f"{self.path}:{self.line}" if self.line else str(self.path)
+
+    def warning(self) -> Problem:
+        """The problem as a warning for the CLI: every other recipe still works."""
+        names = ", ".join(self.recipes)
+        skipped = "the file was skipped" if self.during == "import" else f"recipe '{names}' was skipped"
+        fix = "correct the file" + (f"; until then {names} cannot be chosen" if names else "")
+        return Problem(
+            "recipe",
+            f"{self.where} raised {self.message}; {skipped}",
+            fix,
+            severity="warning",
+            check="recipe-load",
+        )
+
+
+_problems: dict[tuple[Path, str], LoadProblem] = {}
+
+
+def load_problems() -> list[LoadProblem]:
+    """Every recipe file and recipe that failed to load in this process, in the order found."""
+    return list(_problems.values())
+
+
+def _record(problem: LoadProblem) -> LoadProblem:
+    return _problems.setdefault((problem.path, problem.message), problem)
 
 
 def load() -> None:
@@ -42,19 +107,65 @@ def load() -> None:
     _loaded = True
 
 
-def load_recipe_files(directory: Path, *, package: str = "blocks") -> None:
-    """Import every ``*.py`` recipe file in *directory* (its ``@recipe`` functions register)."""
+def load_recipe_files(directory: Path, *, package: str = "blocks") -> list[LoadProblem]:
+    """Import every ``*.py`` recipe file in *directory* (its ``@recipe`` functions register).
+
+    A file that raises is skipped; the problems found are returned and also kept for
+    :func:`load_problems`.
+    """
+    problems = []
     for path in sorted(directory.glob("*.py")):
         if path.name.startswith("_"):
             continue
         module_name = f"blocks_recipes.{package.replace('-', '_')}.{path.stem}"
         if module_name in sys.modules:
             continue
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
+        try:
+            _import_file(module_name, path)
+        except Exception as exc:
+            problem = LoadProblem(
+                path.resolve(), _describe(exc), _declared_recipes(path), _line_in(exc, path)
+            )
+            problems.append(_record(problem))
+    return problems
+
+
+def _import_file(module_name: str, path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
         spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+
+
+def _declared_recipes(path: Path) -> tuple[str, ...]:
+    try:
+        return tuple(_RECIPE_DECORATOR.findall(path.read_text(errors="replace")))
+    except OSError:
+        return ()
+
+
+def _line_in(exc: BaseException, path: Path) -> int | None:
+    """The last line of *path* in the traceback of *exc* (or of its syntax error)."""
+    if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve() == path.resolve():
+        return exc.lineno
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if Path(frame.f_code.co_filename).resolve() == path.resolve():
+            line = lineno
+    return line
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BlocksError):
+        text = "; ".join(problem.message for problem in exc.problems)
+    else:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def register_configs() -> None:
@@ -65,19 +176,32 @@ def register_configs() -> None:
     for entry in REGISTRY.entries():
         store.store(group=entry.kind, name=entry.name, node=block_node(entry.cls()))
     for recipe_entry in RECIPES.entries():
-        recipe = recipe_entry.build()
-        defaults = []
-        for kind, block in recipe.blocks().items():
-            option = block.block_name
-            if block != type(block)():
-                option = recipe_entry.name
-                if option in REGISTRY.names(kind):
-                    raise RegistryError(
-                        f"recipe '{option}' customizes its {kind} block, and its preset would shadow the "
-                        f"{kind} block '{option}'; rename the recipe"
-                    )
-                store.store(group=kind, name=option, node=block_node(block))
-            defaults.append({f"override /{kind}": option})
-        store.store(group="recipe", name=recipe_entry.name, node={"defaults": defaults}, package="_global_")
+        try:
+            _register_recipe(store, recipe_entry)
+        except Exception as exc:
+            source = inspect.getsourcefile(recipe_entry.fn)
+            path = Path(source).resolve() if source else Path(recipe_entry.source)
+            _record(LoadProblem(path, _describe(exc), (recipe_entry.name,), _line_in(exc, path), "call"))
     conf = paths.conf_dir()
     store.store(name="blocks", node=primary_node([str(conf)] if conf else []))
+
+
+def _register_recipe(store: ConfigStore, recipe_entry: RecipeEntry) -> None:
+    """Store a recipe as an option of the ``recipe`` group, and each block it customizes as a preset."""
+    recipe = recipe_entry.build()
+    defaults = []
+    presets = []
+    for kind, block in recipe.blocks().items():
+        option = block.block_name
+        if block != type(block)():
+            option = recipe_entry.name
+            if option in REGISTRY.names(kind):
+                raise RegistryError(
+                    f"recipe '{option}' customizes its {kind} block, and its preset would shadow the "
+                    f"{kind} block '{option}'; rename the recipe"
+                )
+            presets.append((kind, block_node(block)))
+        defaults.append({f"override /{kind}": option})
+    for kind, node in presets:
+        store.store(group=kind, name=recipe_entry.name, node=node)
+    store.store(group="recipe", name=recipe_entry.name, node={"defaults": defaults}, package="_global_")

@@ -107,9 +107,10 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
     except RegistryError as exc:
         raise ConfigError(Problem(kind, exc.problems[0].message, f"{kind}=<option>")) from None
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {str(k): v for k, v in node.items() if k != BLOCK_KEY}
+    # Keys only: reading a value would resolve it, and a ``???`` value raises on read.
+    keys = [str(k) for k in node if k != BLOCK_KEY]
     problems = []
-    for key in values:
+    for key in keys:
         if key not in fields:
             hint = did_you_mean(str(key), fields)
             problems.append(
@@ -120,14 +121,14 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
                 )
             )
     for key in fields:
-        if key in values and OmegaConf.is_missing(node, key):
+        if key in keys and OmegaConf.is_missing(node, key):
             problems.append(Problem(f"{kind}.{key}", "is required and has no value", f"{kind}.{key}=<value>"))
     if problems:
         raise ConfigError(problems)
     base = OmegaConf.structured(cls)
     OmegaConf.set_readonly(base, False)
     try:
-        merged = OmegaConf.merge(base, OmegaConf.create({k: node[k] for k in values}))
+        merged = OmegaConf.merge(base, OmegaConf.create({k: node[k] for k in keys}))
         container = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc, prefix=kind)) from None
@@ -211,6 +212,8 @@ def translate_compose_error(
             problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
         return ConfigError(problem)
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if _SWEEP_WITHOUT_MULTIRUN.search(message):
+        return ConfigError(_sweep_without_multirun_problem(message, override))
     inside = re.match(r"In '([\w./-]+)': \w+ raised while composing config", message)
     key_match = re.search(r"full_key: ([\w./]+)", str(exc))
     if inside and key_match:
@@ -228,6 +231,17 @@ def translate_compose_error(
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
     return ConfigError(Problem(override.split("=", 1)[0].lstrip("+~") if override else "", message))
+
+
+_SWEEP_WITHOUT_MULTIRUN = re.compile(r"Ambiguous value for argument|Sweep parameters .* requires --multirun")
+"""Hydra's messages for a sweep (``a,b``, ``range(...)``, ``glob(...)``) given without ``-m``."""
+
+
+def _sweep_without_multirun_problem(message: str, override: str) -> Problem:
+    fix = "add -m (--multirun) to sweep over these values"
+    if message.startswith("Ambiguous value"):
+        fix += "; for one list value write key=[a,b]"
+    return Problem(override.split("=", 1)[0].lstrip("+~") if override else "", message, fix)
 
 
 def _failing_override(message: str, overrides: Sequence[str]) -> str:

@@ -10,6 +10,7 @@ from blocks.core import catalog
 from blocks.core.block import Block
 from blocks.core.compose import (
     BLOCK_KEY,
+    DEFAULT_RECIPE,
     PRIMARY_CONFIG,
     Composed,
     config_to_blocks,
@@ -17,7 +18,7 @@ from blocks.core.compose import (
     translate_compose_error,
 )
 from blocks.core.environment import Environment
-from blocks.core.errors import BlocksError
+from blocks.core.errors import BlocksError, ConfigError, Problem
 from blocks.core.plan import Plan, make_plan
 
 
@@ -39,7 +40,29 @@ def compose(overrides: Sequence[str] = ()) -> Composed:
     try:
         return split_hydra(_compose_raw(overrides))
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise translate_compose_error(exc, overrides, _known_keys(overrides)) from None
+        error = translate_compose_error(exc, overrides, _known_keys(overrides))
+        raise _name_broken_recipe(error, overrides) from None
+
+
+def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigError:
+    """When the chosen recipe is missing because its file failed to load, say so and name the file."""
+    if not any(problem.key == "recipe" for problem in error.problems):
+        return error
+    chosen = DEFAULT_RECIPE
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "recipe":
+            chosen = value
+    for broken in catalog.load_problems():
+        if chosen in broken.recipes:
+            return ConfigError(
+                Problem(
+                    "recipe",
+                    f"recipe '{chosen}' could not be loaded: {broken.where} raised {broken.message}",
+                    f"correct {broken.path}, or choose another recipe",
+                )
+            )
+    return error
 
 
 def _known_keys(overrides: Sequence[str]) -> dict[str, list[str]]:

@@ -55,7 +55,12 @@ class Registry:
                 f"{cls.__qualname__} has kind '{kind}', which is not a block kind; "
                 f"subclass one of the kind bases ({', '.join(KINDS)})"
             )
-        if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        if "__dataclass_fields__" not in cls.__dict__:
+            raise RegistryError(
+                f"{cls.__qualname__} is not a dataclass itself (only its bases are), so its own fields "
+                f"would be dropped; decorate it with @dataclass(frozen=True, kw_only=True)"
+            )
+        if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
             raise RegistryError(f"{cls.__qualname__} must be a frozen dataclass to be a block")
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
