@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,3 +72,24 @@ def spawned(args: Sequence[str], **kwargs) -> Iterator[subprocess.Popen]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def blocks_run_until_step(
+    args: Sequence[str], *, cwd: Path, step: int, timeout: float = 240
+) -> Iterator[subprocess.Popen]:
+    """Start ``blocks run ARGS`` and yield once its progress reaches optimizer step *step*.
+
+    The process (and every worker it started) is killed when the block exits.
+    """
+    command = [sys.executable, "-m", "blocks", "run", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with spawned(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:
+            if line.startswith(f"step {step}/") or time.monotonic() > deadline:
+                break
+        yield proc

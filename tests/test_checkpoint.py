@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
-from tests.conftest import read_summary, spawned
+from tests.conftest import blocks_run_until_step, read_summary, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,19 +47,7 @@ def blocks_run(args: list[str], cwd: Path, env: dict[str, str] | None = None) ->
 
 def run_and_kill_at(args: list[str], cwd: Path, step: int) -> None:
     """Start a run and SIGKILL it (driver and workers) once it logs *step*: a machine dying mid-run."""
-    with spawned(
-        [sys.executable, "-m", "blocks", "run", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    ) as proc:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 240
-        for line in proc.stdout:
-            if line.startswith(f"step {step}/") or time.monotonic() > deadline:
-                break
+    with blocks_run_until_step(args, cwd=cwd, step=step) as proc:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
@@ -162,18 +150,7 @@ def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
         "monitor.log_every_n_steps=1",
         f"hydra.run.dir={run_dir}",
     ]
-    with spawned(
-        [sys.executable, "-m", "blocks", "run", *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("step 5/"):
-                break
+    with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
     summary = read_summary(run_dir)

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from blocks.launch import driver
-from tests.conftest import read_summary, spawned
+from tests.conftest import blocks_run_until_step, read_summary, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -103,32 +102,29 @@ def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(cli, tmp_path: Path
         assert subdirs <= {"checkpoints"}, f"no extra dirs per rank inside a job's run dir: {subdirs}"
 
 
-def test_joblib_launcher_runs_distributed_jobs_in_parallel(cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "job_args"),
+    [
+        (
+            ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+            FAST_DDP,
+        ),  # jobs in parallel, 2 processes each
+        (
+            ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"],
+            ["recipe=blobs", "data.samples=512"],
+        ),
+    ],
+    ids=["joblib", "submitit_local"],
+)
+def test_hydra_launcher_plugins_run_the_jobs(
+    cli, tmp_path: Path, launcher: list[str], job_args: list[str]
+) -> None:
     sweep = tmp_path / "sweep"
     result = cli(
         "run",
         "-m",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
-        *FAST_DDP,
-        "optim.lr=0.01,0.003",
-        "monitor.progress=off",
-        f"hydra.sweep.dir={sweep}",
-    )
-    assert result.returncode == 0, result.output
-    for job in ("0", "1"):
-        assert read_summary(sweep / job)["status"] == "completed"
-
-
-def test_submitit_local_launcher(cli, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    result = cli(
-        "run",
-        "-m",
-        "hydra/launcher=submitit_local",
-        "hydra.launcher.timeout_min=10",
-        "recipe=blobs",
-        "data.samples=512",
+        *launcher,
+        *job_args,
         "trainer.max_epochs=1",
         "optim.lr=0.01,0.003",
         "monitor.progress=off",
@@ -233,10 +229,6 @@ def worker_pids(run_dir: Path) -> list[int]:
 def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [
-        sys.executable,
-        "-m",
-        "blocks",
-        "run",
         "recipe=tiny_lm",
         "trainer.max_steps=200",
         "trainer.val_every=null",
@@ -246,19 +238,7 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
         "monitor.log_every_n_steps=1",
         f"hydra.run.dir={run_dir}",
     ]
-    with spawned(
-        args,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    ) as proc:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            if line.startswith("step 5/") or time.monotonic() > deadline:
-                break
+    with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
         victims = worker_pids(run_dir)
         assert len(victims) == 2
         os.kill(victims[-1], signal.SIGKILL)

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from tests.conftest import read_summary
+from tests.conftest import blocks_run_until_step, read_summary
 
 FAST = ["recipe=blobs", "data.samples=512", "trainer.max_epochs=1"]
 
@@ -64,32 +60,18 @@ def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
 
 def test_sigint_marks_the_run_interrupted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "blocks",
-            "run",
-            "recipe=blobs",
-            "data.samples=200000",
-            "trainer.max_epochs=5",
-            "monitor.log_every_n_steps=1",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        if line.startswith("step 3/") or time.monotonic() > deadline:
-            break
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    args = [
+        "recipe=blobs",
+        "data.samples=200000",
+        "trainer.max_epochs=5",
+        "monitor.log_every_n_steps=1",
+        "checkpoint.on_signal=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    with blocks_run_until_step(args, cwd=tmp_path, step=3) as proc:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+        assert proc.returncode != 0
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted"
     assert summary["global_step"] >= 3
