@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from safetensors.torch import load_file
 
+from blocks.build.trainer import build_run
+from blocks.core import jobs
 from blocks.launch import driver
 from tests.conftest import blocks_run_until_step, read_summary, spawned
 
@@ -247,3 +250,41 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
     summary = read_summary(run_dir)
     assert summary["status"] == "completed"
     assert summary["restarts"] == 1
+
+
+class GradProbe(pl.Callback):
+    """Records, after each micro-batch, whether the sharded parameters hold gradients yet."""
+
+    def __init__(self) -> None:
+        self.has_grads: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        if len(self.has_grads) < 2:
+            self.has_grads.append(any(p.grad is not None for p in pl_module.model.parameters()))
+
+
+@pytest.mark.parametrize(("every_micro_batch", "expected"), [(True, [True, True]), (False, [False, True])])
+def test_fsdp_gradient_sync_follows_reduce_every_micro_batch(
+    tmp_path: Path, every_micro_batch: bool, expected: list[bool]
+) -> None:
+    """Deferred sync keeps gradients unsharded (no reduce-scatter) until the step's last micro-batch."""
+    plan = jobs.plan(
+        [
+            *LM,
+            "strategy=fsdp",
+            "trainer.devices=1",
+            "optim.accumulate=2",
+            "trainer.max_steps=2",
+            "checkpoint.enabled=false",
+            f"strategy.reduce_every_micro_batch={str(every_micro_batch).lower()}",
+        ]
+    )
+    built = build_run(plan, tmp_path, console=False)
+    probe = GradProbe()
+    built.trainer.callbacks.append(probe)
+    try:
+        built.trainer.fit(built.module, datamodule=built.datamodule)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert probe.has_grads == expected
