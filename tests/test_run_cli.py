@@ -6,6 +6,7 @@ import json
 import signal
 from pathlib import Path
 
+from blocks.checkpoint import store
 from tests.conftest import blocks_run_until_step, read_summary
 
 FAST = ["recipe=blobs", "data.samples=512", "trainer.max_epochs=1"]
@@ -58,14 +59,13 @@ def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists(), "no stray run dirs outside the sweep dir"
 
 
-def test_sigint_marks_the_run_interrupted(tmp_path: Path) -> None:
+def test_sigint_marks_the_run_interrupted_and_saves(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [
         "recipe=blobs",
         "data.samples=200000",
         "trainer.max_epochs=5",
         "monitor.log_every_n_steps=1",
-        "checkpoint.on_signal=false",
         f"hydra.run.dir={run_dir}",
     ]
     with blocks_run_until_step(args, cwd=tmp_path, step=3) as proc:
@@ -76,3 +76,5 @@ def test_sigint_marks_the_run_interrupted(tmp_path: Path) -> None:
     assert summary["status"] == "interrupted"
     assert summary["global_step"] >= 3
     assert summary["reason"]
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    assert committed and committed[-1].manifest.step == summary["global_step"]

@@ -184,14 +184,22 @@ class CheckpointCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """On SIGTERM (preemption), save before exiting when between optimizer steps."""
-        if not isinstance(exception, SIGTERMException) or not self.block.on_signal:
+        """On SIGTERM (preemption) or Ctrl-C, save before exiting when between optimizer steps.
+
+        Lightning raises SIGTERM on every rank at the same point of the loop, so the collective
+        save is safe with many processes; Ctrl-C reaches ranks at different points, so it saves
+        only a one-process job.
+        """
+        if not self.block.on_signal:
+            return
+        synchronized = isinstance(exception, SIGTERMException)
+        if not (synchronized or (isinstance(exception, KeyboardInterrupt) and trainer.world_size == 1)):
             return
         if processed_micro_batches(trainer) % self.accumulate == 0:
             self.save(trainer)
         else:
             log.warning(
-                "SIGTERM in the middle of an accumulated step: not saving; the last checkpoint stands"
+                "interrupted in the middle of an accumulated step: not saving; the last checkpoint stands"
             )
 
     def save(self, trainer: pl.Trainer) -> None:
