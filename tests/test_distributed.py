@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -288,3 +290,34 @@ def test_fsdp_gradient_sync_follows_reduce_every_micro_batch(
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     assert probe.has_grads == expected
+
+
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
+    reason="needs Open MPI (Debian: openmpi-bin libopenmpi-dev) and mpi4py (pip install '.[mpi]')",
+)
+def test_mpirun_starts_the_same_worker(tmp_path: Path) -> None:
+    """The worker entry point under Open MPI's mpirun (Lightning's MPIEnvironment), no torchrun."""
+    run_dir = tmp_path / "run"
+    driver.prepare([*FAST_DDP, "monitor.progress=off"], run_dir)
+    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    result = subprocess.run(
+        [
+            "mpirun",
+            *as_root,
+            "--oversubscribe",
+            "-np",
+            "2",
+            sys.executable,
+            "-m",
+            "blocks.launch.worker",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["world_size"] == 2

@@ -87,10 +87,18 @@ def main(argv: list[str] | None = None) -> None:
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active
     # exception") and makes torchrun report a completed job as failed.
+    _finalize_mpi()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _finalize_mpi() -> None:
+    """Under mpirun (Lightning's MPIEnvironment uses mpi4py) MPI must be finalized, or mpirun fails the job."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 if __name__ == "__main__":
