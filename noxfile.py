@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import nox
 
@@ -36,8 +37,13 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The pytest suite (real processes, real training on CPU)."""
+    """The pytest suite (real processes, real training on CPU).
+
+    Where the machine has Open MPI (``mpicc``), mpi4py is installed too so the mpirun test runs.
+    """
     install_project(session)
+    if shutil.which("mpicc"):
+        session.install(".[mpi]")
     session.run("pytest", *session.posargs)
 
 

@@ -321,3 +321,44 @@ def test_mpirun_starts_the_same_worker(tmp_path: Path) -> None:
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
+    """Two workers started the way `srun` starts them (SLURM's variables, no torchrun) train one job."""
+    run_dir = tmp_path / "run"
+    driver.prepare([*FAST_DDP, "monitor.progress=off"], run_dir)
+    slurm = {
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "127.0.0.1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "blocks-test",
+        "MASTER_PORT": str(free_port()),
+    }
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "OMPI_"))}
+    with contextlib.ExitStack() as stack:
+        tasks = [
+            stack.enter_context(
+                spawned(
+                    [sys.executable, "-m", "blocks.launch.worker", str(run_dir)],
+                    cwd=tmp_path,
+                    env={
+                        **clean,
+                        **slurm,
+                        "SLURM_PROCID": str(rank),
+                        "SLURM_LOCALID": str(rank),
+                    },
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+            for rank in range(2)
+        ]
+        for task in tasks:
+            out, _ = task.communicate(timeout=240)
+            assert task.returncode == 0, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
