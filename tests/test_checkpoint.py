@@ -176,8 +176,16 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
         tmp_path,
     )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "different model block" in result.stderr
+    assert "was saved by a job with a different model" in result.stderr
     assert "checkpoint.resume=never" in result.stderr
+
+
+def test_resume_refuses_a_checkpoint_of_another_strategy_format(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert blocks_run([*LM, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    result = blocks_run([*LM, "trainer.max_steps=6", "strategy=fsdp", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "is a full checkpoint, but strategy=fsdp loads sharded (FSDP) ones" in result.stderr
 
 
 class Payload:

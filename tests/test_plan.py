@@ -129,6 +129,17 @@ def test_global_batch_must_fit_the_training_split() -> None:
     assert "optim.accumulate" in problem.related
 
 
+def test_an_empty_training_split_is_an_error(tmp_path) -> None:
+    (tmp_path / "tiny.txt").write_text("twelve bytes")
+    p = plan(f"data.path={tmp_path}/tiny.txt")
+    assert any(x.check == "training-split" and x.key == "data" for x in p.errors)
+
+
+def test_nonsense_sizes_are_problems_not_crashes() -> None:
+    assert "data.seq_len" in error_keys(plan("data.seq_len=0"))
+    assert "model.d_model" in error_keys(plan("model.d_model=-10"))
+
+
 def test_validation_needs_a_validation_split() -> None:
     p = plan("recipe=blobs", "data.val_fraction=0", "trainer.val_every=10")
     assert "trainer.val_every" in error_keys(p)

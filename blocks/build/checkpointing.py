@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader
 from blocks.checkpoint import store
 from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
-from blocks.core.errors import BlocksError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +39,16 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "steps_done", "global_batch"}`` at this moment of training."""
-        epoch, micro_batches = self._progress()
+        _, micro_batches = self._progress()
         return {
-            "epoch": epoch,
+            "epoch": self.batch_sampler.sampler.epoch,  # type: ignore[union-attr]
             "steps_done": micro_batches // self._accumulate,
             "global_batch": self.batch_sampler.global_batch,  # type: ignore[union-attr]
         }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Skip the steps already taken in the saved epoch on the next pass over it."""
-        sampler = self.batch_sampler
-        if state.get("global_batch") != sampler.global_batch:  # type: ignore[union-attr]
-            raise store.CheckpointError(
-                f"the checkpoint's global batch is {state.get('global_batch')}, this run's is "
-                f"{sampler.global_batch}; keep data.batch_size × world size × optim.accumulate equal to resume"  # type: ignore[union-attr]
-            )
-        sampler.resume_at(epoch=state["epoch"], steps_done=state["steps_done"])  # type: ignore[union-attr]
+        self.batch_sampler.resume_at(epoch=state["epoch"], steps_done=state["steps_done"])  # type: ignore[union-attr]
 
 
 def processed_micro_batches(trainer: pl.Trainer) -> int:
@@ -75,7 +68,7 @@ def rng_state() -> dict[str, Any]:
         "numpy": [kind, np.asarray(keys).tolist(), pos, has_gauss, gauss],
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -89,7 +82,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     kind, keys, pos, has_gauss, gauss_value = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss_value))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _all_ranks(value: Any) -> list[Any]:
@@ -135,7 +128,7 @@ class CheckpointCallback(pl.Callback):
         self.metrics = metrics
         self.before_save = before_save
         self.last_saved_step = -1
-        self.saved: list[str] = []
+        self._pending = False
         self._last_save_time = time.monotonic()
 
     def state_dict(self) -> dict[str, Any]:
@@ -175,6 +168,18 @@ class CheckpointCallback(pl.Callback):
             elapsed = time.monotonic() - self._last_save_time
             due = due or bool(trainer.strategy.broadcast(elapsed >= self.block.every_seconds))
         if due:
+            self._pending = True
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A save due at this step waits for its validation, so its manifest holds fresh metrics."""
+        if self._pending and not trainer.sanity_checking:
+            self.save(trainer)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """A save due at the previous step that no validation followed happens now (nothing changed since)."""
+        if self._pending:
             self.save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -184,16 +189,15 @@ class CheckpointCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """On SIGTERM (preemption) or Ctrl-C, save before exiting when between optimizer steps.
+        """On SIGTERM (preemption) or Ctrl-C, save a one-process job before it exits, between steps.
 
-        Lightning raises SIGTERM on every rank at the same point of the loop, so the collective
-        save is safe with many processes; Ctrl-C reaches ranks at different points, so it saves
-        only a one-process job.
+        With several processes the signal reaches ranks at different points of the loop (Lightning
+        raises it unsynchronized in places), and a collective save could hang; the last periodic
+        checkpoint stands.
         """
-        if not self.block.on_signal:
+        if not self.block.on_signal or trainer.world_size != 1:
             return
-        synchronized = isinstance(exception, SIGTERMException)
-        if not (synchronized or (isinstance(exception, KeyboardInterrupt) and trainer.world_size == 1)):
+        if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
         if processed_micro_batches(trainer) % self.accumulate == 0:
             self.save(trainer)
@@ -206,6 +210,7 @@ class CheckpointCallback(pl.Callback):
         """Write and commit a checkpoint at the current step, then apply retention."""
         step = trainer.global_step
         if step == self.last_saved_step or step == 0:
+            self._pending = False
             return
         url = store.join(self.directory, store.step_dir_name(step))
         self.before_save(trainer)
@@ -220,8 +225,8 @@ class CheckpointCallback(pl.Callback):
         )
         trainer.save_checkpoint(url, weights_only=False)
         self.last_saved_step = step
+        self._pending = False
         self._last_save_time = time.monotonic()
-        self.saved.append(url)
         if trainer.is_global_zero:
             self._retain()
 
@@ -237,53 +242,3 @@ class CheckpointCallback(pl.Callback):
             protected=protected,
         ):
             store.remove(url)
-
-
-def resolve_resume(
-    block: Checkpoint, directory: str, *, block_digests: dict[str, str], global_batch: int
-) -> str | None:
-    """The checkpoint this run resumes from, per ``checkpoint.resume``; errors name the key and the fix."""
-    if not block.enabled or block.resume == "never":
-        return None
-    if block.resume == "auto":
-        found = store.newest_valid(directory)
-        if found is None:
-            return None
-        _check_compatible(found.url, found.manifest, block_digests, global_batch)
-        return found.url
-    try:
-        manifest = store.verify(block.resume)
-    except store.CheckpointError as exc:
-        raise BlocksError(
-            Problem(
-                "checkpoint.resume",
-                str(exc),
-                "point checkpoint.resume at a committed checkpoint, or use auto",
-            )
-        ) from None
-    _check_compatible(block.resume, manifest, block_digests, global_batch)
-    return block.resume
-
-
-def _check_compatible(url: str, manifest: store.Manifest, digests: dict[str, str], global_batch: int) -> None:
-    differing = [
-        kind for kind, digest in digests.items() if manifest.block_digests.get(kind) not in (None, digest)
-    ]
-    if differing:
-        raise BlocksError(
-            Problem(
-                "checkpoint.resume",
-                f"{url} was saved by a job with a different {', '.join(differing)} block",
-                "resume with the same blocks, or start fresh with checkpoint.resume=never "
-                "(or another checkpoint.dir)",
-            )
-        )
-    if manifest.global_batch and manifest.global_batch != global_batch:
-        raise BlocksError(
-            Problem(
-                "checkpoint.resume",
-                f"{url} was trained with a global batch of {manifest.global_batch}, this run's is {global_batch}",
-                "keep data.batch_size × world size × optim.accumulate equal to the checkpoint's to continue "
-                "the same batch stream",
-            )
-        )

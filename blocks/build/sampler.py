@@ -69,6 +69,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def resume_at(self, *, epoch: int, steps_done: int) -> None:
         """On the next pass over *epoch*, skip the *steps_done* global batches already trained on."""
         self._resume = (epoch, steps_done)
+        # Lightning may create the iterator (and worker processes start drawing indices)
+        # before it sets the epoch on a resume; the saved epoch is the one to continue.
+        self.sampler.set_epoch(epoch)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -93,17 +96,23 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Evaluation batches: contiguous shards per rank, in order, no padding or repeats."""
+    """Evaluation batches: contiguous shards per rank, in order, the same count on every rank.
+
+    Every rank must run the same number of batches (FSDP all-gathers in every forward; the
+    metric sync waits for all ranks), so the last shards are padded with the split's first
+    samples, as ``DistributedSampler`` does: up to ``world_size - 1`` samples count twice.
+    """
 
     def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int) -> None:
         per_rank = -(-num_samples // world_size)
-        self.start = min(num_samples, rank * per_rank)
-        self.stop = min(num_samples, self.start + per_rank)
+        self.indices = (
+            [(rank * per_rank + i) % max(1, num_samples) for i in range(per_rank)] if num_samples else []
+        )
         self.batch_size = batch_size
 
     def __len__(self) -> int:
-        return -(-(self.stop - self.start) // self.batch_size)
+        return -(-len(self.indices) // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for begin in range(self.start, self.stop, self.batch_size):
-            yield list(range(begin, min(begin + self.batch_size, self.stop)))
+        for begin in range(0, len(self.indices), self.batch_size):
+            yield self.indices[begin : begin + self.batch_size]

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytorch_lightning as pl
 
-from blocks.build.checkpointing import CheckpointCallback, resolve_resume
+from blocks.build.checkpointing import CheckpointCallback
 from blocks.build.datamodule import BlocksDataModule
 from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
 from blocks.checkpoint import store
 from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
+from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
 from blocks.core.plan import Plan
 from blocks.launch.run_dir import CHECKPOINTS_DIR
 from blocks.monitor.base import Monitor
@@ -57,15 +58,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     spec = plan.data.batch_spec()
     checkpoint_block = plan.checkpoint
     assert isinstance(checkpoint_block, Checkpoint)
-    directory = checkpoint_block.dir or str(run_dir / CHECKPOINTS_DIR)
-    digests = store.block_digests(
-        {kind: {"_block_": block.block_name, **asdict(block)} for kind, block in plan.blocks.items()}
-    )
-    resume_from = (
-        resolve_resume(checkpoint_block, directory, block_digests=digests, global_batch=derived.global_batch)
-        if checkpoint_block.enabled
-        else None
-    )
+    directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+    resume_from = resolve_resume(plan, directory)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps, parallelize)
@@ -91,7 +85,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             accumulate=derived.accumulate,
             global_batch=derived.global_batch,
             world_size=derived.world_size,
-            block_digests=digests,
+            block_digests=job_digests(plan),
             resumed_from=resume_from,
             metrics=lambda: dict(recorder.last),
             before_save=recorder.flush,

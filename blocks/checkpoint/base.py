@@ -89,7 +89,7 @@ class Checkpoint(CheckpointBlock):
 
         try:
             store.read_manifest(self.resume)
-        except (store.CheckpointError, OSError, ValueError, ImportError) as exc:
+        except Exception as exc:
             ctx.error(
                 "resume",
                 str(exc) if isinstance(exc, store.CheckpointError) else f"cannot read {self.resume}: {exc}",

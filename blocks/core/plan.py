@@ -282,8 +282,8 @@ def _derive(state: _State) -> None:
         state.batch_spec = data.batch_spec()
         train = data.num_samples("train")
         val = data.num_samples("val")
-    except (OSError, ValueError, ImportError):
-        train = val = 0  # the data block's own check names the cause
+    except Exception:
+        train = val = 0
     parameters = None
     if state.batch_spec is not None and isinstance(state.batch_spec, model.accepts or object):
         try:
@@ -321,6 +321,15 @@ def _derive(state: _State) -> None:
 
 def _check_batch_arithmetic(state: _State) -> None:
     d = state.derived
+    if d.train_samples == 0 and state.batch_spec is not None:
+        state.problems.append(
+            Problem(
+                key="data",
+                message=f"data={state.blocks['data'].block_name} has no training samples",
+                fix="give the data more samples (a larger corpus, or a shorter data.seq_len)",
+                check="training-split",
+            )
+        )
     if d.global_batch and d.train_samples and d.steps_per_epoch == 0:
         state.problems.append(
             Problem(

@@ -60,6 +60,8 @@ class Text(DataBlock):
 
     def num_samples(self, split: str) -> int:
         """Non-overlapping windows of ``seq_len + 1`` tokens (inputs plus the shifted target)."""
+        if self.seq_len <= 0:
+            return 0
         train, val = self.split_tokens()
         tokens = val if split == "val" else train
         return max(0, (tokens - 1) // self.seq_len)
@@ -79,7 +81,7 @@ class Text(DataBlock):
             ctx.error("val_fraction", f"must be in [0, 1), got {self.val_fraction}", "data.val_fraction=0.1")
         try:
             _, files = corpus.corpus_files(self.path)
-        except (OSError, ValueError, ImportError) as exc:
+        except Exception as exc:
             ctx.error("path", f"cannot list '{self.path}': {exc}", "point data.path at readable text files")
             return
         if not files:

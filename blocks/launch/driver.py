@@ -13,12 +13,20 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from blocks.checkpoint.resume import checkpoint_dir, resolve_resume
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
 from blocks.core.errors import BlocksError
 from blocks.core.jobs import compose
 from blocks.core.plan import Plan, make_plan
-from blocks.launch.run_dir import SUMMARY_FILE, Summary, freeze_config, load_plan, write_job_files
+from blocks.launch.run_dir import (
+    CHECKPOINTS_DIR,
+    SUMMARY_FILE,
+    Summary,
+    freeze_config,
+    load_plan,
+    write_job_files,
+)
 from blocks.launch.torchrun import needs_launcher, run_torchrun
 
 
@@ -32,11 +40,8 @@ def run_job(cfg: DictConfig) -> float | None:
     choices = {
         str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")
     }
-    config = freeze_config(cfg, run_dir)
-    plan = make_plan(config_to_blocks(config), choices)
-    write_job_files(run_dir, config, plan)
-    plan.raise_for_errors()
     try:
+        plan = _write_and_check(cfg, choices, run_dir)
         summary = launch(run_dir, plan)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
@@ -47,6 +52,16 @@ def run_job(cfg: DictConfig) -> float | None:
             print(problem.render(), file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     return summary.metrics.get("val/loss")
+
+
+def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path) -> Plan:
+    """Freeze and write the job files, then refuse a broken plan or an unusable resume before any process starts."""
+    frozen = freeze_config(config, run_dir)
+    plan = make_plan(config_to_blocks(frozen), choices)
+    write_job_files(run_dir, frozen, plan)
+    plan.raise_for_errors()
+    resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+    return plan
 
 
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
@@ -106,11 +121,7 @@ def prepare(overrides: list[str], run_dir: Path) -> Plan:
     The Python twin of ``blocks run`` up to the point where training starts.
     """
     composed = compose(overrides)
-    config = freeze_config(composed.config, run_dir)
-    plan = make_plan(config_to_blocks(config), composed.choices)
-    plan.raise_for_errors()
-    write_job_files(run_dir, config, plan)
-    return plan
+    return _write_and_check(composed.config, composed.choices, run_dir)
 
 
 def run(overrides: list[str], run_dir: Path) -> Summary:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from blocks.core.errors import BlocksError, Problem
@@ -72,5 +75,22 @@ def torchrun_environment(environ: dict[str, str] | None = None) -> dict[str, str
 
 
 def run_torchrun(run_dir: Path, plan: Plan) -> int:
-    """Run this node's workers under torchrun and return its exit status."""
-    return subprocess.call(torchrun_command(run_dir, plan), env=torchrun_environment())
+    """Run this node's workers under torchrun and return its exit status.
+
+    SIGTERM and SIGINT sent to the driver alone (``kill``, a container runtime) are passed on
+    to torchrun, which stops its workers gracefully, instead of orphaning them.
+    """
+    process = subprocess.Popen(torchrun_command(run_dir, plan), env=torchrun_environment())
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    signals = (signal.SIGTERM, signal.SIGINT) if on_main_thread else ()
+    previous = {sig: signal.signal(sig, forward) for sig in signals}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

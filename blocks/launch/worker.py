@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from blocks.core.catalog import load
+from blocks.core.errors import BlocksError
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
 
 
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
-    train(args.run_dir)
+    try:
+        train(args.run_dir)
+    except BlocksError as exc:
+        _exit_for_user_error(args.run_dir, exc)
     # Everything is written and the process group is destroyed. Skip interpreter
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active
@@ -92,6 +96,17 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _exit_for_user_error(run_dir: Path, error: BlocksError) -> None:
+    """A config mistake found in a worker (e.g. an incompatible checkpoint): say so, record it, exit 2."""
+    text = "\n".join(problem.render() for problem in error.problems)
+    print(f"blocks: the job cannot run:\n{text}", file=sys.stderr, flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        Summary(status="failed", reason=text).write(run_dir)
+    _finalize_mpi()
+    logging.shutdown()
+    os._exit(error.exit_code)
 
 
 def _finalize_mpi() -> None:

@@ -114,5 +114,5 @@ class Transformer(ModelBlock):
 
 def _divisor_near(n: int, target: int) -> int:
     """The divisor of *n* closest to *target*."""
-    divisors = [k for k in range(1, n + 1) if n % k == 0]
+    divisors = [k for k in range(1, n + 1) if n % k == 0] or [1]
     return min(divisors, key=lambda k: (abs(k - target), k))

@@ -7,7 +7,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 Row = dict[str, float]
 
@@ -61,6 +61,7 @@ class CsvSink:
         if self.rows and self.rows[-1][0] == step:
             self.rows[-1][1].update(row)
             if self._written == len(self.rows):  # that row is already on disk (flushed for a checkpoint)
+                self.columns.extend(name for name in row if name not in self.columns)
                 self._rewrite(upto=len(self.rows))
                 return
         else:
@@ -119,9 +120,12 @@ class ConsoleSink:
         interactive = sys.stdout.isatty()
         self.mode = ("bar" if interactive else "lines") if mode == "auto" else mode
         self.started = time.monotonic()
-        self._progress = None
-        self._task = None
-        if self.mode == "bar":
+        self._progress: Any = None
+        self._task: Any = None
+
+    def _start_bar(self) -> None:
+        """Start the live display on the first row: only global rank 0 writes rows."""
+        if self.mode == "bar" and self._progress is None:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
@@ -132,7 +136,7 @@ class ConsoleSink:
                 TimeRemainingColumn(),
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=total_steps, stats="")
+            self._task = self._progress.add_task("train", total=self.total_steps, stats="")
             self._progress.start()
 
     def write(self, step: int, row: Row) -> None:
@@ -140,6 +144,7 @@ class ConsoleSink:
         if self.mode == "off":
             return
         stats = "  ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k in _SHOWN)
+        self._start_bar()
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, stats=stats)
             return

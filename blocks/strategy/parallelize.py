@@ -75,7 +75,6 @@ class DeferGradientSync(pl.Callback):
 
     def __init__(self, accumulate: int) -> None:
         self.accumulate = accumulate
-        self.synced_micro_batches = 0
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -84,7 +83,6 @@ class DeferGradientSync(pl.Callback):
         from torch.distributed.fsdp import FSDPModule
 
         last = (batch_idx + 1) % self.accumulate == 0
-        self.synced_micro_batches += int(last)
         for module in pl_module.modules():
             if isinstance(module, FSDPModule):
                 module.set_requires_gradient_sync(last, recurse=False)

@@ -1,0 +1,126 @@
+"""Which checkpoint a run resumes from, and whether it may (torch-free: the driver checks before launching)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from blocks.checkpoint import store
+from blocks.checkpoint.base import Checkpoint
+from blocks.core.errors import BlocksError, Problem
+from blocks.core.plan import Plan
+
+
+def checkpoint_dir(plan: Plan, default: str) -> str:
+    """The job's checkpoint directory (*default* when ``checkpoint.dir`` is unset)."""
+    block = plan.checkpoint
+    return (block.dir if isinstance(block, Checkpoint) and block.dir else None) or default
+
+
+def job_digests(plan: Plan) -> dict[str, str]:
+    """Digests of what a checkpoint must share with the run that resumes it.
+
+    The weights' shape (model, task), the data (without batch size and workers), the
+    optimizer kind (its state is restored as saved) and the seed (it orders the samples).
+    """
+    trainer_seed = getattr(plan.trainer, "seed", 0)
+    return store.block_digests(
+        {
+            "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
+            "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
+            "data": {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)},
+            "optim": {"_block_": plan.optim.block_name},
+            "seed": {"seed": trainer_seed},
+        }
+    )
+
+
+def is_restart() -> bool:
+    """Whether this process is an automatic restart (torchrun's restart count)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
+def resolve_resume(plan: Plan, directory: str) -> str | None:
+    """The checkpoint this run resumes from, per ``checkpoint.resume``; refusals name the key and the fix.
+
+    An automatic restart always continues from the newest committed checkpoint in the job's
+    directory when there is one, whatever ``resume`` says: restarting from the configured
+    URL (or from scratch with ``never``) would throw away the work since.
+    """
+    block = plan.checkpoint
+    if not isinstance(block, Checkpoint) or not block.enabled:
+        return None
+    if block.resume == "auto" or is_restart():
+        found = _newest(directory)
+        if found is not None:
+            _check_compatible(plan, found.url, found.manifest)
+            return found.url
+        if block.resume == "auto":
+            return None
+    if block.resume == "never":
+        return None
+    try:
+        manifest = store.verify(block.resume)
+    except Exception as exc:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                str(exc),
+                "point checkpoint.resume at a committed checkpoint, or use auto",
+            )
+        ) from None
+    _check_compatible(plan, block.resume, manifest)
+    return block.resume
+
+
+def _newest(directory: str) -> store.Committed | None:
+    try:
+        return store.newest_valid(directory)
+    except Exception as exc:
+        raise BlocksError(
+            Problem(
+                "checkpoint.dir",
+                f"cannot read {directory}: {exc}",
+                "check the URL, credentials and file system",
+            )
+        ) from None
+
+
+def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
+    digests = job_digests(plan)
+    differing = [
+        kind for kind, digest in digests.items() if manifest.block_digests.get(kind) not in (None, digest)
+    ]
+    problems = []
+    if differing:
+        problems.append(
+            Problem(
+                "checkpoint.resume",
+                f"{url} was saved by a job with a different {', '.join(differing)}",
+                "resume with the same blocks and seed, or start fresh with checkpoint.resume=never "
+                "(or another checkpoint.dir)",
+            )
+        )
+    if manifest.global_batch and manifest.global_batch != plan.derived.global_batch:
+        problems.append(
+            Problem(
+                "checkpoint.resume",
+                f"{url} was trained with a global batch of {manifest.global_batch}, this run's is "
+                f"{plan.derived.global_batch}",
+                "keep data.batch_size × world size × optim.accumulate equal to the checkpoint's to continue "
+                "the same batch stream",
+            )
+        )
+    if manifest.sharded != plan.strategy.shards_parameters:
+        saved, now = ("sharded (FSDP)", "full") if manifest.sharded else ("full", "sharded (FSDP)")
+        problems.append(
+            Problem(
+                "checkpoint.resume",
+                f"{url} is a {saved} checkpoint, but strategy={plan.strategy.block_name} loads {now} ones",
+                "resume with the strategy that saved it, or export its weights "
+                "(blocks.checkpoint.export) and start a new run from them",
+                related=("strategy",),
+            )
+        )
+    if problems:
+        raise BlocksError(problems)

@@ -1,0 +1,44 @@
+"""Small pieces of the build layer that multi-process runs depend on, checked directly."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
+from blocks.monitor.sinks import CsvSink
+
+
+def test_every_rank_gets_the_same_number_of_validation_batches() -> None:
+    for samples, world, batch in [(10, 8, 4), (65, 2, 32), (1, 4, 2), (100, 3, 7)]:
+        shards = [
+            ShardedBatchSampler(samples, batch_size=batch, rank=r, world_size=world) for r in range(world)
+        ]
+        assert len({len(s) for s in shards}) == 1, (samples, world)
+        assert len({len(list(s)) for s in shards}) == 1
+        seen = {i for s in shards for b in s for i in b}
+        assert seen == set(range(samples)), "every sample is evaluated"
+
+
+def test_resume_continues_the_saved_epoch_even_if_iteration_starts_first() -> None:
+    """Lightning may build the iterator before set_epoch on a resume (worker processes start early)."""
+    reference = GlobalBatchSampler(
+        SeededPermutation(64, seed=3), micro_batch=4, accumulate=1, rank=0, world_size=1
+    )
+    reference.sampler.set_epoch(1)
+    expected = list(reference)[2:]
+    resumed = GlobalBatchSampler(
+        SeededPermutation(64, seed=3), micro_batch=4, accumulate=1, rank=0, world_size=1
+    )
+    resumed.resume_at(epoch=1, steps_done=2)
+    assert list(resumed) == expected
+
+
+def test_a_new_metric_on_an_already_flushed_row_gets_its_column(tmp_path: Path) -> None:
+    sink = CsvSink(tmp_path / "metrics.csv")
+    sink.write(20, {"train/loss": 1.0})
+    sink.flush()
+    sink.write(20, {"val/loss": 2.0})
+    sink.close()
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert rows == [{"step": "20", "train/loss": "1", "val/loss": "2"}]
