@@ -36,6 +36,20 @@ def test_derived_batch_arithmetic() -> None:
     assert d.epochs == pytest.approx(3.0)
 
 
+def test_global_batch_derives_accumulation() -> None:
+    p = plan("recipe=blobs", "data.batch_size=8", "optim.global_batch=64")
+    assert p.ok and (p.derived.accumulate, p.derived.global_batch) == (8, 64)
+    ddp = plan(
+        "recipe=blobs", "data.batch_size=8", "optim.global_batch=64", "strategy=ddp", "trainer.devices=2"
+    )
+    assert (ddp.derived.accumulate, ddp.derived.global_batch) == (4, 64)
+    bad = plan(
+        "recipe=blobs", "data.batch_size=8", "optim.global_batch=60", "strategy=ddp", "trainer.devices=2"
+    )
+    problem = next(x for x in bad.errors if x.check == "global-batch-divisible")
+    assert problem.key == "optim.global_batch" and "optim.global_batch=48 or 64" in problem.fix
+
+
 def test_max_steps_and_max_epochs_stop_at_whichever_comes_first() -> None:
     p = plan("recipe=blobs", "trainer.max_steps=10", "trainer.max_epochs=5")
     assert p.derived.total_steps == 10

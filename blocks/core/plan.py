@@ -277,7 +277,10 @@ def _derive(state: _State) -> None:
     world = devices * nodes
     micro = max(0, data.batch_size)
     accumulate = max(1, optim.accumulate)
-    global_batch = micro * world * accumulate
+    per_micro_step = micro * world
+    if optim.global_batch and per_micro_step and optim.global_batch % per_micro_step == 0:
+        accumulate = optim.global_batch // per_micro_step
+    global_batch = per_micro_step * accumulate
     try:
         state.batch_spec = data.batch_spec()
         train = data.num_samples("train")

@@ -25,6 +25,8 @@ class OptimBlock(Block):
             biases, norms or embeddings' 1-d parameters).
         accumulate: micro-batches per optimizer step; their gradients are averaged. Means
             the same under every strategy.
+        global_batch: samples per optimizer step; when set, ``accumulate`` is derived from it
+            (``global_batch / (data.batch_size × world size)``), which must divide evenly.
         warmup_steps: optimizer steps of linear warmup.
         schedule: decay after warmup: cosine, linear or constant.
         min_lr_ratio: the LR at the end of the decay as a fraction of ``lr``.
@@ -36,6 +38,7 @@ class OptimBlock(Block):
     lr: float = 1e-3
     weight_decay: float = 0.0
     accumulate: int = 1
+    global_batch: int | None = None
     warmup_steps: int = 0
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
@@ -58,6 +61,9 @@ class OptimBlock(Block):
         ctx.positive("lr", self.lr)
         ctx.positive("weight_decay", self.weight_decay, allow_zero=True)
         ctx.positive("accumulate", self.accumulate)
+        ctx.positive("global_batch", self.global_batch)
+        if self.global_batch:
+            self._check_global_batch(ctx)
         ctx.positive("warmup_steps", self.warmup_steps, allow_zero=True)
         ctx.choice("schedule", self.schedule, SCHEDULES)
         if not 0 <= self.min_lr_ratio <= 1:
@@ -70,3 +76,26 @@ class OptimBlock(Block):
                 f"warmup ({self.warmup_steps} steps) covers all {total} training steps; the LR never reaches optim.lr",
                 f"optim.warmup_steps={max(0, total // 10)}",
             )
+
+    def _check_global_batch(self, ctx: CheckContext) -> None:
+        """``optim.global_batch`` must be a multiple of one micro-step across all processes."""
+        data_batch = ctx.data.batch_size
+        world = ctx.derived.world_size
+        per_micro_step = data_batch * world
+        if per_micro_step <= 0 or self.global_batch is None or self.global_batch % per_micro_step == 0:
+            if self.accumulate != 1 and per_micro_step > 0:
+                ctx.warning(
+                    "accumulate",
+                    f"optim.accumulate={self.accumulate} is ignored: optim.global_batch={self.global_batch} "
+                    f"sets it to {ctx.derived.accumulate}",
+                    "set only one of optim.accumulate and optim.global_batch",
+                )
+            return
+        below = max(per_micro_step, self.global_batch // per_micro_step * per_micro_step)
+        ctx.error(
+            "global_batch",
+            f"optim.global_batch={self.global_batch} is not a multiple of data.batch_size × world size "
+            f"= {data_batch} × {world} = {per_micro_step}",
+            f"optim.global_batch={below} or {below + per_micro_step}, or change data.batch_size",
+            check="global-batch-divisible",
+        )
