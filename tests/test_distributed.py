@@ -317,6 +317,7 @@ def test_mpirun_starts_the_same_worker(tmp_path: Path) -> None:
         text=True,
         timeout=300,
         cwd=tmp_path,
+        stdin=subprocess.DEVNULL,  # mpirun forwards stdin and fails silently when there is none (as in CI)
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     summary = read_summary(run_dir)
