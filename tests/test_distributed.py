@@ -284,12 +284,19 @@ def test_fsdp_gradient_sync_follows_reduce_every_micro_batch(
     built = build_run(plan, tmp_path, console=False)
     probe = GradProbe()
     built.trainer.callbacks.append(probe)
+    environment = dict(os.environ)  # Lightning exports MASTER_ADDR, RANK, ... for its process group
     try:
         built.trainer.fit(built.module, datamodule=built.datamodule)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
     assert probe.has_grads == expected
+
+
+TORCH_DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
+"""Set by torch/Lightning in a process that ran a process group; a worker that inherits them ignores MPI."""
 
 
 @pytest.mark.skipif(
@@ -317,7 +324,7 @@ def test_mpirun_starts_the_same_worker(tmp_path: Path) -> None:
         text=True,
         timeout=300,
         cwd=tmp_path,
-        stdin=subprocess.DEVNULL,  # mpirun forwards stdin and fails silently when there is none (as in CI)
+        env={k: v for k, v in os.environ.items() if k not in TORCH_DISTRIBUTED_ENV},
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     summary = read_summary(run_dir)
