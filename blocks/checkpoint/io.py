@@ -27,8 +27,8 @@ class UnsafeCheckpointError(store.CheckpointError):
 class FsspecCheckpointIO(CheckpointIO):
     """Save to and load from ``<url>/state.pt`` with a manifest, on any fsspec file system."""
 
-    def __init__(self, manifest: store.Manifest | None = None) -> None:
-        self.pending_manifest = manifest
+    def __init__(self) -> None:
+        self.pending_manifest: store.Manifest | None = None
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -41,15 +41,8 @@ class FsspecCheckpointIO(CheckpointIO):
         fs.makedirs(root, exist_ok=True)
         with fs.open(store.join(root, STATE_FILE), "wb") as fh:
             torch.save(checkpoint, fh)
-        manifest = self.pending_manifest or store.Manifest(
-            step=int(checkpoint.get("global_step", 0)),
-            epoch=int(checkpoint.get("epoch", 0)),
-            world_size=1,
-            sharded=False,
-            global_batch=0,
-            block_digests={},
-        )
-        store.commit(url, manifest)
+        assert self.pending_manifest is not None, "the checkpoint callback sets the manifest before saving"
+        store.commit(url, self.pending_manifest)
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = True

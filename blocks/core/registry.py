@@ -98,10 +98,6 @@ class Registry:
                 + f" (available: {', '.join(names)})"
             ) from None
 
-    def entry_of(self, cls: type[Block]) -> Entry:
-        """The entry under which *cls* was registered."""
-        return self.get(cls.kind, cls.block_name)
-
     def names(self, kind: str) -> list[str]:
         """Registered names of one kind, sorted."""
         return sorted(self._entries[kind])
