@@ -96,11 +96,12 @@ def _all_ranks(value: Any) -> list[Any]:
 
 
 class CheckpointCallback(pl.Callback):
-    """Saves committed checkpoints at the configured triggers and applies retention.
+    """Saves committed checkpoints at the configured triggers and applies retention after each commit.
 
     Triggers: every ``every_n_steps`` optimizer steps, every ``every_seconds`` (rank 0's clock,
     broadcast), the end of training, and SIGTERM/SIGINT between optimizer steps. Its own state
-    in each checkpoint is every rank's RNG states.
+    in each checkpoint is every rank's RNG states. ``stall_s`` adds up the seconds training
+    waited for saves.
     """
 
     def __init__(
@@ -128,8 +129,10 @@ class CheckpointCallback(pl.Callback):
         self.metrics = metrics
         self.before_save = before_save
         self.last_saved_step = -1
+        self.stall_s = 0.0
         self._pending = False
         self._last_save_time = time.monotonic()
+        io.after_commit = lambda url: self._retain()
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving)."""
@@ -223,14 +226,15 @@ class CheckpointCallback(pl.Callback):
             block_digests=self.block_digests,
             metrics=self.metrics(),
         )
+        started = time.perf_counter()
         trainer.save_checkpoint(url, weights_only=False)
+        self.stall_s += time.perf_counter() - started
         self.last_saved_step = step
         self._pending = False
         self._last_save_time = time.monotonic()
-        if trainer.is_global_zero:
-            self._retain()
 
     def _retain(self) -> None:
+        """Delete what retention lets go; runs on global rank 0 after each commit (maybe in the background)."""
         committed, _ = store.scan(self.directory)
         protected = [self.resumed_from] if self.resumed_from else []
         for url in store.to_delete(

@@ -75,7 +75,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         rank_spread_tolerance=monitor.rank_spread_tolerance,
     )
     callbacks: list[pl.Callback] = [recorder, *plan.strategy.callbacks(accumulate=derived.accumulate)]
-    io = FsspecCheckpointIO()
+    io = FsspecCheckpointIO(async_save=checkpoint_block.enabled and checkpoint_block.async_save)
     checkpointer = None
     if checkpoint_block.enabled:
         checkpointer = CheckpointCallback(

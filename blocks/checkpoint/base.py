@@ -42,6 +42,8 @@ class Checkpoint(CheckpointBlock):
         on_signal: save when SIGTERM or SIGINT stops training (preemption), then end ``interrupted``.
         enabled: false turns saving and resuming off.
         save_weights: write the final consolidated weights to ``model.safetensors`` in the run dir.
+        async_save: training waits only for a copy of the state to host memory; writing, hashing
+            and committing happen in the background, one save in flight at a time.
     """
 
     dir: str | None = None
@@ -55,6 +57,7 @@ class Checkpoint(CheckpointBlock):
     on_signal: bool = True
     enabled: bool = True
     save_weights: bool = True
+    async_save: bool = False
 
     def check(self, ctx: CheckContext) -> None:
         """Sane triggers and retention; the monitored metric must be one the task logs."""

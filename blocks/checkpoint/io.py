@@ -4,18 +4,24 @@ Lightning hands over the checkpoint dict (model, optimizer and scheduler states,
 progress, callback states); this plugin writes it as ``state.pt`` into the checkpoint's
 directory, then commits it with a manifest. Loading verifies the manifest and uses
 ``torch.load(weights_only=True)``: checkpoints hold tensors and plain data, never code.
+
+With ``async_save`` the training thread only copies the state into host memory; writing,
+hashing and committing run on a :class:`~blocks.checkpoint.background.BackgroundSaver`.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from fsspec.core import url_to_fs
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from blocks.checkpoint import store
+from blocks.checkpoint.background import BackgroundSaver
 
 STATE_FILE = "state.pt"
 
@@ -24,25 +30,76 @@ class UnsafeCheckpointError(store.CheckpointError):
     """The checkpoint carries pickled objects that ``weights_only`` loading refuses to execute."""
 
 
-class FsspecCheckpointIO(CheckpointIO):
-    """Save to and load from ``<url>/state.pt`` with a manifest, on any fsspec file system."""
+def to_host(state: Any) -> Any:
+    """A copy of *state* whose tensors live in host memory, detached from training (new containers too)."""
+    return apply_to_collection(state, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
 
-    def __init__(self) -> None:
+
+def write_state(url: str, state: dict[str, Any]) -> tuple[int, str]:
+    """Write *state* as ``<url>/state.pt``; returns its size and sha256, computed while writing."""
+    fs, root = url_to_fs(url)
+    with fs.open(store.join(root, STATE_FILE), "wb") as fh:
+        writer = store.HashingWriter(fh)
+        torch.save(state, writer)  # type: ignore[arg-type]  # a file-like object with write()
+    return writer.digest
+
+
+class FsspecCheckpointIO(CheckpointIO):
+    """Save to and load from ``<url>/state.pt`` with a manifest, on any fsspec file system.
+
+    Args:
+        async_save: write and commit on a background thread after a copy to host memory.
+
+    Attributes:
+        pending_manifest: set by the checkpoint callback before each save.
+        after_commit: called with the URL once a checkpoint is committed (retention runs here).
+    """
+
+    def __init__(self, *, async_save: bool = False) -> None:
         self.pending_manifest: store.Manifest | None = None
+        self.after_commit: Callable[[str], None] = lambda url: None
+        self.saver = BackgroundSaver() if async_save else None
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         """Write ``state.pt`` (rank 0 only, Lightning's call) and commit it with the pending manifest."""
         url = str(path)
-        fs, root = url_to_fs(url)
-        if fs.exists(root):
-            store.remove(url)  # an uncommitted leftover of the same step
-        fs.makedirs(root, exist_ok=True)
-        with fs.open(store.join(root, STATE_FILE), "wb") as fh:
-            torch.save(checkpoint, fh)
-        assert self.pending_manifest is not None, "the checkpoint callback sets the manifest before saving"
-        store.commit(url, self.pending_manifest)
+        manifest = self.pending_manifest
+        assert manifest is not None, "the checkpoint callback sets the manifest before saving"
+
+        def write_and_commit(state: dict[str, Any]) -> None:
+            fs, root = url_to_fs(url)
+            if fs.exists(root):
+                store.remove(url)  # an uncommitted leftover of the same step
+            fs.makedirs(root, exist_ok=True)
+            digest = write_state(url, state)
+            store.commit(url, manifest, known={STATE_FILE: digest})
+            self.after_commit(url)
+
+        self.wait()  # the previous snapshot's memory is free again before this one is taken
+        state = to_host(checkpoint) if self.saver else checkpoint
+        self.run(lambda: write_and_commit(state))
+
+    def run(self, save: Callable[[], None]) -> None:
+        """Run *save* now, or (async) wait for the previous save and start *save* in the background.
+
+        With async saving, *save* must only touch host copies taken before this call.
+        """
+        if self.saver is None:
+            save()
+        else:
+            self.saver.submit(save)
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed (no-op when saving synchronously)."""
+        if self.saver is not None:
+            self.saver.wait()
+
+    def teardown(self) -> None:
+        """Finish the save in flight before the process moves on (or exits)."""
+        if self.saver is not None:
+            self.saver.close()
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = True

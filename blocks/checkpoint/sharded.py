@@ -5,13 +5,19 @@ this subclass writes the model and optimizer shards with torch distributed check
 fsspec writer (any URL, ``s3://`` included), the rest of the training state as ``state.pt``
 from rank 0, and commits with a manifest once every rank's shards are complete. DCP
 reshards on load, so a checkpoint loads on another world size.
+
+Rank 0 also writes the non-sharded rest of the training state; ``async_save`` makes both
+writes background work (see :meth:`ShardedCheckpointStrategy.save_checkpoint`).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from fsspec.core import url_to_fs
 from pytorch_lightning.strategies import ModelParallelStrategy
@@ -25,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from blocks.checkpoint import store
-from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO
+from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, to_host, write_state
 
 SHARDS_DIR = "dcp"
 
@@ -37,11 +43,25 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         super().__init__(*args, **kwargs)
         self.io = io or FsspecCheckpointIO()
 
+    def setup_environment(self) -> None:
+        """Also create the process group that background (async) saves coordinate over."""
+        super().setup_environment()
+        if self.io.saver is not None:
+            # DCP's async save runs collectives from a worker thread; on the training group they
+            # could interleave with FSDP's own collectives in a different order on each rank.
+            self._save_group = dist.new_group(backend="gloo")
+
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
     ) -> None:
-        """Every rank writes its shards; rank 0 writes the rest and commits after all shards are in."""
+        """Every rank writes its shards; rank 0 writes the rest and commits after all shards are in.
+
+        With ``async_save`` DCP copies the shards to host memory and writes them in the
+        background; rank 0 commits when DCP's save (which finishes only after every rank's
+        shards are written) completes.
+        """
         url = str(self.broadcast(str(filepath)))
+        self.io.wait()
         fs, root = url_to_fs(url)
         if self.global_rank == 0 and fs.exists(root):
             store.remove(url)
@@ -49,15 +69,37 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         shards = {"model": checkpoint.pop("state_dict")}
         for index, state in enumerate(checkpoint.pop("optimizer_states", [])):
             shards[f"optimizer_{index}"] = state
-        dcp.save(shards, storage_writer=FsspecWriter(store.join(url, SHARDS_DIR)))
-        self.barrier("blocks-sharded-save-shards")
-        if self.global_rank == 0:
-            with fs.open(store.join(root, STATE_FILE), "wb") as fh:
-                torch.save(checkpoint, fh)
-            manifest = self.io.pending_manifest
-            assert manifest is not None, "the checkpoint callback sets the manifest before saving"
-            store.commit(url, store.Manifest(**{**manifest.__dict__, "sharded": True}))
-        self.barrier("blocks-sharded-save-commit")
+        manifest = self.io.pending_manifest
+        assert manifest is not None, "the checkpoint callback sets the manifest before saving"
+        writer = FsspecWriter(store.join(url, SHARDS_DIR))
+
+        def commit() -> None:
+            if self.global_rank == 0:
+                digest = write_state(url, rest)
+                store.commit(url, replace(manifest, sharded=True), known={STATE_FILE: digest})
+                self.io.after_commit(url)
+
+        if self.io.saver is None:
+            rest = checkpoint
+            dcp.save(shards, storage_writer=writer)
+            self.barrier("blocks-sharded-save-shards")
+            commit()
+            self.barrier("blocks-sharded-save-commit")
+            return
+        rest = to_host(checkpoint)
+        written = dcp.async_save(shards, storage_writer=writer, process_group=self._save_group)
+        assert isinstance(written, Future)
+
+        def finish() -> None:
+            written.result()
+            commit()
+
+        self.io.run(finish)
+
+    def teardown(self) -> None:
+        """Finish a save in flight (Lightning's ``ModelParallelStrategy`` does not tear its checkpoint IO down)."""
+        self.io.teardown()
+        super().teardown()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Load shards into the sharded model and optimizer (resharding as needed), return the rest."""

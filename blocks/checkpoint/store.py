@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -95,15 +95,45 @@ class CheckpointError(Exception):
     """A checkpoint is missing, uncommitted, corrupt or from another job."""
 
 
-def commit(url: str, manifest: Manifest) -> Manifest:
-    """Hash every file under *url* and write the manifest last, which commits the checkpoint."""
+class HashingWriter:
+    """A binary file wrapper that computes the size and sha256 of what passes through it.
+
+    Hashing while writing spares commit a second read of the file.
+    """
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write *data* and add it to the digest."""
+        self._sha.update(data)
+        self.size += len(data)
+        return self._fh.write(data)
+
+    def flush(self) -> None:
+        """Flush the wrapped file."""
+        self._fh.flush()
+
+    @property
+    def digest(self) -> tuple[int, str]:
+        """``(size, sha256 hex)`` of everything written so far."""
+        return self.size, self._sha.hexdigest()
+
+
+def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | None = None) -> Manifest:
+    """Hash every file under *url* and write the manifest last, which commits the checkpoint.
+
+    *known* maps relative paths to ``(size, sha256)`` already computed while writing them.
+    """
     fs, root = url_to_fs(url)
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(fs.find(root)):
         relative = path[len(root.rstrip("/")) + 1 :]
         if relative == MANIFEST:
             continue
-        size, sha = file_digest(fs, path)
+        size, sha = (known or {}).get(relative) or file_digest(fs, path)
         files[relative] = {"size": size, "sha256": sha}
     final = Manifest(**{**manifest.__dict__, "files": files})
     with fs.open(join(root, MANIFEST), "w") as fh:

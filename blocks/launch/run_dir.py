@@ -65,6 +65,8 @@ class Summary:
         samples_per_s: training samples per second over the run.
         wall_s: seconds from the start of the worker to the end.
         state_digest: sha256 of the final weights (see ``blocks.build.digest``).
+        checkpoint_stall_s: seconds training waited for checkpoint saves (with
+            ``checkpoint.async_save``, only for the copies to host memory).
     """
 
     status: Status
@@ -78,6 +80,7 @@ class Summary:
     samples_per_s: float = 0.0
     wall_s: float = 0.0
     state_digest: str | None = None
+    checkpoint_stall_s: float = 0.0
 
     def write(self, run_dir: Path) -> None:
         """Write ``summary.json`` atomically (a reader never sees half a file)."""

@@ -1,0 +1,176 @@
+"""``checkpoint.async_save``: training waits only for the host copy; one save in flight; commit last."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
+
+from blocks.checkpoint import store
+from blocks.launch import driver
+from tests.test_checkpoint import LM, blocks_run, digest_of_uninterrupted, read_summary, run_and_kill_at
+
+WRITE_DELAY_S = 0.6
+
+
+class SlowFile(LocalFileOpener):
+    """A local file opened for writing whose close takes ``WRITE_DELAY_S`` and is recorded."""
+
+    def close(self) -> None:
+        if not self.closed:
+            time.sleep(WRITE_DELAY_S)
+            SlowFileSystem.record("close", self.path)
+        super().close()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SlowFileSystem(LocalFileSystem):
+    """The local file system behind a slow link: closing a written file takes a while.
+
+    Every open and close of a written file is recorded in ``events`` as ``(kind, path)``.
+    """
+
+    protocol = ("slowfile",)
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    @classmethod
+    def record(cls, kind: str, path: str) -> None:
+        with cls.lock:
+            cls.events.append((kind, path))
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "w" not in mode:
+            return super()._open(path, mode, **kwargs)
+        path = self._strip_protocol(path)
+        self.makedirs(self._parent(path), exist_ok=True)
+        self.record("open", path)
+        return SlowFile(path, mode, fs=self, **kwargs)
+
+
+@pytest.fixture
+def slow_fs():
+    fsspec.register_implementation("slowfile", SlowFileSystem, clobber=True)
+    SlowFileSystem.events = []
+    yield SlowFileSystem.events
+
+
+def saves(events: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(kind, step dir) of each state file opened and each manifest closed, in order."""
+    out = []
+    for kind, path in events:
+        step_dir = path.rsplit("/", 2)[-2]
+        if (kind, path.rsplit("/", 1)[-1]) in (("open", "state.pt"), ("close", store.MANIFEST)):
+            out.append((kind, step_dir))
+    return out
+
+
+ARGS = [
+    "recipe=tiny_lm",
+    "trainer.max_steps=12",
+    "trainer.val_every=null",
+    "checkpoint.every_n_steps=3",
+    "checkpoint.keep_last=2",
+    "monitor.progress=off",
+]
+
+
+def test_async_save_stalls_only_for_the_host_copy_and_commits_every_save_in_order(
+    tmp_path: Path, slow_fs: list[tuple[str, str]]
+) -> None:
+    sync = driver.run([*ARGS, f"checkpoint.dir=slowfile://{tmp_path / 'sync'}"], tmp_path / "a")
+    sync_events = saves(slow_fs)
+    slow_fs.clear()
+    directory = f"slowfile://{tmp_path / 'async'}"
+    async_ = driver.run([*ARGS, f"checkpoint.dir={directory}", "checkpoint.async_save=true"], tmp_path / "b")
+
+    assert async_.status == sync.status == "completed"
+    assert async_.state_digest == sync.state_digest, "saving in the background must not change training"
+    # A sync save stalls training for both slow writes (state and manifest); an async one waits
+    # for nothing but the save still in flight, which training this short always catches up with.
+    assert sync.checkpoint_stall_s >= 4 * 2 * WRITE_DELAY_S
+    assert async_.checkpoint_stall_s < sync.checkpoint_stall_s
+    # One save in flight: each save's manifest is committed before the next save starts writing.
+    expected = []
+    for step in (3, 6, 9, 12):
+        expected += [("open", store.step_dir_name(step)), ("close", store.step_dir_name(step))]
+    assert saves(slow_fs) == expected == sync_events
+    committed, uncommitted = store.scan(directory)
+    assert [c.manifest.step for c in committed] == [9, 12] and not uncommitted
+    for checkpoint in committed:
+        store.verify(checkpoint.url)
+
+
+def test_kill_9_during_async_saves_and_rerun_reaches_the_uninterrupted_digest(tmp_path: Path) -> None:
+    args = [*LM, "checkpoint.async_save=true"]
+    expected_digest, _ = digest_of_uninterrupted(args, tmp_path)
+    run_dir = tmp_path / "killed"
+    run_and_kill_at([*args, f"hydra.run.dir={run_dir}"], tmp_path, step=14)
+    result = blocks_run([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["resumed_from"], "the rerun must resume from a committed checkpoint"
+    assert summary["state_digest"] == expected_digest
+
+
+@pytest.mark.slow
+def test_fsdp_async_save_commits_shards_and_matches_sync(tmp_path: Path) -> None:
+    fsdp = [
+        "recipe=tiny_lm",
+        "trainer.val_every=null",
+        "strategy=fsdp",
+        "trainer.devices=2",
+        "data.batch_size=8",
+        "trainer.max_steps=6",
+        "checkpoint.every_n_steps=2",
+        "monitor.progress=off",
+    ]
+    runs = {}
+    for mode in ("false", "true"):
+        run_dir = tmp_path / f"async-{mode}"
+        result = blocks_run([*fsdp, f"checkpoint.async_save={mode}", f"hydra.run.dir={run_dir}"], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[mode] = read_summary(run_dir)
+        committed, uncommitted = store.scan(str(run_dir / "checkpoints"))
+        assert [c.manifest.step for c in committed] == [4, 6] and not uncommitted
+        assert all(c.manifest.sharded for c in committed)
+        store.verify(committed[-1].url)
+    assert runs["true"]["state_digest"] == runs["false"]["state_digest"]
+    resumed = tmp_path / "resumed"
+    result = blocks_run(
+        [
+            *fsdp,
+            "checkpoint.async_save=true",
+            "trainer.max_steps=8",
+            f"checkpoint.resume={tmp_path / 'async-true' / 'checkpoints' / store.step_dir_name(6)}",
+            f"hydra.run.dir={resumed}",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(resumed)["global_step"] == 8
+
+
+def test_an_async_save_with_nothing_in_flight_stalls_only_for_the_copy(
+    tmp_path: Path, slow_fs: list[tuple[str, str]]
+) -> None:
+    directory = f"slowfile://{tmp_path / 'ckpt'}"
+    only_final = [
+        *ARGS,
+        "checkpoint.every_n_steps=0",
+        f"checkpoint.dir={directory}",
+        "checkpoint.async_save=true",
+    ]
+    summary = driver.run(only_final, tmp_path / "run")
+    assert summary.checkpoint_stall_s < WRITE_DELAY_S / 2
+    # The run still waited for the commit before it ended.
+    committed, _ = store.scan(directory)
+    assert [c.manifest.step for c in committed] == [12]
+    assert saves(slow_fs)[-1] == ("close", store.step_dir_name(12))
