@@ -52,3 +52,13 @@ def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors."""
     install_project(session, "dev,docs")
     session.run("mkdocs", "build", "--strict", "-d", "site")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against plain Lightning and plain PyTorch; ``nox -s bench -- --only overhead`` for one suite.
+
+    Without arguments runs ``--quick`` (a few minutes); results go to ``benchmarks/results/``.
+    """
+    install_project(session)
+    session.run("python", "-m", "benchmarks", *(session.posargs or ["--quick"]))

@@ -30,9 +30,45 @@ class UnsafeCheckpointError(store.CheckpointError):
     """The checkpoint carries pickled objects that ``weights_only`` loading refuses to execute."""
 
 
-def to_host(state: Any) -> Any:
-    """A copy of *state* whose tensors live in host memory, detached from training (new containers too)."""
-    return apply_to_collection(state, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
+class HostStager:
+    """Copies a checkpoint's tensors into host memory, reusing the buffers of the previous save.
+
+    Reuse makes every save after the first a plain copy into memory that is already mapped
+    (and pinned, for CUDA tensors), the cheapest snapshot there is. The caller must not stage
+    again while a previous snapshot is still being written. Tensors shared under several names
+    (tied weights) stay shared in the snapshot.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+
+    def stage(self, state: Any) -> Any:
+        """A copy of *state* with every tensor in host memory (containers copied too)."""
+        position = 0
+        staged: dict[int, torch.Tensor] = {}
+        from_cuda = False
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal position, from_cuda
+            source = tensor.detach()
+            if id(tensor) in staged:
+                return staged[id(tensor)]
+            if position == len(self._buffers):
+                self._buffers.append(torch.empty(0))
+            buffer = self._buffers[position]
+            if buffer.shape != source.shape or buffer.dtype != source.dtype:
+                buffer = torch.empty(source.shape, dtype=source.dtype, pin_memory=source.is_cuda)
+                self._buffers[position] = buffer
+            buffer.copy_(source, non_blocking=source.is_cuda)
+            from_cuda |= source.is_cuda
+            position += 1
+            staged[id(tensor)] = buffer
+            return buffer
+
+        snapshot = apply_to_collection(state, torch.Tensor, copy)
+        if from_cuda:
+            torch.cuda.synchronize()
+        return snapshot
 
 
 def write_state(url: str, state: dict[str, Any]) -> tuple[int, str]:
@@ -59,6 +95,7 @@ class FsspecCheckpointIO(CheckpointIO):
         self.pending_manifest: store.Manifest | None = None
         self.after_commit: Callable[[str], None] = lambda url: None
         self.saver = BackgroundSaver() if async_save else None
+        self.stager = HostStager()
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -78,7 +115,7 @@ class FsspecCheckpointIO(CheckpointIO):
             self.after_commit(url)
 
         self.wait()  # the previous snapshot's memory is free again before this one is taken
-        state = to_host(checkpoint) if self.saver else checkpoint
+        state = self.stager.stage(checkpoint) if self.saver else checkpoint
         self.run(lambda: write_and_commit(state))
 
     def run(self, save: Callable[[], None]) -> None:

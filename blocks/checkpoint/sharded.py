@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from blocks.checkpoint import store
-from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, to_host, write_state
+from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, write_state
 
 SHARDS_DIR = "dcp"
 
@@ -86,7 +86,7 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
             commit()
             self.barrier("blocks-sharded-save-commit")
             return
-        rest = to_host(checkpoint)
+        rest = self.io.stager.stage(checkpoint)
         written = dcp.async_save(shards, storage_writer=writer, process_group=self._save_group)
         assert isinstance(written, Future)
 

@@ -1,0 +1,105 @@
+"""Checkpoints: blocks' committed save vs ``torch.save``; the stall of ``async_save``; resume vs ``torch.load``.
+
+The state is what Lightning hands a checkpoint IO plugin: a model's ``state_dict``, its AdamW
+state after one step, and loop counters. Everything goes to the same local file system.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Figure, interleaved, judged, median_ratio
+
+
+def training_state(parameters: int) -> dict[str, Any]:
+    """A checkpoint dict with about *parameters* float32 weights plus AdamW's two moments."""
+    import torch
+    from torch import nn
+
+    width = 1024
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(max(1, parameters // (width * width)))))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, width)).sum().backward()
+    optimizer.step()
+    return {
+        "state_dict": model.state_dict(),
+        "optimizer_states": [optimizer.state_dict()],
+        "loops": {"fit_loop": {"epoch": 0, "step": 1}},
+        "global_step": 1,
+    }
+
+
+def run(quick: bool, root: Path) -> list[Figure]:
+    """Sync save vs torch.save, async stall vs sync save, verified resume vs torch.load."""
+    import torch
+
+    from blocks.checkpoint import store
+    from blocks.checkpoint.io import FsspecCheckpointIO
+
+    state = training_state(4_000_000 if quick else 25_000_000)
+    manifest = store.Manifest(step=1, epoch=0, world_size=1, sharded=False, global_batch=1, block_digests={})
+    sync_io, async_io = FsspecCheckpointIO(), FsspecCheckpointIO(async_save=True)
+    sync_io.pending_manifest = async_io.pending_manifest = manifest
+    last: dict[str, str] = {}
+
+    def fresh(name: str) -> str:
+        last[name] = tempfile.mkdtemp(dir=root)
+        return last[name]
+
+    def torch_save() -> float:
+        started = time.perf_counter()
+        torch.save(state, Path(fresh("torch")) / "state.pt")
+        return time.perf_counter() - started
+
+    def blocks_save() -> float:
+        started = time.perf_counter()
+        sync_io.save_checkpoint(state, fresh("blocks"))
+        return time.perf_counter() - started
+
+    def blocks_async_stall() -> float:
+        started = time.perf_counter()
+        async_io.save_checkpoint(state, fresh("async"))
+        stall = time.perf_counter() - started
+        async_io.wait()
+        return stall
+
+    def torch_load() -> float:
+        started = time.perf_counter()
+        torch.load(Path(last["torch"]) / "state.pt", weights_only=True)
+        return time.perf_counter() - started
+
+    def blocks_load() -> float:
+        started = time.perf_counter()
+        sync_io.load_checkpoint(last["blocks"])
+        return time.perf_counter() - started
+
+    repeats = 3 if quick else 5
+    saves = interleaved({"torch": torch_save, "blocks": blocks_save, "async": blocks_async_stall}, repeats)
+    loads = interleaved({"torch": torch_load, "blocks": blocks_load}, repeats)
+    async_io.teardown()
+    size_mb = (Path(last["torch"]) / "state.pt").stat().st_size / 2**20
+    detail = {f"{name}_save_s": [round(v, 3) for v in values] for name, values in saves.items()}
+    return [
+        judged(
+            "checkpoints",
+            f"sync save (write, sha256, manifest) / torch.save, {size_mb:.0f} MB",
+            median_ratio(saves["blocks"], saves["torch"]),
+            "<= 1.1",
+            **detail,
+        ),
+        judged(
+            "checkpoints",
+            "async_save: training stall / sync save",
+            median_ratio(saves["async"], saves["blocks"]),
+            "<= 0.2",
+        ),
+        Figure(
+            "checkpoints",
+            "resume: verified load (sha256 check + weights_only) / torch.load",
+            median_ratio(loads["blocks"], loads["torch"]),
+            detail={f"{name}_load_s": [round(v, 3) for v in values] for name, values in loads.items()},
+        ),
+    ]

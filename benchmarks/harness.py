@@ -1,0 +1,83 @@
+"""Interleaved repetitions, medians and the result rows every suite reports."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Figure:
+    """One reported number, with the target it is judged against.
+
+    Attributes:
+        suite: which benchmark measured it (``overhead``, ``plan``, ...).
+        name: what it is, e.g. ``blocks / plain torch, small MLP``.
+        value: the measured number (a ratio unless ``unit`` says otherwise).
+        unit: ``x`` for ratios, ``s`` for seconds, ...
+        target: the bound the value must meet, e.g. ``>= 0.75``; empty when informative only.
+        met: whether the target is met; None without a target.
+        detail: the raw numbers behind the ratio.
+    """
+
+    suite: str
+    name: str
+    value: float
+    unit: str = "x"
+    target: str = ""
+    met: bool | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for ``results/*.json``."""
+        return asdict(self)
+
+
+def judged(suite: str, name: str, value: float, target: str, unit: str = "x", **detail: Any) -> Figure:
+    """A figure checked against *target* (``>= X`` or ``<= X``)."""
+    op, bound = target.split()
+    met = value >= float(bound) if op == ">=" else value <= float(bound)
+    return Figure(suite, name, value, unit, target, met, detail)
+
+
+def interleaved(cases: Mapping[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Run every case once per round, *repeats* rounds, rotating the order; each returns a measurement."""
+    names = list(cases)
+    results: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(cases[name]())
+    return results
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median of per-round ratios (rounds were measured back to back, so they pair up)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
+def timed_subprocess(args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> float:
+    """Wall seconds of a command that must succeed."""
+    import os
+
+    started = time.perf_counter()
+    proc = subprocess.run(
+        list(args), cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False
+    )
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def python(*args: str) -> list[str]:
+    """A command line running this interpreter."""
+    return [sys.executable, *args]

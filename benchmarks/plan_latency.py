@@ -1,0 +1,74 @@
+"""Plan latency (``blocks plan``, without torch) and time to the first training step vs a Lightning script."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python, timed_subprocess
+from benchmarks.overhead import blocks_overrides, workloads
+
+SCALE_OUT = ["strategy=fsdp", "trainer.nodes=16", "trainer.devices=8", "trainer.accelerator=gpu", "data.batch_size=8"]
+
+
+def torch_imported_by_plan(cwd: Path) -> bool:
+    """Whether ``blocks plan`` imports torch, from Python's own import log (``-X importtime``)."""
+    proc = subprocess.run(
+        python("-X", "importtime", "-m", "blocks", "plan", *SCALE_OUT),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode not in (0, 2):
+        raise RuntimeError(f"blocks plan failed:\n{proc.stderr[-3000:]}")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    return bool(imported & {"torch", "pytorch_lightning", "lightning"})
+
+
+def run(quick: bool, root: Path) -> list[Figure]:
+    """``blocks plan`` wall time for a 128-GPU FSDP config; ``blocks run`` to its first step vs Lightning."""
+    repeats = 3 if quick else 5
+    interpreter = interleaved({"python": lambda: timed_subprocess(python("-c", "pass"), root)}, repeats)
+    plan_times = interleaved(
+        {"plan": lambda: timed_subprocess(python("-m", "blocks", "plan", *SCALE_OUT), root)}, repeats
+    )
+    figures = [
+        judged(
+            "plan",
+            "blocks plan, 16 nodes x 8 GPUs FSDP (wall, one process)",
+            statistics.median(plan_times["plan"]),
+            "<= 0.5",
+            unit="s",
+            python_startup_s=round(statistics.median(interpreter["python"]), 3),
+        ),
+        judged(
+            "plan", "blocks plan imports torch or Lightning", float(torch_imported_by_plan(root)), "<= 0", ""
+        ),
+    ]
+    small = workloads(quick)[0]
+    script = REPO / "benchmarks" / "scripts" / "lightning_first_step.py"
+    lightning_args = [str(small.features), str(small.hidden[0]), str(small.classes), str(small.batch)]
+
+    def blocks_first_step() -> float:
+        run_dir = tempfile.mkdtemp(dir=root)
+        one_step = [*blocks_overrides(small), "trainer.max_steps=1", f"hydra.run.dir={run_dir}"]
+        return timed_subprocess(python("-m", "blocks", "run", *one_step), root)
+
+    def lightning_first_step() -> float:
+        return timed_subprocess(python(str(script), *lightning_args), Path(tempfile.mkdtemp(dir=root)))
+
+    first = interleaved({"blocks": blocks_first_step, "lightning": lightning_first_step}, repeats)
+    figures.append(
+        judged(
+            "plan",
+            "time to first step: blocks run / hand-written Lightning script",
+            median_ratio(first["blocks"], first["lightning"]),
+            "<= 1.2",
+            blocks_s=[round(v, 2) for v in first["blocks"]],
+            lightning_s=[round(v, 2) for v in first["lightning"]],
+        )
+    )
+    return figures
