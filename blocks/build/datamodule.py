@@ -6,11 +6,16 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from blocks.build.checkpointing import ResumableLoader, processed_micro_batches
 from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.data.base import DataBlock
+
+
+def collate(fetched: Any) -> Any:
+    """Stack samples into a batch, or pass through a batch a dataset's ``__getitems__`` already made."""
+    return fetched if isinstance(fetched, dict) else default_collate(fetched)
 
 
 class BlocksDataModule(pl.LightningDataModule):
@@ -40,6 +45,7 @@ class BlocksDataModule(pl.LightningDataModule):
         workers = self.data.num_workers
         on_gpu = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
         return {
+            "collate_fn": collate,
             "num_workers": workers,
             "persistent_workers": workers > 0,
             "pin_memory": on_gpu,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from blocks.data.text import Text
 
 Sample = dict[str, torch.Tensor]
+"""One sample, or (from ``__getitems__``) one batch: tensors by name."""
 
 
 class TokenWindows(Dataset[Sample]):
@@ -45,6 +46,12 @@ class TokenWindows(Dataset[Sample]):
         window = self.tokens[start : start + self.seq_len + 1]
         return {"inputs": window[:-1], "targets": window[1:]}
 
+    def __getitems__(self, indices: list[int]) -> Sample:
+        """A whole batch in one gather (the DataLoader's batched fetch): no per-sample calls, no stacking."""
+        starts = torch.tensor(indices, dtype=torch.long).unsqueeze(1) * self.seq_len
+        windows = self.tokens[starts + torch.arange(self.seq_len + 1)]
+        return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+
 
 class TensorPairs(Dataset[Sample]):
     """Samples from two aligned tensors: features and labels."""
@@ -58,6 +65,11 @@ class TensorPairs(Dataset[Sample]):
 
     def __getitem__(self, index: int) -> Sample:
         return {"inputs": self.inputs[index], "targets": self.targets[index]}
+
+    def __getitems__(self, indices: list[int]) -> Sample:
+        """A whole batch in one gather (the DataLoader's batched fetch)."""
+        rows = torch.tensor(indices, dtype=torch.long)
+        return {"inputs": self.inputs[rows], "targets": self.targets[rows]}
 
 
 def blobs_dataset(block: Blobs, split: str) -> TensorPairs:
