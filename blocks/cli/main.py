@@ -46,12 +46,13 @@ def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
 def load_catalog() -> None:
     """Load blocks and recipes; print the recipe files that could not load as warnings on stderr."""
     from blocks.cli.render import print_problems
-    from blocks.core import catalog
+    from blocks.core import catalog, packages
 
     catalog.load()
-    problems = catalog.load_problems()
+    problems = [p.warning() for p in catalog.load_problems()]
+    problems += [p.problem() for p in packages.package_problems()]
     if problems:
-        print_problems(stderr, [p.warning() for p in problems])
+        print_problems(stderr, problems)
 
 
 def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
@@ -177,6 +178,9 @@ def _refuse_combined_modes(parsed: argparse.Namespace) -> None:
 
 def cmd_run(args: Sequence[str]) -> int:
     """Check every job, then hand the command line to Hydra, which runs the driver per job."""
+    from blocks.launch.sweep import expand_group_globs
+
+    args = expand_group_globs(args)
     code = _precheck(args)
     if code is not None:
         return code

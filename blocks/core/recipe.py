@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -92,9 +93,20 @@ class RecipeBook:
         self._namespace = ""
         self._package = "blocks"
 
-    def set_namespace(self, prefix: str, package: str) -> None:
-        """Register what follows under ``prefix/`` for *package* (empty prefix: built-in)."""
+    @contextmanager
+    def namespace(self, prefix: str, package: str) -> Iterator[None]:
+        """Register the recipes defined inside the block under ``prefix/`` for *package*."""
+        saved = self._namespace, self._package
         self._namespace, self._package = prefix, package
+        try:
+            yield
+        finally:
+            self._namespace, self._package = saved
+
+    def drop_namespace(self, prefix: str) -> None:
+        """Forget every recipe registered under ``prefix/`` (a package that failed half-way)."""
+        for name in [n for n in self._entries if n.startswith(prefix + "/")]:
+            del self._entries[name]
 
     def add(self, name: str, fn: RecipeFn) -> RecipeEntry:
         """Register *fn* as recipe *name*; a second function under the same name is an error."""

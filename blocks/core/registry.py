@@ -82,6 +82,12 @@ class Registry:
         cls.block_name = full
         return entry
 
+    def drop_namespace(self, prefix: str) -> None:
+        """Forget every block registered under ``prefix/`` (a package that failed half-way)."""
+        for entries in self._entries.values():
+            for name in [n for n in entries if n.startswith(prefix + "/")]:
+                del entries[name]
+
     def get(self, kind: str, name: str) -> Entry:
         """The entry for *kind*/*name*, or a :class:`RegistryError` with a did-you-mean."""
         if kind not in self._entries:

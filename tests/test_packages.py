@@ -1,0 +1,134 @@
+"""Block packages: a real ``pip install`` of another team's package, and of broken ones beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_summary
+from tests.packaging import EXAMPLE, Venv, make_venv, write_package
+
+BROKEN = """\
+BLOCKS_API = 1
+
+raise RuntimeError("the vendored kernels are missing")
+"""
+
+TWIN = """\
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("net")
+@dataclass(frozen=True, kw_only=True)
+class Net(MLP):
+    \"\"\"A twin's net.\"\"\"
+"""
+
+FUTURE = TWIN.replace("BLOCKS_API = 1", "BLOCKS_API = 99")
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """One venv for the module: the example package, plus a broken, an incompatible and two colliding ones."""
+    root = tmp_path_factory.mktemp("packages")
+    env = make_venv(root / "venv")
+    extra = [
+        write_package(root / "broken", "broken-blocks", "broken", "broken_blocks", BROKEN),
+        write_package(root / "twin-a", "twin-a", "twin", "twin_a", TWIN),
+        write_package(root / "twin-b", "twin-b", "twin", "twin_b", TWIN),
+        write_package(root / "future", "future-blocks", "future", "future_blocks", FUTURE),
+    ]
+    env.pip_install(EXAMPLE, *extra)
+    return env
+
+
+def test_list_shows_the_package_blocks_with_package_and_version(venv: Venv, tmp_path: Path) -> None:
+    result = venv.blocks("list", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    entries = {e["name"]: e for e in json.loads(result.stdout)}
+    assert entries["acme/resnet_mlp"]["kind"] == "model"
+    assert (entries["acme/resnet_mlp"]["package"], entries["acme/resnet_mlp"]["version"]) == (
+        "acme-tabular",
+        "1.2.0",
+    )
+    assert entries["acme/orchids"]["kind"] == "data" and entries["acme/orchids"]["compatible"]
+    assert entries["mlp"]["package"] == "blocks", "built-ins are still there"
+    assert not entries["future/net"]["compatible"]
+    assert not any(name.startswith(("twin/", "broken/")) for name in entries)
+    table = venv.blocks("list", "model", cwd=tmp_path)
+    assert "acme/resnet_mlp" in table.stdout and "acme-tabular 1.2.0" in table.stdout
+    assert "INCOMPATIBLE: targets block API 99" in table.stdout
+
+
+def test_problem_packages_are_named_without_breaking_the_others(venv: Venv, tmp_path: Path) -> None:
+    result = venv.blocks("list", "data", cwd=tmp_path)
+    assert result.returncode == 0
+    warnings = result.stderr
+    assert "twin-a 0.3.1 and twin-b 0.3.1 both claim the block namespace 'twin'" in warnings
+    assert "broken-blocks 0.3.1" in warnings and "RuntimeError: the vendored kernels are missing" in warnings
+    assert "broken_blocks/__init__.py:3" in warnings, "the line that raised is named"
+    assert "future-blocks 0.3.1 targets block API 99" in warnings
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("model=broken/net", "broken-blocks 0.3.1 (entry point 'broken' = broken_blocks) failed to import"),
+        ("model=twin/net", "twin-a 0.3.1 and twin-b 0.3.1 both claim"),
+        ("model=future/net", "future-blocks 0.3.1 targets block API 99"),
+    ],
+)
+def test_a_run_that_uses_a_problem_package_is_refused(
+    venv: Venv, tmp_path: Path, override: str, named: str
+) -> None:
+    result = venv.blocks("plan", "recipe=blobs", override, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "error package" in result.stderr and named in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_package_presets_and_recipes_compose_and_override(venv: Venv, tmp_path: Path) -> None:
+    def plan(*overrides: str) -> dict:
+        result = venv.blocks("plan", "--json", *overrides, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    python_recipe = plan("recipe=acme/orchids", "model.width=8")
+    assert python_recipe["blocks"]["model"] == {
+        "block": "acme/resnet_mlp",
+        "fields": {"width": 8, "depth": 2},
+    }
+    yaml_recipe = plan("recipe=acme/orchids_wide", "model.depth=1")
+    assert yaml_recipe["blocks"]["model"]["fields"] == {"width": 128, "depth": 1}
+    assert yaml_recipe["blocks"]["data"]["block"] == "acme/orchids"
+    mixed = plan("recipe=blobs", "model=acme/wide")
+    assert mixed["blocks"]["model"]["block"] == "acme/resnet_mlp"
+    typo = venv.blocks("plan", "recipe=acme/orchids", "model=acme/wide", "model.widht=3", cwd=tmp_path)
+    assert typo.returncode == 2 and "did you mean 'width'" in typo.stderr
+
+
+def test_a_glob_sweep_trains_every_package_model(venv: Venv, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = venv.blocks(
+        "run",
+        "-m",
+        "recipe=acme/orchids",
+        "model=glob(acme/*)",
+        "trainer.max_epochs=1",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "model=acme/resnet_mlp" in result.output and "model=acme/wide" in result.output
+    summaries = [read_summary(d) for d in sorted(sweep.iterdir()) if (d / "summary.json").exists()]
+    assert [s["status"] for s in summaries] == ["completed", "completed"]
+    assert all(s["global_step"] == 15 for s in summaries)
+    none = venv.blocks("plan", "-m", "recipe=blobs", "model=glob(zeta/*)", cwd=tmp_path)
+    assert none.returncode == 2 and "matches no option of group 'model'" in none.stderr
