@@ -56,6 +56,10 @@ def block_node(block: Block) -> DictConfig:
     node = OmegaConf.merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
     assert isinstance(node, DictConfig)
     OmegaConf.set_struct(node, True)
+    for key in node:
+        if isinstance(node._get_node(key), DictConfig):
+            # A dict field (an adapter's kwargs) takes keys the block cannot know: model.kwargs.depth=4.
+            OmegaConf.set_struct(node._get_node(key), False)  # type: ignore[arg-type]
     return node
 
 
