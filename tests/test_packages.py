@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_summary
+from tests.conftest import REPO, read_summary
 from tests.packaging import EXAMPLE, Venv, make_venv, write_package
 
 BROKEN = """\
@@ -45,7 +47,12 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
         write_package(root / "twin-b", "twin-b", "twin", "twin_b", TWIN),
         write_package(root / "future", "future-blocks", "future", "future_blocks", FUTURE),
     ]
-    env.pip_install(EXAMPLE, *extra)
+    # blocks itself too (its wheel, built from this checkout), for its pytest11 plugin's metadata.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True
+    )
+    (wheel,) = root.glob("blocks-*.whl")
+    env.pip_install(wheel, EXAMPLE, *extra)
     return env
 
 
@@ -132,3 +139,38 @@ def test_a_glob_sweep_trains_every_package_model(venv: Venv, tmp_path: Path) -> 
     assert all(s["global_step"] == 15 for s in summaries)
     none = venv.blocks("plan", "-m", "recipe=blobs", "model=glob(zeta/*)", cwd=tmp_path)
     assert none.returncode == 2 and "matches no option of group 'model'" in none.stderr
+
+
+@pytest.mark.slow
+def test_the_example_package_passes_its_conformance_tests(venv: Venv, tmp_path: Path) -> None:
+    """The other team's own tests: blocks' kit through the pytest plugin, DDP included for its model."""
+    result = venv.run(
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests"), cwd=tmp_path, timeout=600
+    )
+    assert result.returncode == 0, result.output[-4000:]
+    assert "2 passed" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_new_package_installs_and_passes_its_own_test(venv: Venv, tmp_path: Path) -> None:
+    created = venv.blocks("new-package", "zeta-blocks", cwd=tmp_path)
+    assert created.returncode == 0, created.output
+    package = tmp_path / "zeta-blocks"
+    assert (package / "src" / "zeta_blocks" / "conf" / "model" / "wide.yaml").is_file()
+    venv.pip_install(package)
+    listing = venv.blocks("list", "model", "--json", cwd=tmp_path)
+    entry = next(e for e in json.loads(listing.stdout) if e["name"] == "zeta/tiny_mlp")
+    assert (entry["package"], entry["version"], entry["compatible"]) == ("zeta-blocks", "0.1.0", True)
+    preset = venv.blocks("plan", "--json", "recipe=zeta/demo", "model=zeta/wide", cwd=tmp_path)
+    assert json.loads(preset.stdout)["blocks"]["model"]["fields"] == {"hidden": 256}
+    tested = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=package, timeout=600)
+    assert tested.returncode == 0, tested.output[-4000:]
+    assert "1 passed" in tested.stdout
+
+
+def test_new_package_refuses_an_existing_directory_and_a_bad_name(venv: Venv, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    taken = venv.blocks("new-package", "taken", cwd=tmp_path)
+    assert taken.returncode == 2 and "already exists; nothing was written" in taken.stderr
+    bad = venv.blocks("new-package", "9 lives", cwd=tmp_path)
+    assert bad.returncode == 2 and "is not a package name" in bad.stderr

@@ -33,7 +33,8 @@ stderr = Console(stderr=True)
 RUN_HEADER = "blocks: the configuration has problems; nothing was started"
 PLAN_HEADER = "blocks plan: the configuration does not compose"
 LIST_HEADER = "blocks list: nothing was listed"
-_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER}
+NEW_PACKAGE_HEADER = "blocks new-package: nothing was created"
+_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER, "new-package": NEW_PACKAGE_HEADER}
 
 
 def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
@@ -109,6 +110,26 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
     else:
         stdout.print(registry_table(entries))
+    return 0
+
+
+def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> int:
+    """Scaffold a block package that installs and passes its own conformance test."""
+    from pathlib import Path
+
+    from blocks.cli.scaffold import new_package
+
+    target = Path(directory) if directory else Path.cwd() / name
+    written = new_package(name, target, namespace)
+    stdout.print(f"created {target} ({len(written)} files):", highlight=False, markup=False)
+    for path in written:
+        stdout.print(f"  {path.relative_to(target)}", highlight=False, markup=False)
+    stdout.print(
+        f"next: pip install -e {target} && pytest {target / 'tests'}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -229,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="every registered block with its fields")
     lst.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
     lst.add_argument("--json", action="store_true", help="print as JSON")
+    new = sub.add_parser(
+        "new-package", help="scaffold a pip-installable block package with its conformance test"
+    )
+    new.add_argument("name", help="distribution name, e.g. acme-vision")
+    new.add_argument("--dir", help="where to write it (default: ./NAME; must not exist)")
+    new.add_argument("--namespace", help="entry-point name, the prefix of its blocks (default: from NAME)")
     return parser
 
 
@@ -241,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = build_parser().parse_args(argv)
         if args.command == "plan":
             dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
+        elif args.command == "new-package":
+            dispatch = lambda: cmd_new_package(args.name, args.dir, args.namespace)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:
