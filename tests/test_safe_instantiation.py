@@ -86,6 +86,7 @@ def test_an_alias_is_refused_before_it_is_called(cli, tmp_path: Path) -> None:
     assert not victim.exists(), "the aliased os.system must never run"
 
 
+@pytest.mark.slow
 def test_an_existing_module_and_lightning_code_train_through_adapters(cli, tmp_path: Path) -> None:
     plain = cli(
         "run",
