@@ -33,6 +33,31 @@ class Net(MLP):
     \"\"\"A twin's net.\"\"\"
 """
 
+# Loaded before acme (namespaces load in name order) and imports acme's blocks: they stay acme's.
+BUILDS_ON_ACME = """\
+from dataclasses import dataclass
+
+from acme_tabular.blocks import Orchids, ResidualMLP
+from blocks import Recipe, recipe, register
+from blocks.task import Classification
+
+BLOCKS_API = 1
+
+
+@register("deep")
+@dataclass(frozen=True, kw_only=True)
+class Deep(ResidualMLP):
+    \"\"\"A deeper residual MLP, built on the acme team's block.\"\"\"
+
+    depth: int = 6
+
+
+@recipe("deep_orchids")
+def deep_orchids() -> Recipe:
+    \"\"\"Deep on acme's orchids.\"\"\"
+    return Recipe(data=Orchids(), model=Deep(), task=Classification())
+"""
+
 FUTURE = TWIN.replace("BLOCKS_API = 1", "BLOCKS_API = 99")
 
 
@@ -46,6 +71,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
         write_package(root / "twin-a", "twin-a", "twin", "twin_a", TWIN),
         write_package(root / "twin-b", "twin-b", "twin", "twin_b", TWIN),
         write_package(root / "future", "future-blocks", "future", "future_blocks", FUTURE),
+        write_package(root / "aalab", "aalab-blocks", "aalab", "aalab_blocks", BUILDS_ON_ACME),
     ]
     # blocks itself too (its wheel, built from this checkout), for its pytest11 plugin's metadata.
     subprocess.run(
@@ -68,6 +94,8 @@ def test_list_shows_the_package_blocks_with_package_and_version(venv: Venv, tmp_
     assert entries["acme/orchids"]["kind"] == "data" and entries["acme/orchids"]["compatible"]
     assert entries["mlp"]["package"] == "blocks", "built-ins are still there"
     assert not entries["future/net"]["compatible"]
+    assert entries["aalab/deep"]["package"] == "aalab-blocks"
+    assert entries["acme/orchids"]["package"] == "acme-tabular", "imported first by aalab, still acme's"
     assert not any(name.startswith(("twin/", "broken/")) for name in entries)
     table = venv.blocks("list", "model", cwd=tmp_path)
     assert "acme/resnet_mlp" in table.stdout and "acme-tabular 1.2.0" in table.stdout
@@ -115,6 +143,11 @@ def test_package_presets_and_recipes_compose_and_override(venv: Venv, tmp_path: 
     yaml_recipe = plan("recipe=acme/orchids_wide", "model.depth=1")
     assert yaml_recipe["blocks"]["model"]["fields"] == {"width": 128, "depth": 1}
     assert yaml_recipe["blocks"]["data"]["block"] == "acme/orchids"
+    built_on = plan("recipe=aalab/deep_orchids")
+    assert (built_on["blocks"]["model"]["block"], built_on["blocks"]["data"]["block"]) == (
+        "aalab/deep",
+        "acme/orchids",
+    )
     mixed = plan("recipe=blobs", "model=acme/wide")
     assert mixed["blocks"]["model"]["block"] == "acme/resnet_mlp"
     typo = venv.blocks("plan", "recipe=acme/orchids", "model=acme/wide", "model.widht=3", cwd=tmp_path)

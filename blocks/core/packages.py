@@ -117,14 +117,24 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
     by_name: dict[str, list[EntryPoint]] = defaultdict(list)
     for ep in entry_points(group=group):
         by_name[ep.name].append(ep)
+    # A package's blocks take its namespace even when another package imports them first.
+    owners: dict[str, tuple[str, str, str]] = {}
+    for namespace, eps in by_name.items():
+        if len({_dist_label(ep) for ep in eps}) == 1 and _NAMESPACE.match(namespace):
+            owners[eps[0].module.split(".")[0]] = (namespace, *_dist_name_version(eps[0]))
+
+    def owner(module: str) -> tuple[str, str, str] | None:
+        return owners.get(module.split(".")[0])
+
+    REGISTRY.owner = RECIPES.owner = owner
     for name in sorted(by_name):
         claims = {_dist_label(ep): ep for ep in by_name[name]}
         if len(claims) > 1:
-            owners = " and ".join(sorted(claims))
+            claimants = " and ".join(sorted(claims))
             _problems[name] = PackageProblem(
                 name,
                 "collision",
-                f"packages {owners} both claim the block namespace '{name}'; neither was loaded",
+                f"packages {claimants} both claim the block namespace '{name}'; neither was loaded",
                 "uninstall one of them, or ask one author to rename its entry point in "
                 '[project.entry-points."blocks"]',
             )
@@ -139,9 +149,14 @@ def _dist_label(ep: EntryPoint) -> str:
     return f"{dist.metadata['Name']} {dist.version}"
 
 
+def _dist_name_version(ep: EntryPoint) -> tuple[str, str]:
+    if ep.dist is None:
+        return ep.module, ""
+    return ep.dist.metadata["Name"], ep.dist.version
+
+
 def _load(name: str, ep: EntryPoint) -> None:
-    dist_name = ep.dist.metadata["Name"] if ep.dist is not None else ep.module
-    version = ep.dist.version if ep.dist is not None else ""
+    dist_name, version = _dist_name_version(ep)
     label = f"{dist_name} {version}".strip()
     if not _NAMESPACE.match(name):
         _problems[name] = PackageProblem(

@@ -92,6 +92,8 @@ class RecipeBook:
         self._entries: dict[str, RecipeEntry] = {}
         self._namespace = ""
         self._package = "blocks"
+        self.owner: Callable[[str], tuple[str, str, str] | None] = lambda module: None
+        """Maps a recipe function's module to its block package (see ``Registry.owner``)."""
 
     @contextmanager
     def namespace(self, prefix: str, package: str) -> Iterator[None]:
@@ -110,12 +112,14 @@ class RecipeBook:
 
     def add(self, name: str, fn: RecipeFn) -> RecipeEntry:
         """Register *fn* as recipe *name*; a second function under the same name is an error."""
-        full = f"{self._namespace}/{name}" if self._namespace else name
+        owner = self.owner(fn.__module__)
+        namespace, package = (owner[0], owner[1]) if owner else (self._namespace, self._package)
+        full = f"{namespace}/{name}" if namespace else name
         source = f"{fn.__module__}.{fn.__qualname__}"
         existing = self._entries.get(full)
         if existing is not None and existing.source != source:
             raise RegistryError(f"recipe '{full}' is defined twice: {existing.source} and {source}")
-        entry = RecipeEntry(full, fn, self._package, source)
+        entry = RecipeEntry(full, fn, package, source)
         self._entries[full] = entry
         return entry
 
