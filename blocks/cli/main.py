@@ -33,7 +33,8 @@ stderr = Console(stderr=True)
 RUN_HEADER = "blocks: the configuration has problems; nothing was started"
 PLAN_HEADER = "blocks plan: the configuration does not compose"
 LIST_HEADER = "blocks list: nothing was listed"
-_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER}
+NEW_PACKAGE_HEADER = "blocks new-package: nothing was created"
+_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER, "new-package": NEW_PACKAGE_HEADER}
 
 
 def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
@@ -46,12 +47,13 @@ def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
 def load_catalog() -> None:
     """Load blocks and recipes; print the recipe files that could not load as warnings on stderr."""
     from blocks.cli.render import print_problems
-    from blocks.core import catalog
+    from blocks.core import catalog, packages
 
     catalog.load()
-    problems = catalog.load_problems()
+    problems = [p.warning() for p in catalog.load_problems()]
+    problems += [p.problem() for p in packages.package_problems()]
     if problems:
-        print_problems(stderr, [p.warning() for p in problems])
+        print_problems(stderr, problems)
 
 
 def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
@@ -108,6 +110,26 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
     else:
         stdout.print(registry_table(entries))
+    return 0
+
+
+def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> int:
+    """Scaffold a block package that installs and passes its own conformance test."""
+    from pathlib import Path
+
+    from blocks.cli.scaffold import new_package
+
+    target = Path(directory) if directory else Path.cwd() / name
+    written = new_package(name, target, namespace)
+    stdout.print(f"created {target} ({len(written)} files):", highlight=False, markup=False)
+    for path in written:
+        stdout.print(f"  {path.relative_to(target)}", highlight=False, markup=False)
+    stdout.print(
+        f"next: pip install -e {target} && pytest {target / 'tests'}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -177,6 +199,9 @@ def _refuse_combined_modes(parsed: argparse.Namespace) -> None:
 
 def cmd_run(args: Sequence[str]) -> int:
     """Check every job, then hand the command line to Hydra, which runs the driver per job."""
+    from blocks.launch.sweep import expand_group_globs
+
+    args = expand_group_globs(args)
     code = _precheck(args)
     if code is not None:
         return code
@@ -225,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="every registered block with its fields")
     lst.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
     lst.add_argument("--json", action="store_true", help="print as JSON")
+    new = sub.add_parser(
+        "new-package", help="scaffold a pip-installable block package with its conformance test"
+    )
+    new.add_argument("name", help="distribution name, e.g. acme-vision")
+    new.add_argument("--dir", help="where to write it (default: ./NAME; must not exist)")
+    new.add_argument("--namespace", help="entry-point name, the prefix of its blocks (default: from NAME)")
     return parser
 
 
@@ -237,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = build_parser().parse_args(argv)
         if args.command == "plan":
             dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
+        elif args.command == "new-package":
+            dispatch = lambda: cmd_new_package(args.name, args.dir, args.namespace)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:

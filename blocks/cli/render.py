@@ -12,6 +12,7 @@ from rich.text import Text
 
 from blocks.core.block import Block, block_fields
 from blocks.core.errors import Problem
+from blocks.core.packages import API_VERSION, package_of
 from blocks.core.plan import Plan
 from blocks.core.registry import Entry
 
@@ -111,6 +112,9 @@ def registry_table(entries: list[Entry]) -> Table:
     for entry in entries:
         fields = "\n".join(f"{f.name}: {f.type} = {f.default!r}" for f in block_fields(entry.cls))
         package = entry.package + (f" {entry.version}" if entry.version else "")
+        owner = package_of(entry)
+        if owner is not None and not owner.compatible:
+            package += f"\nINCOMPATIBLE: targets block API {owner.api}, this blocks has {API_VERSION}"
         cells = (entry.kind, entry.name, package, fields, entry.cls.summary())
         table.add_row(*(Text(cell) for cell in cells))  # Text: type names like tuple[int, ...] are not markup
     return table
@@ -123,6 +127,7 @@ def entry_json(entry: Entry) -> dict[str, object]:
         "name": entry.name,
         "package": entry.package,
         "version": entry.version,
+        "compatible": owner.compatible if (owner := package_of(entry)) is not None else True,
         "doc": entry.cls.summary(),
         "fields": [
             {"name": f.name, "type": f.type, "default": _jsonable(f.default), "doc": f.doc}

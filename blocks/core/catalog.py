@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from blocks.core import paths
-from blocks.core.compose import block_node, primary_node
+from blocks.core import packages, paths
+from blocks.core.block import KINDS as REGISTRY_KINDS
+from blocks.core.compose import GROUPS, block_node, primary_node, store_option
 from blocks.core.errors import BlocksError, Problem, RegistryError
 from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
@@ -103,6 +104,7 @@ def load() -> None:
     recipes = paths.recipes_dir()
     if recipes is not None:
         load_recipe_files(recipes)
+    packages.discover()
     register_configs()
     _loaded = True
 
@@ -174,7 +176,7 @@ def register_configs() -> None:
 
     store = ConfigStore.instance()
     for entry in REGISTRY.entries():
-        store.store(group=entry.kind, name=entry.name, node=block_node(entry.cls()))
+        store_option(store, entry.kind, entry.name, block_node(entry.cls()))
     for recipe_entry in RECIPES.entries():
         try:
             _register_recipe(store, recipe_entry)
@@ -182,6 +184,9 @@ def register_configs() -> None:
             source = inspect.getsourcefile(recipe_entry.fn)
             path = Path(source).resolve() if source else Path(recipe_entry.source)
             _record(LoadProblem(path, _describe(exc), (recipe_entry.name,), _line_in(exc, path), "call"))
+    for package in packages.packages():
+        if package.conf is not None:
+            register_package_presets(store, package.namespace, package.conf)
     conf = paths.conf_dir()
     store.store(name="blocks", node=primary_node([str(conf)] if conf else []))
 
@@ -203,5 +208,37 @@ def _register_recipe(store: ConfigStore, recipe_entry: RecipeEntry) -> None:
             presets.append((kind, block_node(block)))
         defaults.append({f"override /{kind}": option})
     for kind, node in presets:
-        store.store(group=kind, name=recipe_entry.name, node=node)
-    store.store(group="recipe", name=recipe_entry.name, node={"defaults": defaults}, package="_global_")
+        store_option(store, kind, recipe_entry.name, node)
+    store_option(store, "recipe", recipe_entry.name, {"defaults": defaults}, package="_global_")
+
+
+def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> None:
+    """Store each ``conf/<group>/<name>.yaml`` of a package as option ``<group>=<namespace>/<name>``.
+
+    A preset that names its block (``_block_: resnet``, or ``acme/resnet``) is merged onto that
+    block's typed node, so overriding one of its fields is checked like any block's. A file
+    that cannot be read is recorded as a :class:`LoadProblem` and skipped.
+    """
+    from hydra.plugins.config_source import ConfigSource
+    from omegaconf import DictConfig, OmegaConf
+
+    for group in GROUPS:
+        directory = conf / group
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*.yaml")):
+            try:
+                text = path.read_text()
+                header = ConfigSource._get_header_dict(text)
+                node = OmegaConf.load(path)
+                if not isinstance(node, DictConfig):
+                    raise RegistryError(f"{path} holds a list, not a mapping of config keys")
+                block = node.get("_block_") if group in REGISTRY_KINDS else None
+                if block is not None:
+                    name = str(block) if "/" in str(block) else f"{namespace}/{block}"
+                    node["_block_"] = name
+                    typed = block_node(REGISTRY.get(group, name).cls())
+                    node = OmegaConf.merge(typed, node)
+                store_option(store, group, f"{namespace}/{path.stem}", node, package=header.get("package"))
+            except Exception as exc:
+                _record(LoadProblem(path.resolve(), _describe(exc), (f"{namespace}/{path.stem}",)))

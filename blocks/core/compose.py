@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -24,6 +24,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from blocks.core.block import KINDS, Block
 from blocks.core.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.core.registry import REGISTRY
+
+if TYPE_CHECKING:
+    from hydra.core.config_store import ConfigStore
 
 PRIMARY_CONFIG = "blocks"
 BLOCK_KEY = "_block_"
@@ -53,7 +56,45 @@ def block_node(block: Block) -> DictConfig:
     node = OmegaConf.merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
     assert isinstance(node, DictConfig)
     OmegaConf.set_struct(node, True)
+    for key in node:
+        if isinstance(node._get_node(key), DictConfig):
+            # A dict field (an adapter's kwargs) takes keys the block cannot know: model.kwargs.depth=4.
+            OmegaConf.set_struct(node._get_node(key), False)  # type: ignore[arg-type]
     return node
+
+
+def store_option(store: ConfigStore, group: str, name: str, node: Any, package: str | None = None) -> None:
+    """Store *node* as option *name* of *group*; a namespaced name (``acme/resnet``) nests.
+
+    Hydra looks ``model=acme/resnet`` up as ``model/acme/resnet``, so the option is stored in
+    the sub-group ``model/acme``; its package stays the group's own (``model``) unless given.
+    """
+    prefix, _, leaf = name.rpartition("/")
+    sub = f"{group}/{prefix}" if prefix else group
+    store.store(group=sub, name=leaf, node=node, package=package or (group if prefix else None))
+
+
+def group_options(group: str) -> list[str]:
+    """Every option of *group* that Hydra can compose: registered, stored and YAML, namespaced ones too."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.object_type import ObjectType
+
+    from blocks.core import paths
+
+    search_path = create_config_search_path(None)
+    conf = paths.conf_dir()
+    if conf is not None:
+        search_path.append("blocks", f"file://{conf}")
+    loader = ConfigLoaderImpl(config_search_path=search_path)
+
+    def walk(path: str, prefix: str) -> list[str]:
+        found = [prefix + o for o in loader.get_group_options(path, results_filter=ObjectType.CONFIG)]
+        for sub in loader.get_group_options(path, results_filter=ObjectType.GROUP):
+            found += walk(f"{path}/{sub}", f"{prefix}{sub}/")
+        return found
+
+    return sorted(set(walk(group, "")))
 
 
 def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from blocks.core import catalog
+from blocks.core import catalog, packages
 from blocks.core.block import Block
 from blocks.core.compose import (
     BLOCK_KEY,
@@ -37,6 +37,8 @@ def compose(overrides: Sequence[str] = ()) -> Composed:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    catalog.load()
+    packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
         return split_hydra(_compose_raw(overrides))
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -85,6 +87,7 @@ def _known_keys(overrides: Sequence[str]) -> dict[str, list[str]]:
 def plan_config(composed: Composed, environment: Environment | None = None) -> Plan:
     """The plan of a composed config."""
     blocks = config_to_blocks(composed.config)
+    packages.refuse_incompatible_blocks(blocks.values())
     return make_plan(blocks, composed.choices, environment)
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -91,19 +92,34 @@ class RecipeBook:
         self._entries: dict[str, RecipeEntry] = {}
         self._namespace = ""
         self._package = "blocks"
+        self.owner: Callable[[str], tuple[str, str, str] | None] = lambda module: None
+        """Maps a recipe function's module to its block package (see ``Registry.owner``)."""
 
-    def set_namespace(self, prefix: str, package: str) -> None:
-        """Register what follows under ``prefix/`` for *package* (empty prefix: built-in)."""
+    @contextmanager
+    def namespace(self, prefix: str, package: str) -> Iterator[None]:
+        """Register the recipes defined inside the block under ``prefix/`` for *package*."""
+        saved = self._namespace, self._package
         self._namespace, self._package = prefix, package
+        try:
+            yield
+        finally:
+            self._namespace, self._package = saved
+
+    def drop_namespace(self, prefix: str) -> None:
+        """Forget every recipe registered under ``prefix/`` (a package that failed half-way)."""
+        for name in [n for n in self._entries if n.startswith(prefix + "/")]:
+            del self._entries[name]
 
     def add(self, name: str, fn: RecipeFn) -> RecipeEntry:
         """Register *fn* as recipe *name*; a second function under the same name is an error."""
-        full = f"{self._namespace}/{name}" if self._namespace else name
+        owner = self.owner(fn.__module__)
+        namespace, package = (owner[0], owner[1]) if owner else (self._namespace, self._package)
+        full = f"{namespace}/{name}" if namespace else name
         source = f"{fn.__module__}.{fn.__qualname__}"
         existing = self._entries.get(full)
         if existing is not None and existing.source != source:
             raise RegistryError(f"recipe '{full}' is defined twice: {existing.source} and {source}")
-        entry = RecipeEntry(full, fn, self._package, source)
+        entry = RecipeEntry(full, fn, package, source)
         self._entries[full] = entry
         return entry
 

@@ -36,6 +36,12 @@ class Registry:
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._namespace: str = ""
         self._package: tuple[str, str] = ("blocks", "")
+        self.owner: Callable[[str], tuple[str, str, str] | None] = lambda module: None
+        """Maps a class's module to ``(namespace, package, version)`` when a block package owns it.
+
+        Set by package discovery, so a package's blocks get its namespace even when another
+        package imports them first; otherwise the ``namespace`` context decides.
+        """
 
     @contextmanager
     def namespace(self, prefix: str, package: str, version: str) -> Iterator[None]:
@@ -68,9 +74,10 @@ class Registry:
                     f"{cls.__qualname__}.{f.name} has no default; every block field needs one "
                     f"(use omegaconf.MISSING for a value the user must give)"
                 )
-        full = f"{self._namespace}/{name}" if self._namespace else name
+        owner = self.owner(cls.__module__)
+        namespace, (package, version) = (owner[0], owner[1:]) if owner else (self._namespace, self._package)
+        full = f"{namespace}/{name}" if namespace else name
         existing = self._entries[kind].get(full)
-        package, version = self._package
         if existing is not None and existing.cls is not cls:
             raise RegistryError(
                 f"{kind} block '{full}' is registered twice: by {existing.package} "
@@ -81,6 +88,12 @@ class Registry:
         self._entries[kind][full] = entry
         cls.block_name = full
         return entry
+
+    def drop_namespace(self, prefix: str) -> None:
+        """Forget every block registered under ``prefix/`` (a package that failed half-way)."""
+        for entries in self._entries.values():
+            for name in [n for n in entries if n.startswith(prefix + "/")]:
+                del entries[name]
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry for *kind*/*name*, or a :class:`RegistryError` with a did-you-mean."""

@@ -1,7 +1,8 @@
 """Data blocks: where samples come from and the batch contract (torch-free until built)."""
 
+from blocks.data.adapter import LightningData
 from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
 from blocks.data.blobs import Blobs
 from blocks.data.text import Text
 
-__all__ = ["BatchSpec", "Blobs", "DataBlock", "FeatureBatch", "Text", "TokenBatch"]
+__all__ = ["BatchSpec", "Blobs", "DataBlock", "FeatureBatch", "LightningData", "Text", "TokenBatch"]

@@ -2,10 +2,52 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from blocks.core import catalog, paths
+from blocks.core.compose import GROUPS, group_options
 from blocks.core.errors import ConfigError, Problem
+
+_GROUP_GLOB = re.compile(r"^([+~]?)([\w/]+)=glob\((.*)\)$")
+
+
+def expand_group_globs(args: Sequence[str]) -> list[str]:
+    """*args* with each group glob (``model=glob(acme/*)``) replaced by the list of options it matches.
+
+    Hydra's own ``glob`` only sees a group's top-level options, so it misses namespaced ones
+    (``acme/resnet``); the glob is expanded here against every option, nested ones included.
+    Other arguments pass through unchanged.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    out = []
+    for arg in args:
+        match = _GROUP_GLOB.match(arg)
+        if not match or match.group(2) not in GROUPS:
+            out.append(arg)
+            continue
+        prefix, group, _ = match.groups()
+        try:
+            (override,) = OverridesParser.create().parse_overrides([arg])
+        except HydraException as exc:
+            raise ConfigError(
+                Problem(group, str(exc).splitlines()[0], f"{group}=glob(acme/*) or {group}=glob(*,exclude=x)")
+            ) from None
+        assert isinstance(override.value(), Glob)
+        options = override.value().filter(group_options(group))  # type: ignore[union-attr]
+        if not options:
+            raise ConfigError(
+                Problem(
+                    group,
+                    f"{arg.split('=', 1)[1]} matches no option of group '{group}'",
+                    f"options: {', '.join(group_options(group))}",
+                )
+            )
+        out.append(f"{prefix}{group}={','.join(options)}")
+    return out
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
@@ -20,6 +62,7 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     from hydra.errors import HydraException
 
     catalog.load()
+    overrides = expand_group_globs(overrides)
     search_path = create_config_search_path(None)
     conf = paths.conf_dir()
     if conf is not None:

@@ -1,0 +1,266 @@
+"""Block packages: installed distributions that contribute blocks, presets and recipes.
+
+A distribution declares an entry point in the ``blocks`` group (DESIGN.md, "Block packages")::
+
+    [project.entry-points."blocks"]
+    acme = "acme_blocks"
+
+Importing ``acme_blocks`` registers its blocks and recipes under ``acme/`` (``model=acme/resnet``);
+YAML files in its ``conf/<group>/`` directory become options ``<group>=acme/<file stem>``. The
+module says which version of the block API it targets with ``BLOCKS_API = 1``.
+
+A package that fails to import, that claims a name another package claims, or that targets
+another API version is recorded as a :class:`PackageProblem`: the others still load, the CLI
+shows the problem, and a run that chooses one of its options is refused with the package named.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import traceback
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Literal
+
+from blocks.core.errors import BlocksError, ConfigError, Problem
+from blocks.core.recipe import RECIPES
+from blocks.core.registry import REGISTRY, Entry
+
+ENTRY_POINT_GROUP = "blocks"
+API_VERSION = 1
+"""The block API this version of ``blocks`` implements; a package sets ``BLOCKS_API`` to it."""
+
+_NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class BlockPackage:
+    """A loaded block package.
+
+    Attributes:
+        namespace: the entry-point name, the prefix of its options (``acme``).
+        module: the module the entry point names.
+        distribution: the installed distribution's name.
+        version: the distribution's version.
+        api: the ``BLOCKS_API`` the module declares (None when it declares none).
+        conf: its ``conf/`` directory of YAML presets and recipes, if it has one.
+    """
+
+    namespace: str
+    module: str
+    distribution: str
+    version: str
+    api: int | None
+    conf: Path | None
+
+    @property
+    def compatible(self) -> bool:
+        """Whether the package targets the block API of this ``blocks``."""
+        return self.api == API_VERSION
+
+    @property
+    def label(self) -> str:
+        """``distribution version``."""
+        return f"{self.distribution} {self.version}".strip()
+
+
+@dataclass(frozen=True)
+class PackageProblem:
+    """A block package that could not be used.
+
+    Attributes:
+        namespace: the entry-point name the problem is about.
+        reason: ``import`` (raised while importing), ``collision`` (two packages claim the
+            name), ``incompatible`` (targets another block API) or ``invalid`` (bad name).
+        message: what is wrong, naming the package(s).
+        fix: what the package's author or the user should do.
+    """
+
+    namespace: str
+    reason: Literal["import", "collision", "incompatible", "invalid"]
+    message: str
+    fix: str
+
+    def problem(self, severity: Literal["error", "warning"] = "warning") -> Problem:
+        """As a :class:`Problem` keyed ``package:<namespace>``."""
+        return Problem(
+            f"package {self.namespace}", self.message, self.fix, severity, f"package-{self.reason}"
+        )
+
+
+_packages: dict[str, BlockPackage] = {}
+_problems: dict[str, PackageProblem] = {}
+_discovered = False
+
+
+def packages() -> list[BlockPackage]:
+    """Every loaded block package, by namespace."""
+    return [_packages[n] for n in sorted(_packages)]
+
+
+def package_problems() -> list[PackageProblem]:
+    """Every block package that could not be (fully) used, by namespace."""
+    return [_problems[n] for n in sorted(_problems)]
+
+
+def discover(group: str = ENTRY_POINT_GROUP) -> None:
+    """Import every installed block package once, each inside its namespace; record the failures."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    by_name: dict[str, list[EntryPoint]] = defaultdict(list)
+    for ep in entry_points(group=group):
+        by_name[ep.name].append(ep)
+    # A package's blocks take its namespace even when another package imports them first.
+    owners: dict[str, tuple[str, str, str]] = {}
+    for namespace, eps in by_name.items():
+        if len({_dist_label(ep) for ep in eps}) == 1 and _NAMESPACE.match(namespace):
+            owners[eps[0].module.split(".")[0]] = (namespace, *_dist_name_version(eps[0]))
+
+    def owner(module: str) -> tuple[str, str, str] | None:
+        return owners.get(module.split(".")[0])
+
+    REGISTRY.owner = RECIPES.owner = owner
+    for name in sorted(by_name):
+        claims = {_dist_label(ep): ep for ep in by_name[name]}
+        if len(claims) > 1:
+            claimants = " and ".join(sorted(claims))
+            _problems[name] = PackageProblem(
+                name,
+                "collision",
+                f"packages {claimants} both claim the block namespace '{name}'; neither was loaded",
+                "uninstall one of them, or ask one author to rename its entry point in "
+                '[project.entry-points."blocks"]',
+            )
+            continue
+        _load(name, next(iter(claims.values())))
+
+
+def _dist_label(ep: EntryPoint) -> str:
+    dist = ep.dist
+    if dist is None:
+        return ep.value
+    return f"{dist.metadata['Name']} {dist.version}"
+
+
+def _dist_name_version(ep: EntryPoint) -> tuple[str, str]:
+    if ep.dist is None:
+        return ep.module, ""
+    return ep.dist.metadata["Name"], ep.dist.version
+
+
+def _load(name: str, ep: EntryPoint) -> None:
+    dist_name, version = _dist_name_version(ep)
+    label = f"{dist_name} {version}".strip()
+    if not _NAMESPACE.match(name):
+        _problems[name] = PackageProblem(
+            name,
+            "invalid",
+            f"package {label} declares the block namespace '{name}', which is not a plain name",
+            "name the entry point with letters, digits, '_' and '-' only, e.g. acme = \"acme_blocks\"",
+        )
+        return
+    try:
+        with REGISTRY.namespace(name, dist_name, version), RECIPES.namespace(name, dist_name):
+            module = importlib.import_module(ep.module)
+    except Exception as exc:
+        REGISTRY.drop_namespace(name)
+        RECIPES.drop_namespace(name)
+        _problems[name] = PackageProblem(
+            name,
+            "import",
+            f"package {label} (entry point '{name}' = {ep.value}) failed to import: "
+            f"{_describe(exc)}{_where(exc, ep.module)}",
+            f"fix or reinstall {dist_name}, or uninstall it (pip uninstall {dist_name}); "
+            f"runs that do not use {name}/... are not affected",
+        )
+        return
+    api = getattr(module, "BLOCKS_API", None)
+    source = getattr(module, "__file__", None)
+    conf = Path(source).parent / "conf" if source else None
+    package = BlockPackage(name, ep.module, dist_name, version, api, conf if conf and conf.is_dir() else None)
+    _packages[name] = package
+    if not package.compatible:
+        declared = f"targets block API {api}" if api is not None else "declares no BLOCKS_API"
+        _problems[name] = PackageProblem(
+            name,
+            "incompatible",
+            f"package {label} {declared}, but this blocks implements block API {API_VERSION}; "
+            f"its blocks are listed but cannot be used",
+            f"install a release of {dist_name} made for block API {API_VERSION} "
+            f"(its module {ep.module} must set BLOCKS_API = {API_VERSION})",
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BlocksError):
+        text = "; ".join(problem.message for problem in exc.problems)
+    else:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _where(exc: BaseException, module: str) -> str:
+    """`` at file:line``: the last frame of the traceback inside the package."""
+    top = module.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return ""
+    root = Path(spec.origin).resolve().parent
+    where = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        path = Path(frame.f_code.co_filename).resolve()
+        if path.is_relative_to(root):
+            where = f" at {path}:{lineno}"
+    if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve().is_relative_to(root):
+        where = f" at {exc.filename}:{exc.lineno}"
+    return where
+
+
+def package_of(entry: Entry) -> BlockPackage | None:
+    """The package a registered block came from (None for built-ins)."""
+    namespace, sep, _ = entry.name.partition("/")
+    return _packages.get(namespace) if sep else None
+
+
+def namespaces_in(overrides: Iterable[str]) -> list[str]:
+    """Namespaces that the group choices in *overrides* name (``model=acme/x`` → ``acme``)."""
+    from blocks.core.compose import GROUPS
+
+    found = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or key.lstrip("+~") not in GROUPS:
+            continue
+        value = re.sub(r"^glob\((.*)\)$", r"\1", value.strip())
+        for option in re.split(r"[,\[\]\s]+", value):
+            namespace, slash, _ = option.strip("'\"").partition("/")
+            if slash and namespace not in found:
+                found.append(namespace)
+    return found
+
+
+def refuse_unusable(namespaces: Sequence[str]) -> None:
+    """Raise a :class:`ConfigError` naming the package when a run uses one that cannot be used."""
+    problems = [_problems[n].problem("error") for n in namespaces if n in _problems]
+    if problems:
+        raise ConfigError(problems)
+
+
+def refuse_incompatible_blocks(blocks: Iterable[object]) -> None:
+    """Refuse a composition whose blocks come from a package that targets another block API."""
+    namespaces = []
+    for block in blocks:
+        namespace, sep, _ = str(getattr(block, "block_name", "")).partition("/")
+        if sep and namespace not in namespaces:
+            namespaces.append(namespace)
+    refuse_unusable(namespaces)

@@ -1,0 +1,112 @@
+"""``data=lightning_data``: an existing ``LightningDataModule`` class as a data block.
+
+The plan stays torch-free, so the block declares what the datamodule yields (the batch spec
+and the size of each split); the build checks the declaration against the real datasets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import MISSING
+
+from blocks.core.errors import ConfigError, Problem
+from blocks.core.imports import instantiate, resolve
+from blocks.core.registry import register
+from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from blocks.core.plan import CheckContext
+
+BATCHES = ("features", "tokens")
+
+
+@register("lightning_data")
+@dataclass(frozen=True, kw_only=True)
+class LightningData(DataBlock):
+    """An existing ``LightningDataModule`` class, named by import path; blocks makes the loaders.
+
+    Its ``train_dataloader().dataset`` and ``val_dataloader().dataset`` are used; items may be
+    ``{inputs, targets}`` dicts or ``(inputs, targets)`` pairs.
+
+    Attributes:
+        target: import path of the LightningDataModule class (its module prefix must be allowed).
+        kwargs: constructor arguments; a nested ``{_target_: ...}`` builds an object (allowed prefixes only).
+        batch: ``features`` (feature vectors → class labels) or ``tokens`` (token ids → next tokens).
+        num_features: with ``batch=features``: length of each feature vector.
+        num_classes: with ``batch=features``: number of class labels.
+        vocab_size: with ``batch=tokens``: number of token ids.
+        seq_len: with ``batch=tokens``: tokens per sample.
+        train_samples: length of the train set (checked when built).
+        val_samples: length of the val set, 0 when the datamodule has none (checked when built).
+    """
+
+    target: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    batch: str = "features"
+    num_features: int = 0
+    num_classes: int = 0
+    vocab_size: int = 0
+    seq_len: int = 0
+    train_samples: int = 0
+    val_samples: int = 0
+
+    def batch_spec(self) -> BatchSpec:
+        """The declared batch spec."""
+        if self.batch == "tokens":
+            return TokenBatch(vocab_size=self.vocab_size, seq_len=self.seq_len)
+        return FeatureBatch(num_features=self.num_features, num_classes=self.num_classes)
+
+    def num_samples(self, split: str) -> int:
+        """The declared size of *split*."""
+        return self.val_samples if split == "val" else self.train_samples
+
+    def build(self, split: str) -> Dataset:
+        """The datamodule's dataset for *split*, as ``{inputs, targets}`` samples."""
+        from blocks.data.foreign import DictSamples
+
+        cls = resolve(self.target, "data.target")
+        # pytorch_lightning and lightning.pytorch have distinct base classes: check the protocol.
+        if not (isinstance(cls, type) and all(hasattr(cls, m) for m in ("setup", "train_dataloader"))):
+            raise ConfigError(
+                Problem(
+                    "data.target",
+                    f"'{self.target}' is not a LightningDataModule class (no setup/train_dataloader)",
+                    "name your LightningDataModule subclass",
+                )
+            )
+        datamodule = cls(**instantiate(dict(self.kwargs), "data.kwargs"))
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        loader = datamodule.train_dataloader() if split == "train" else datamodule.val_dataloader()
+        dataset = loader.dataset
+        declared = self.num_samples(split)
+        if len(dataset) != declared:
+            raise ConfigError(
+                Problem(
+                    f"data.{split}_samples",
+                    f"declares {declared} samples but {self.target}'s {split} set has {len(dataset)}",
+                    f"data.{split}_samples={len(dataset)}",
+                )
+            )
+        return DictSamples(dataset)
+
+    def check(self, ctx: CheckContext) -> None:
+        """The import path must be allowed and the declared spec and sizes complete."""
+        from blocks.model.adapter import check_import_paths
+
+        super().check(ctx)
+        check_import_paths(ctx, "data", self.target, self.kwargs)
+        ctx.choice("batch", self.batch, BATCHES)
+        needed = ("num_features", "num_classes") if self.batch == "features" else ("vocab_size", "seq_len")
+        for name in (*needed, "train_samples"):
+            if getattr(self, name) <= 0:
+                ctx.error(
+                    name,
+                    f"must be declared (> 0): the plan reads it without importing {self.target}",
+                    f"data.{name}=<value of your datamodule>",
+                )
+        ctx.positive("val_samples", self.val_samples, allow_zero=True)

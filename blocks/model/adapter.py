@@ -1,0 +1,104 @@
+"""``model=torch_module``: an existing ``torch.nn.Module`` class (a LightningModule too) as a model block.
+
+Teams adopt ``blocks`` one piece at a time: their network stays where it is and the config
+names its class. The import path must be inside a prefix the user allows in their own settings
+(see :mod:`blocks.core.imports`); the plan checks it without importing anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import MISSING
+
+from blocks.core.imports import instantiate, path_problem, resolve, targets_in
+from blocks.core.registry import register
+from blocks.data.base import BatchSpec, FeatureBatch, TokenBatch
+from blocks.model.base import ModelBlock
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from blocks.core.plan import CheckContext
+
+
+@register("torch_module")
+@dataclass(frozen=True, kw_only=True)
+class TorchModule(ModelBlock):
+    """An existing ``nn.Module`` (or ``LightningModule``) class, named by import path.
+
+    Its ``forward`` maps the batch's ``inputs`` to what the task scores (logits); the task and
+    optim blocks replace a LightningModule's own ``training_step`` and ``configure_optimizers``.
+
+    Attributes:
+        target: import path of the class, e.g. ``mylab.nets.ResNet`` (its module prefix must be allowed).
+        kwargs: constructor arguments; a nested ``{_target_: ...}`` builds an object (allowed prefixes only).
+        spec_args: constructor arguments taken from the data's batch spec, e.g. ``{in_features: num_features}``.
+        shard: attribute of the module's ``nn.ModuleList`` of repeated units, for FSDP (empty: none).
+    """
+
+    accepts = (FeatureBatch, TokenBatch)
+
+    target: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    spec_args: dict[str, str] = field(default_factory=dict)
+    shard: str = ""
+
+    def num_parameters(self, spec: BatchSpec) -> int:
+        """Unknown until the class is built (the plan does not import it)."""
+        raise ValueError("an adapted module's size is known only once built")
+
+    def shard_units(self) -> str | None:
+        """The ``shard`` attribute, if given."""
+        return self.shard or None
+
+    def constructor_args(self, spec: BatchSpec) -> dict[str, Any]:
+        """``kwargs`` (objects built) plus the ``spec_args`` read from *spec*."""
+        args = dict(instantiate(dict(self.kwargs), "model.kwargs"))
+        args.update({name: getattr(spec, attr) for name, attr in self.spec_args.items()})
+        return args
+
+    def build(self, spec: BatchSpec) -> nn.Module:
+        """Import the class (checked), then construct it."""
+        from torch import nn
+
+        from blocks.core.errors import ConfigError, Problem
+
+        cls = resolve(self.target, "model.target")
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ConfigError(
+                Problem(
+                    "model.target",
+                    f"'{self.target}' is not a torch.nn.Module class",
+                    "name an nn.Module class",
+                )
+            )
+        return cls(**self.constructor_args(spec))
+
+    def check(self, ctx: CheckContext) -> None:
+        """The import path must be allowed; ``spec_args`` must name fields of the batch spec."""
+        super().check(ctx)
+        check_import_paths(ctx, "model", self.target, self.kwargs)
+        spec = ctx.batch_spec
+        if spec is not None:
+            known = [f.name for f in dataclasses.fields(spec)]
+            for name, attr in self.spec_args.items():
+                if attr not in known:
+                    ctx.error(
+                        f"spec_args.{name}",
+                        f"'{attr}' is not a field of the data's {type(spec).__name__}",
+                        f"one of: {', '.join(known)}",
+                    )
+
+
+def check_import_paths(ctx: CheckContext, kind: str, target: str, kwargs: Any) -> None:
+    """Report a missing, refused or not-allowed import path (the target and every nested ``_target_``)."""
+    if target == MISSING:
+        ctx.error("target", "names no class", f"{kind}.target=mylab.module.ClassName")
+        return
+    for key, path in [(f"{kind}.target", target), *targets_in(kwargs, f"{kind}.kwargs")]:
+        problem = path_problem(path, key)
+        if problem is not None:
+            ctx.error(problem.key, problem.message, problem.fix, check=problem.check)

@@ -1,0 +1,398 @@
+"""The conformance kit: checks a team runs against its blocks before sharing them.
+
+Each check takes a block by kind and registered name (``"model", "acme/resnet"``) and raises
+:class:`ConformanceError` saying what the block must fix. The checks:
+
+* :func:`check_config_round_trip`: dataclass → YAML → dataclass, and every field overridden
+  on the command line, give back the same block;
+* :func:`check_plan`: the block plans inside a minimal recipe (a built-in one, or one of its
+  package's recipes) without errors;
+* :func:`check_training`: a few real optimizer steps on CPU (``blocks run`` in a subprocess),
+  with finite losses, and a checkpoint round trip (the run extended from its checkpoint);
+* :func:`check_ddp`: the same with ``strategy=ddp`` on 2 processes;
+* :func:`check_listing`: ``blocks list`` renders it (docs for the block and its fields) and
+  loading the catalog does not import torch.
+
+:func:`check_block` runs them all. With pytest, the ``blocks_kit`` fixture (this package's
+pytest plugin) runs them in a temporary directory::
+
+    def test_my_model(blocks_kit):
+        blocks_kit.check_block("model", "acme/resnet")
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from blocks.core import catalog, jobs
+from blocks.core.block import Block, block_fields
+from blocks.core.compose import block_node, config_to_blocks, node_to_block
+from blocks.core.errors import BlocksError
+from blocks.core.plan import Plan
+from blocks.core.recipe import RECIPES
+from blocks.core.registry import REGISTRY, Entry
+
+BUILTIN_RECIPES = ("blobs", "charlm")
+"""Minimal recipes tried, after the block's own package's recipes, to host a block."""
+
+FEW_STEPS = ("trainer.max_epochs=null", "trainer.val_every=null", "monitor.log_every_n_steps=1")
+
+
+class ConformanceError(AssertionError):
+    """A block broke a rule of the kit; the message says which and what to change."""
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """A block placed in a recipe that plans: the overrides that compose it, and its plan."""
+
+    overrides: tuple[str, ...]
+    plan: Plan
+
+
+def _entry(kind: str, name: str) -> Entry:
+    catalog.load()
+    try:
+        return REGISTRY.get(kind, name)
+    except BlocksError as exc:
+        raise ConformanceError(
+            f"{kind} block '{name}' is not registered: {exc}. Decorate the class with @register(...) and make "
+            f"sure the package's entry point module imports it"
+        ) from None
+
+
+def _override_value(value: Any) -> str:
+    """*value* in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_override_value(v)}" for k, v in value.items()) + "}"
+    raise ConformanceError(f"a field holds {type(value).__name__}, which is not a config type")
+
+
+def check_config_round_trip(kind: str, name: str, overrides: Sequence[str] = ()) -> None:
+    """The block survives dataclass → YAML → dataclass, and every field overridden on the command line.
+
+    The block is taken as a minimal recipe composes it with *overrides* (which fill the fields
+    that have no usable default, like an adapter's ``target``).
+    """
+    args, block = _composed(kind, name, overrides)
+    try:
+        text = OmegaConf.to_yaml(block_node(block))
+        node = OmegaConf.create(text)
+        assert isinstance(node, DictConfig)
+        back = node_to_block(kind, node)
+    except Exception as exc:
+        raise ConformanceError(
+            f"{kind}={name} cannot go through YAML: {exc}. Use field types a config can hold (int, float, str, "
+            f"bool, None, tuple/list and dict of those) and give every field a default"
+        ) from None
+    if back != block:
+        raise ConformanceError(
+            f"{kind}={name} changes when read back from YAML: {block!r} became {back!r}. Do not transform "
+            f"fields in __post_init__, and annotate each field with the type of its default"
+        )
+    field_overrides = [f"{kind}.{f.name}={_override_value(getattr(block, f.name))}" for f in fields(block)]
+    try:
+        composed = config_to_blocks(jobs.compose([*args, *field_overrides]).config)[kind]
+    except BlocksError as exc:
+        raise ConformanceError(
+            f"{kind}={name}: overriding each field with its own value on the command line failed:\n{exc}\n"
+            f"every field must accept its own value as an override ({kind}.<field>=<value>)"
+        ) from None
+    if composed != block:
+        raise ConformanceError(
+            f"{kind}={name} is not the same block after overriding every field with its own value: "
+            f"{block!r} became {composed!r}"
+        )
+
+
+def _candidates(name: str, recipe: str | None) -> list[str]:
+    if recipe:
+        return [recipe]
+    namespace = name.split("/", 1)[0] if "/" in name else None
+    own = [e.name for e in RECIPES.entries() if namespace and e.name.startswith(namespace + "/")]
+    return [*own, *BUILTIN_RECIPES]
+
+
+def _composed(kind: str, name: str, overrides: Sequence[str]) -> tuple[tuple[str, ...], Block]:
+    """The block as the first minimal recipe composes it (planned or not), and the overrides used."""
+    _entry(kind, name)
+    errors = []
+    for candidate in _candidates(name, None):
+        args = (f"recipe={candidate}", f"{kind}={name}", *overrides)
+        try:
+            return args, config_to_blocks(jobs.compose(args).config)[kind]
+        except BlocksError as exc:
+            errors.append(f"  recipe={candidate}: {exc}")
+    raise ConformanceError(f"{kind}={name} does not compose:\n" + "\n".join(errors))
+
+
+def host(kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None) -> Hosted:
+    """The first minimal recipe in which ``kind=name`` plans without errors (the package's own first)."""
+    _entry(kind, name)
+    namespace = name.split("/", 1)[0] if "/" in name else None
+    failures = []
+    for candidate in _candidates(name, recipe):
+        args = (f"recipe={candidate}", f"{kind}={name}", *overrides)
+        try:
+            plan = jobs.plan(args)
+        except BlocksError as exc:
+            failures.append(f"  recipe={candidate}: {exc}")
+            continue
+        except Exception as exc:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            failures.append(
+                f"  recipe={candidate}: planning raised {type(exc).__name__}: {exc} in {frame.name}() at "
+                f"{frame.filename}:{frame.lineno} (plan-time methods such as num_parameters must be implemented "
+                f"torch-free; raise ValueError when a number cannot be known)"
+            )
+            continue
+        if plan.ok:
+            return Hosted(args, plan)
+        failures.append(f"  recipe={candidate}: " + "; ".join(p.render() for p in plan.errors))
+    raise ConformanceError(
+        f"{kind}={name} plans in none of the minimal recipes:\n"
+        + "\n".join(failures)
+        + f"\nmake the block's check() accept a standard composition, give the kit the overrides it needs, "
+        f"or ship a recipe in the {namespace or 'block'}'s package that uses it"
+    )
+
+
+def check_plan(kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None) -> Plan:
+    """The block plans inside a minimal recipe, with the derived numbers filled in."""
+    plan = host(kind, name, overrides, recipe).plan
+    chosen = plan.blocks[kind]
+    if chosen.block_name != name:
+        raise ConformanceError(f"{kind}={name} composed to {chosen.block_name}: check the registered name")
+    if plan.derived.train_samples == 0 and kind == "data":
+        raise ConformanceError(f"data={name} reports 0 train samples: num_samples('train') must count them")
+    return plan
+
+
+def _run(args: Sequence[str], workdir: Path, timeout: float) -> dict[str, Any]:
+    """``blocks run ARGS`` in a subprocess; the run dir's summary."""
+    run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
+    proc = subprocess.run(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+    )
+    summary_file = run_dir / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    if proc.returncode != 0 or summary.get("status") != "completed":
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        raise ConformanceError(
+            f"`blocks run {' '.join(args)}` did not complete (exit {proc.returncode}, "
+            f"status {summary.get('status')!r}, reason {summary.get('reason')!r}). Its output ends with:\n{tail}\n"
+            f"the block's build() must make objects that train in a standard Lightning loop"
+        )
+    return summary
+
+
+def _finite_loss(summary: dict[str, Any], what: str) -> None:
+    loss = summary.get("metrics", {}).get("train/loss")
+    if loss is None or not math.isfinite(loss):
+        raise ConformanceError(
+            f"{what}: the training loss is {loss!r}; the model's outputs must give a finite loss"
+        )
+
+
+def check_training(
+    kind: str,
+    name: str,
+    workdir: Path,
+    overrides: Sequence[str] = (),
+    recipe: str | None = None,
+    steps: int = 2,
+    timeout: float = 300,
+) -> dict[str, Any]:
+    """A few real optimizer steps on CPU, then the run extended by as many steps from its checkpoint."""
+    hosted = host(kind, name, overrides, recipe)
+    run_dir = workdir / f"train-{kind}-{name.replace('/', '-')}"
+    args = [
+        *hosted.overrides,
+        *FEW_STEPS,
+        "trainer.accelerator=cpu",
+        f"checkpoint.every_n_steps={steps}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    first = _run([*args, f"trainer.max_steps={steps}"], workdir, timeout)
+    if first["global_step"] != steps:
+        raise ConformanceError(f"{kind}={name} trained {first['global_step']} steps, not {steps}")
+    _finite_loss(first, f"{kind}={name}")
+    second = _run([*args, f"trainer.max_steps={2 * steps}"], workdir, timeout)
+    if not second.get("resumed_from") or second["global_step"] != 2 * steps:
+        raise ConformanceError(
+            f"{kind}={name}: extending the run did not resume from its checkpoint "
+            f"(resumed_from={second.get('resumed_from')!r}, step {second['global_step']}); "
+            f"the built module's state_dict must load back into a freshly built one"
+        )
+    return second
+
+
+def check_ddp(
+    kind: str,
+    name: str,
+    workdir: Path,
+    overrides: Sequence[str] = (),
+    recipe: str | None = None,
+    steps: int = 2,
+    timeout: float = 300,
+) -> dict[str, Any]:
+    """A few steps with ``strategy=ddp`` on 2 CPU processes."""
+    ddp = ["strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu"]
+    if kind == "strategy":
+        ddp = ddp[1:]
+    hosted = host(kind, name, [*ddp, *overrides], recipe)
+    run_dir = workdir / f"ddp-{kind}-{name.replace('/', '-')}"
+    summary = _run(
+        [*hosted.overrides, *FEW_STEPS, f"trainer.max_steps={steps}", f"hydra.run.dir={run_dir}"],
+        workdir,
+        timeout,
+    )
+    if summary["world_size"] != 2:
+        raise ConformanceError(f"{kind}={name}: the DDP run had world size {summary['world_size']}, not 2")
+    _finite_loss(summary, f"{kind}={name} under DDP")
+    return summary
+
+
+def check_listing(kind: str, name: str) -> str:
+    """``blocks list`` shows the block with its package, docs and fields; the catalog loads without torch."""
+    from rich.console import Console
+
+    from blocks.cli.render import entry_json, registry_table
+
+    entry = _entry(kind, name)
+    if not entry.cls.summary():
+        raise ConformanceError(
+            f"{entry.cls.__qualname__} has no docstring: its first line is what `blocks list` shows about {name}"
+        )
+    undocumented = [f.name for f in block_fields(entry.cls) if not f.doc]
+    if undocumented:
+        raise ConformanceError(
+            f"{entry.cls.__qualname__} does not document {', '.join(undocumented)}: add them to the "
+            f"'Attributes:' section of its docstring (`blocks list` and the docs show them)"
+        )
+    json.dumps(entry_json(entry))
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115 - closed below
+    console.print(registry_table([entry]))
+    console.file.close()
+    text = console.export_text()
+    if name not in text or entry.package not in text:
+        raise ConformanceError(f"`blocks list` does not show {kind}={name} from {entry.package}:\n{text}")
+    _catalog_is_torch_free()
+    return text
+
+
+@functools.cache
+def _catalog_is_torch_free() -> None:
+    """Load the catalog (every installed package) in a fresh process and check torch stayed out."""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from blocks.core import catalog; catalog.load(); print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if probe.stdout.strip() != "False":
+        raise ConformanceError(
+            "loading the catalog imported torch (or failed): `blocks list` and `blocks plan` must stay torch-free. "
+            "Import torch inside build() methods, not at the top of block modules.\n" + probe.stderr[-2000:]
+        )
+
+
+def check_block(
+    kind: str,
+    name: str,
+    workdir: Path,
+    overrides: Sequence[str] = (),
+    recipe: str | None = None,
+    ddp: bool = True,
+) -> None:
+    """Every check of the kit for one block."""
+    check_config_round_trip(kind, name, overrides)
+    check_plan(kind, name, overrides, recipe)
+    check_listing(kind, name)
+    check_training(kind, name, workdir, overrides, recipe)
+    if ddp:
+        check_ddp(kind, name, workdir, overrides, recipe)
+
+
+@dataclass(frozen=True)
+class Kit:
+    """The checks bound to a working directory (what the ``blocks_kit`` fixture gives a test)."""
+
+    workdir: Path
+
+    def check_config_round_trip(self, kind: str, name: str, overrides: Sequence[str] = ()) -> None:
+        """See :func:`check_config_round_trip`."""
+        check_config_round_trip(kind, name, overrides)
+
+    def check_plan(
+        self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None
+    ) -> Plan:
+        """See :func:`check_plan`."""
+        return check_plan(kind, name, overrides, recipe)
+
+    def check_training(
+        self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None
+    ) -> None:
+        """See :func:`check_training`."""
+        check_training(kind, name, self.workdir, overrides, recipe)
+
+    def check_ddp(
+        self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None
+    ) -> None:
+        """See :func:`check_ddp`."""
+        check_ddp(kind, name, self.workdir, overrides, recipe)
+
+    def check_listing(self, kind: str, name: str) -> str:
+        """See :func:`check_listing`."""
+        return check_listing(kind, name)
+
+    def check_block(
+        self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None, ddp: bool = True
+    ) -> None:
+        """See :func:`check_block`."""
+        check_block(kind, name, self.workdir, overrides, recipe, ddp)
+
+
+__all__ = [
+    "ConformanceError",
+    "Kit",
+    "check_block",
+    "check_config_round_trip",
+    "check_ddp",
+    "check_listing",
+    "check_plan",
+    "check_training",
+    "host",
+]

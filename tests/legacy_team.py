@@ -1,0 +1,72 @@
+"""Another team's existing code, written without blocks: a plain nn.Module, a LightningModule, a DataModule.
+
+Also a few aliases of dangerous functions, as a careless (or hostile) module might hold them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+launch = os.system
+Shell = subprocess.Popen
+
+
+class TinyNet(nn.Module):
+    """Two linear layers."""
+
+    def __init__(
+        self, in_features: int, num_classes: int, hidden: int = 16, act: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(in_features, hidden), act or nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class LitNet(pl.LightningModule):
+    """A LightningModule with its own training step (blocks uses only its forward)."""
+
+    def __init__(self, in_features: int = 8, num_classes: int = 3) -> None:
+        super().__init__()
+        self.body = TinyNet(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class ClustersDM(pl.LightningDataModule):
+    """Generated clusters as (features, label) pairs: 192 train, 64 val."""
+
+    def __init__(self, num_features: int = 8, num_classes: int = 3, seed: int = 0) -> None:
+        super().__init__()
+        self.num_features, self.num_classes, self.seed = num_features, num_classes, seed
+
+    def setup(self, stage: str) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        centers = torch.randn(self.num_classes, self.num_features, generator=gen) * 3
+        labels = torch.randint(0, self.num_classes, (256,), generator=gen)
+        features = centers[labels] + torch.randn(256, self.num_features, generator=gen) * 0.5
+        self.train_set = TensorDataset(features[:192], labels[:192])
+        self.val_set = TensorDataset(features[192:], labels[192:])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=32)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=32)

@@ -1,0 +1,154 @@
+"""The conformance kit (blocks.testing) on every built-in block, and the fixes it asks for on bad ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from blocks import register
+from blocks.core import catalog
+from blocks.core.registry import REGISTRY
+from blocks.data import FeatureBatch
+from blocks.model import MLP, ModelBlock
+from blocks.testing import (
+    ConformanceError,
+    check_config_round_trip,
+    check_ddp,
+    check_listing,
+    check_plan,
+    check_training,
+)
+from blocks.testing.plugin import blocks_kit  # noqa: F401 - the plugin's fixture, as pytest11 would load it
+
+catalog.load()
+BUILTINS = [(e.kind, e.name) for e in REGISTRY.entries() if "/" not in e.name and e.package == "blocks"]
+ADAPTER_OVERRIDES = {
+    ("model", "torch_module"): [
+        "model.target=tests.legacy_team.TinyNet",
+        "model.spec_args={in_features:num_features,num_classes:num_classes}",
+    ],
+    ("data", "lightning_data"): [
+        "data.target=tests.legacy_team.ClustersDM",
+        "data.num_features=8",
+        "data.num_classes=3",
+        "data.train_samples=192",
+        "data.val_samples=64",
+        "data.batch_size=16",
+    ],
+}
+NEEDS_GPU = {("precision", "16-mixed")}
+DDP_SUBSET = [
+    ("model", "mlp"),
+    ("model", "transformer"),
+    ("data", "text"),
+    ("optim", "sgd"),
+    ("strategy", "ddp"),
+]
+
+
+@pytest.fixture(autouse=True)
+def allow_legacy_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests.legacy_team")
+
+
+def test_every_built_in_kind_is_covered() -> None:
+    assert {kind for kind, _ in BUILTINS} == {e.kind for e in REGISTRY.entries()}
+    assert len(BUILTINS) >= 18
+
+
+@pytest.mark.parametrize(("kind", "name"), BUILTINS, ids=[f"{k}={n}" for k, n in BUILTINS])
+def test_built_in_config_plan_and_listing(kind: str, name: str) -> None:
+    overrides = ADAPTER_OVERRIDES.get((kind, name), [])
+    check_config_round_trip(kind, name, overrides)
+    if (kind, name) in NEEDS_GPU:
+        with pytest.raises(ConformanceError, match="needs a gpu"):
+            check_plan(kind, name, overrides)
+    else:
+        plan = check_plan(kind, name, overrides)
+        assert plan.blocks[kind].block_name == name
+    assert name in check_listing(kind, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [b for b in BUILTINS if b not in NEEDS_GPU],
+    ids=[f"{k}={n}" for k, n in BUILTINS if (k, n) not in NEEDS_GPU],
+)
+def test_built_in_trains_and_resumes_from_its_checkpoint(kind: str, name: str, tmp_path: Path) -> None:
+    summary = check_training(kind, name, tmp_path, ADAPTER_OVERRIDES.get((kind, name), []))
+    assert summary["global_step"] == 4 and summary["resumed_from"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "name"), DDP_SUBSET, ids=[f"{k}={n}" for k, n in DDP_SUBSET])
+def test_built_in_trains_under_ddp(kind: str, name: str, tmp_path: Path) -> None:
+    assert check_ddp(kind, name, tmp_path)["world_size"] == 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Doubling(MLP):
+    """Doubles its dropout after construction, so a config read back is not the same block.
+
+    Attributes:
+        hidden: widths.
+        activation: activation.
+        dropout: dropout.
+    """
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(2 * h for h in self.hidden))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Undocumented(MLP):
+    """Forgets to document its own field."""
+
+    extra: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Picky(ModelBlock):
+    """Accepts no standard batch.
+
+    Attributes:
+        width: width.
+    """
+
+    accepts = (FeatureBatch,)
+    width: int = 2
+
+    def num_parameters(self, spec) -> int:  # type: ignore[no-untyped-def]
+        return 0
+
+    def check(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        ctx.error("width", "refuses every composition", "there is none")
+
+
+@pytest.fixture(scope="module")
+def bad_blocks() -> None:
+    with REGISTRY.namespace("kitbad", "kit-bad-blocks", "0.0.1"):
+        for cls, name in ((Doubling, "doubling"), (Undocumented, "undocumented"), (Picky, "picky")):
+            register(name)(cls)
+    catalog.register_configs()
+
+
+def test_failures_say_what_the_block_must_fix(bad_blocks: None) -> None:
+    with pytest.raises(ConformanceError, match=r"changes when read back from YAML.*Do not transform fields"):
+        check_config_round_trip("model", "kitbad/doubling")
+    with pytest.raises(
+        ConformanceError, match=r"does not document extra: add them to the 'Attributes:' section"
+    ):
+        check_listing("model", "kitbad/undocumented")
+    with pytest.raises(ConformanceError, match=r"plans in none of the minimal recipes") as info:
+        check_plan("model", "kitbad/picky")
+    assert "recipe=blobs" in str(info.value) and "refuses every composition" in str(info.value)
+    with pytest.raises(ConformanceError, match=r"is not registered.*@register"):
+        check_plan("model", "kitbad/missing")
+
+
+def test_the_fixture_binds_the_kit_to_a_directory(blocks_kit, tmp_path: Path) -> None:  # noqa: F811
+    assert blocks_kit.workdir == tmp_path
+    assert blocks_kit.check_plan("optim", "sgd").blocks["optim"].block_name == "sgd"
