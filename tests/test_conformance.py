@@ -23,7 +23,11 @@ from blocks.testing import (
 from blocks.testing.plugin import blocks_kit  # noqa: F401 - the plugin's fixture, as pytest11 would load it
 
 catalog.load()
-BUILTINS = [(e.kind, e.name) for e in REGISTRY.entries() if "/" not in e.name and e.package == "blocks"]
+BUILTINS = [
+    (e.kind, e.name)
+    for e in REGISTRY.entries()
+    if "/" not in e.name and e.package == "blocks" and e.cls.__module__.startswith("blocks.")
+]  # not the blocks other test modules register in this process
 ADAPTER_OVERRIDES = {
     ("model", "torch_module"): [
         "model.target=tests.legacy_team.TinyNet",
