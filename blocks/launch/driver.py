@@ -95,6 +95,13 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     except BaseException as exc:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
+        from blocks.build.health import NonFiniteError
+
+        if isinstance(exc, NonFiniteError):  # the run's health policy stopped it: no traceback
+            summary = Summary.read(run_dir)
+            raise JobFailed(
+                f"the job ended with status '{summary.status}': {summary.reason}", summary
+            ) from None
         raise
 
 
