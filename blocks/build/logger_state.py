@@ -27,4 +27,4 @@ class LoggerRunState(pl.Callback):
         """Remember the saved ids for the loggers' first row."""
         for sink, run_id in zip(self.sinks, state_dict.get("run_ids", []), strict=False):
             if run_id is not None and sink.logger is None:
-                sink.resume_id = str(run_id)
+                sink.resume_id = run_id

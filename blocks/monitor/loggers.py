@@ -85,15 +85,15 @@ class LightningLoggerSink:
             ) from None
         self.args = dict(args)
         self.logger: Any = None
-        self.resume_id: str | None = None
+        self.resume_id: int | str | None = None
 
     @property
-    def run_id(self) -> str | None:
-        """The logger's run id once it is built (``None`` before the first row)."""
+    def run_id(self) -> int | str | None:
+        """The logger's run id (``version``, as the logger gives it) once it is built; before, the one to resume."""
         if self.logger is None:
             return self.resume_id
         version = self.logger.version
-        return None if version is None else str(version)
+        return version if isinstance(version, (int, str)) else None
 
     def _build(self) -> Any:
         if self.logger is None:
