@@ -1,7 +1,7 @@
-"""``blocks``: the command line (run, plan, list).
+"""``blocks``: the command line (run, plan, list, report).
 
 Config mistakes end with exit status 2 and a message naming the key and the fix, never a
-traceback. ``plan`` and ``list`` never import torch.
+traceback. ``plan``, ``list`` and ``report`` never import torch.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ stderr = Console(stderr=True)
 RUN_HEADER = "blocks: the configuration has problems; nothing was started"
 PLAN_HEADER = "blocks plan: the configuration does not compose"
 LIST_HEADER = "blocks list: nothing was listed"
-_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER}
+REPORT_HEADER = "blocks report: no report was written"
+_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER, "report": REPORT_HEADER}
 
 
 def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
@@ -108,6 +109,18 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
     else:
         stdout.print(registry_table(entries))
+    return 0
+
+
+def cmd_report(path: str, *, objective: str | None, mode: str | None) -> int:
+    """Write plots and summary tables of a run dir or a sweep dir into ``<dir>/report/``."""
+    from pathlib import Path
+
+    from blocks.monitor.report import write_report
+
+    out = write_report(Path(path), objective=objective, mode=mode)
+    stdout.print(f"report: {out / 'report.html'}", highlight=False, markup=False, soft_wrap=True)
+    stdout.print(f"        {out / 'report.md'}", highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
@@ -225,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="every registered block with its fields")
     lst.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
     lst.add_argument("--json", action="store_true", help="print as JSON")
+    report = sub.add_parser("report", help="plots and summary tables of a run dir or a sweep dir")
+    report.add_argument(
+        "path", metavar="RUN_DIR|SWEEP_DIR", help="a run dir, or the sweep dir of blocks run -m"
+    )
+    report.add_argument("--objective", help="metric that ranks a sweep's jobs (default: monitor.objective)")
+    report.add_argument("--mode", choices=("min", "max"), help="min or max (default: monitor.objective_mode)")
     return parser
 
 
@@ -237,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = build_parser().parse_args(argv)
         if args.command == "plan":
             dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
+        elif args.command == "report":
+            dispatch = lambda: cmd_report(args.path, objective=args.objective, mode=args.mode)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:
