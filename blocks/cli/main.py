@@ -139,6 +139,10 @@ def _precheck(args: Sequence[str]) -> int | None:
     overrides = list(parsed.overrides)
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
     sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "basic")
+    if any(
+        o.startswith("hparams_search=") for o in overrides
+    ):  # a conf/hparams_search preset picks its sweeper
+        sweeper = "preset"
     if multirun and sweeper == "basic":
         job_overrides = expand_sweep(overrides)
     elif multirun:
