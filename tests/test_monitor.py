@@ -163,4 +163,5 @@ def test_without_a_terminal_output_is_plain_lines(cli, tmp_path: Path) -> None:
     assert not CONTROL.search(result.output), repr(CONTROL.search(result.output))
     lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines[:2]] == ["2/4", "4/4"]
-    assert "loss=" in lines[0] and "lr=" in lines[0] and "eta=" in lines[0]
+    assert "loss=" in lines[0] and "lr=" in lines[0] and "samples/s=" in lines[0] and "eta=" in lines[0]
+    assert "run summary" in result.stdout and "completed" in result.stdout

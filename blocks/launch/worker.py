@@ -64,8 +64,21 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         summary.wall_s = time.perf_counter() - started
         if trainer.is_global_zero:
             summary.write(run_dir)
+            if console and getattr(plan.monitor, "progress", "auto") != "off":
+                _print_summary(summary)
         _shut_down_process_group(wait_for_peers=summary.status == "completed")
     return summary
+
+
+def _print_summary(summary: Summary) -> None:
+    """The end-of-run table on the console (plain text without a terminal)."""
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from blocks.monitor.sinks import summary_table
+
+    Console(soft_wrap=False).print(summary_table(asdict(summary)))
 
 
 def _shut_down_process_group(*, wait_for_peers: bool) -> None:
