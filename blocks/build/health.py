@@ -53,6 +53,10 @@ class HealthGuard(pl.Callback):
     ``rollback`` also restores the weights and optimizer state of the last committed
     checkpoint, and training goes on with the next batches. ``stop`` is checked on the rows
     the metrics callback reads back anyway (:meth:`check_row`), so it costs nothing.
+
+    With a gradient scaler (``precision=16-mixed``) overflowing gradients are normal: the
+    scaler skips those steps and lowers its scale. The policies then leave the gradients to
+    the scaler and look at the loss only (``stop``, at logged steps).
     """
 
     def __init__(
@@ -62,8 +66,10 @@ class HealthGuard(pl.Callback):
         max_bad_steps: int,
         spike_factor: float,
         checkpoint_dir: str | None,
+        grad_scaler: bool = False,
     ) -> None:
         self.policy = policy
+        self.grad_scaler = grad_scaler
         self.max_bad_steps = max_bad_steps
         self.spike_factor = spike_factor
         self.checkpoint_dir = checkpoint_dir
@@ -78,7 +84,7 @@ class HealthGuard(pl.Callback):
     @property
     def checks_every_step(self) -> bool:
         """Whether each step is checked before the optimizer applies it."""
-        return self.policy in ("skip", "rollback")
+        return self.policy in ("skip", "rollback") and not self.grad_scaler
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
@@ -125,7 +131,7 @@ class HealthGuard(pl.Callback):
     def check_row(self, trainer: pl.Trainer, row: Row) -> None:
         """On a logged row: stop on a non-finite loss or gradient norm (``stop``); warn on a gradient spike."""
         if self.policy == "stop":
-            for name in ("train/loss", "grad_norm"):
+            for name in ("train/loss",) if self.grad_scaler else ("train/loss", "grad_norm"):
                 if name in row and not math.isfinite(row[name]):
                     raise NonFiniteError(
                         f"{name} is {row[name]} at step {trainer.global_step} (monitor.on_nonfinite=stop); "

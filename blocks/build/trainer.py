@@ -78,6 +78,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_bad_steps=monitor.max_bad_steps,
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
+        grad_scaler=getattr(plan.precision, "lightning", "") == "16-mixed",
     )
     recorder = MetricsRecorder(
         sinks,
