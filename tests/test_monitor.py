@@ -106,7 +106,7 @@ def test_a_huge_lr_under_skip_skips_the_bad_steps(tmp_path: Path) -> None:
     )
 
 
-def test_a_huge_lr_under_rollback_restores_the_last_checkpoint(tmp_path: Path) -> None:
+def test_a_huge_lr_under_rollback_rolls_back_to_the_last_checkpoint(tmp_path: Path) -> None:
     summary = driver.run([*HUGE_LR, "monitor.on_nonfinite=rollback"], tmp_path)
     assert summary.status == "completed" and summary.global_step == 8
     assert summary.metrics["health/rollbacks"] >= 1
@@ -165,3 +165,34 @@ def test_without_a_terminal_output_is_plain_lines(cli, tmp_path: Path) -> None:
     assert [line.split()[1] for line in lines[:2]] == ["2/4", "4/4"]
     assert "loss=" in lines[0] and "lr=" in lines[0] and "samples/s=" in lines[0] and "eta=" in lines[0]
     assert "run summary" in result.stdout and "completed" in result.stdout
+
+
+def test_a_gradient_norm_spike_over_the_running_median_is_a_warning(caplog) -> None:
+    import pytorch_lightning as pl
+
+    from blocks.build.health import HealthGuard
+
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    guard = HealthGuard("stop", max_bad_steps=20, spike_factor=10.0, checkpoint_dir=None)
+    for norm in (1.0, 1.2, 0.9, 1.1, 1.0, 9.0):
+        guard.check_row(trainer, {"train/loss": 1.0, "grad_norm": norm})
+    assert guard.grad_spikes == 0, "9× the median is under the factor"
+    with caplog.at_level("WARNING", logger="blocks.build.health"):
+        guard.check_row(trainer, {"train/loss": 1.0, "grad_norm": 30.0})
+    assert guard.grad_spikes == 1 and guard.row()["health/grad_spikes"] == 1
+    assert "running median" in caplog.text and "monitor.grad_spike_factor" in caplog.text
+
+
+def test_stop_leaves_overflowing_gradients_to_the_fp16_scaler() -> None:
+    import pytorch_lightning as pl
+
+    from blocks.build.health import HealthGuard, NonFiniteError
+
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    scaled = HealthGuard("stop", max_bad_steps=20, spike_factor=0, checkpoint_dir=None, grad_scaler=True)
+    scaled.check_row(trainer, {"train/loss": 1.0, "grad_norm": math.inf})
+    with pytest.raises(NonFiniteError, match="train/loss is nan"):
+        scaled.check_row(trainer, {"train/loss": math.nan})
+    plain = HealthGuard("stop", max_bad_steps=20, spike_factor=0, checkpoint_dir=None)
+    with pytest.raises(NonFiniteError, match="grad_norm is inf"):
+        plain.check_row(trainer, {"train/loss": 1.0, "grad_norm": math.inf})

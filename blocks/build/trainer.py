@@ -14,6 +14,7 @@ import pytorch_lightning as pl
 from blocks.build.checkpointing import CheckpointCallback
 from blocks.build.datamodule import BlocksDataModule
 from blocks.build.health import HealthGuard, StallWatchdog
+from blocks.build.logger_state import LoggerRunState
 from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
 from blocks.checkpoint import store
@@ -24,7 +25,7 @@ from blocks.core.plan import Plan
 from blocks.data.base import TokenBatch
 from blocks.launch.run_dir import CHECKPOINTS_DIR, Summary
 from blocks.monitor.base import BUILTIN_LOGGERS, Monitor
-from blocks.monitor.loggers import LightningLoggerSink, TensorBoardSink, lightning_logger_state
+from blocks.monitor.loggers import LightningLoggerSink, TensorBoardSink
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
 from blocks.trainer.base import Trainer
 
@@ -96,9 +97,9 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         health,
         *plan.strategy.callbacks(accumulate=derived.accumulate),
     ]
-    logger_state = lightning_logger_state(sinks)
-    if logger_state is not None:
-        callbacks.append(logger_state)
+    adapters = [sink for sink in sinks if isinstance(sink, LightningLoggerSink)]
+    if adapters:
+        callbacks.append(LoggerRunState(adapters))  # keeps their run ids in checkpoints
     if monitor.stall_timeout_s:
         callbacks.append(
             StallWatchdog(monitor.stall_timeout_s, run_dir, on_stall=_stall_summary(run_dir, plan))

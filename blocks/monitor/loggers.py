@@ -116,13 +116,3 @@ class LightningLoggerSink:
         """Finalize the logger's run."""
         if self.logger is not None:
             self.logger.finalize("success")
-
-
-def lightning_logger_state(sinks: list[Any]) -> Any:
-    """A callback that keeps the Lightning logger sinks' run ids in checkpoints (None when there are none)."""
-    adapters = [sink for sink in sinks if isinstance(sink, LightningLoggerSink)]
-    if not adapters:
-        return None
-    from blocks.build.logger_state import LoggerRunState
-
-    return LoggerRunState(adapters)
