@@ -84,6 +84,14 @@ class MetricsRecorder(pl.Callback):
         """Count the time since the last micro-batch ended as waiting for data (host clock, no sync)."""
         self._data_wait += time.perf_counter() - self._batch_end
 
+    def batch_end_marker(self) -> pl.Callback:
+        """A callback to put last in the trainer's list, so ``data_wait_s`` counts only the wait for data.
+
+        It marks the end of a micro-batch (or of a validation) after every other callback's work,
+        checkpoint saves included.
+        """
+        return _BatchEndMarker(self)
+
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
@@ -101,7 +109,6 @@ class MetricsRecorder(pl.Callback):
             if self.health is not None and self.health.checks_every_step:
                 loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)  # skipped steps do not count
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-        self._batch_end = time.perf_counter()
         if trainer.global_step == self._seen_step:
             return
         self._steps += trainer.global_step - self._seen_step
@@ -199,6 +206,23 @@ class MetricsRecorder(pl.Callback):
     def samples_per_s(self) -> float:
         """Average training throughput over the whole run."""
         return self.samples_seen / self.train_seconds if self.train_seconds else 0.0
+
+
+class _BatchEndMarker(pl.Callback):
+    """Sets the recorder's batch-end clock after every other callback (see ``batch_end_marker``)."""
+
+    def __init__(self, recorder: MetricsRecorder) -> None:
+        self.recorder = recorder
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """A micro-batch and everything after it is done."""
+        self.recorder._batch_end = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Validation (and a save waiting for it) is done."""
+        self.recorder._batch_end = time.perf_counter()
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -120,6 +120,9 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
+    callbacks.append(
+        recorder.batch_end_marker()
+    )  # last: after saves, so data_wait_s is only the wait for data
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
     trainer = pl.Trainer(
