@@ -158,10 +158,12 @@ def _run_table(run: RunData) -> list[list[str]]:
 
 def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mode: str | None) -> Path:
     monitor: dict[str, Any] = next((r.config.get("monitor", {}) for r in runs if r.config), {})
+    explicit = objective is not None
     objective = objective or str(monitor.get("objective", "val/loss"))
     mode = mode or str(monitor.get("objective_mode", "min"))
     params = swept_parameters(runs)
-    scored = [(run, run.final(objective)) for run in runs]
+    # Without --objective, a job lacking the metric is scored as the driver scored it for the sweeper.
+    scored = [(run, _objective(run, objective, fallback=not explicit)) for run in runs]
     ranked = sorted(scored, key=lambda item: _rank_key(item[1], mode))
     header = ["rank", "job", "status", *params, objective]
     table = []
@@ -193,6 +195,11 @@ def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mod
     title = f"Sweep report: {root.name} ({len(runs)} jobs, {objective}, {mode})"
     _write_documents(out, title, [(f"Jobs ranked by {objective} ({mode})", header, table)], plots)
     return out
+
+
+def _objective(run: RunData, name: str, *, fallback: bool) -> float | None:
+    value = run.final(name)
+    return run.final("train/loss") if value is None and fallback else value
 
 
 def swept_parameters(runs: Sequence[RunData]) -> list[str]:
