@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from blocks.checkpoint import store
 from blocks.launch import driver
 from tests.conftest import read_summary, run_cli
 
@@ -152,6 +153,36 @@ def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(tmp_path: Pat
         "the stalled rank's stack shows where it sleeps"
     )
     assert "fit" in stacks["rank0-attempt0.txt"], "the waiting rank's stack shows the training loop"
+
+
+@pytest.mark.slow
+def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            "run",
+            *BLOBS,
+            "trainer.max_steps=12",
+            "strategy=ddp",
+            "trainer.devices=2",
+            "trainer.max_failures=1",
+            "checkpoint.every_n_steps=2",
+            "monitor.stall_timeout_s=5",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env={"BLOCKS_FAULT_STALL": "0:5:300"},
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["restarts"] == 1
+    assert summary["resumed_from"].endswith(store.step_dir_name(4)), (
+        "the restart resumed from the last checkpoint"
+    )
+    assert sorted(p.name for p in (run_dir / "stacks").iterdir()) == [
+        "rank0-attempt0.txt",
+        "rank1-attempt0.txt",
+    ]
 
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline: no \r, no ANSI escapes

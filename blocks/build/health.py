@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 STACKS_DIR = "stacks"
 STALL_EXIT_CODE = 3
 STALL_ENV = "BLOCKS_FAULT_STALL"
-"""Fault-injection hook for tests: ``RANK:STEP:SECONDS`` makes global rank RANK sleep SECONDS after optimizer step STEP."""
+"""Fault-injection hook for tests: ``RANK:STEP:SECONDS`` makes global rank RANK sleep SECONDS after optimizer
+step STEP, in the first attempt only (a restarted job runs clean, as after a transient hang)."""
 SPIKE_WINDOW = 20
 SPIKE_MIN_HISTORY = 5
 
@@ -198,7 +199,7 @@ class StallWatchdog(pl.Callback):
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self._attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self._injected = _parse_injection(os.environ.get(STALL_ENV))
+        self._injected = _parse_injection(os.environ.get(STALL_ENV)) if self._attempt == 0 else None
 
     def _beat(self, trainer: pl.Trainer) -> None:
         self._last_beat = time.monotonic()
