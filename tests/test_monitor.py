@@ -95,6 +95,15 @@ def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli, tmp_path: Path)
     assert summary["global_step"] < 8
 
 
+@pytest.mark.slow
+def test_under_ddp_every_rank_stops_together(cli, tmp_path: Path) -> None:
+    result = cli("run", *HUGE_LR, "strategy=ddp", "trainer.devices=2", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1
+    summary = read_summary(tmp_path / "run")
+    assert summary["status"] == "failed" and "monitor.on_nonfinite=stop" in summary["reason"]
+    assert summary["world_size"] == 2
+
+
 def test_a_huge_lr_under_skip_skips_the_bad_steps(tmp_path: Path) -> None:
     summary = driver.run([*HUGE_LR, "monitor.on_nonfinite=skip"], tmp_path)
     assert summary.status == "completed" and summary.global_step == 8

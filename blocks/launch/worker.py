@@ -96,10 +96,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
+    from blocks.build.health import NonFiniteError
+
     try:
         train(args.run_dir)
     except BlocksError as exc:
         _exit_for_user_error(args.run_dir, exc)
+    except NonFiniteError as exc:  # the health policy stopped training: summary.json has the reason
+        print(f"blocks: training stopped: {exc}", file=sys.stderr, flush=True)
+        _finalize_mpi()
+        logging.shutdown()
+        os._exit(1)
     # Everything is written and the process group is destroyed. Skip interpreter
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active
