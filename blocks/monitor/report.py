@@ -290,7 +290,7 @@ def _objective_plot(
     if numeric:
         xs = [float(x) for x, _ in points]
         ax.scatter(xs, ys)
-        if min(xs) > 0 and max(xs) / min(xs) > 100:
+        if min(xs) > 0 and max(xs) / min(xs) > 10:
             ax.set_xscale("log")
     else:
         labels = sorted({x for x, _ in points})
