@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import resource
+import sys
 import time
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 
+from blocks.build.health import HealthGuard, total_grad_norm
 from blocks.monitor.sinks import MetricSink, Row
 
 log = logging.getLogger(__name__)
@@ -22,8 +25,11 @@ class MetricsRecorder(pl.Callback):
 
     Between rows, the loss of each micro-batch is added to a device tensor (no host sync);
     at a logging step the row is read back once: ``train/loss`` (mean over the steps since
-    the last row), ``lr``, ``grad_norm`` (before clipping), ``samples_per_s`` and
-    ``step_time_s``. With several processes the loss is averaged over ranks and
+    the last row), ``lr``, ``grad_norm`` (before clipping), ``samples_per_s``,
+    ``tokens_per_s`` (token batches), ``step_time_s``, ``data_wait_s`` (time per step spent
+    waiting for the next batch), ``peak_memory_mb`` (CUDA max allocated, or the process's peak
+    RSS on CPU) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
+    (when the device's peak is known). With several processes the loss is averaged over ranks and
     ``train/loss_spread`` ((max - min) / mean over ranks) is logged, with each rank's loss
     for up to 8 ranks; a spread over ``rank_spread_tolerance`` for 3 logged windows in a row
     is a warning (once per episode). Only global
@@ -38,8 +44,16 @@ class MetricsRecorder(pl.Callback):
         global_batch: int,
         grad_norm: bool,
         rank_spread_tolerance: float = 0.05,
+        health: HealthGuard | None = None,
+        tokens_per_sample: int | None = None,
+        flops_per_sample: float | None = None,
+        peak_flops: float = 0.0,
     ) -> None:
         self.sinks = sinks
+        self.health = health
+        self.tokens_per_sample = tokens_per_sample
+        self.flops_per_sample = flops_per_sample
+        self.peak_flops = peak_flops
         self.every = every_n_steps
         self.global_batch = global_batch
         self.want_grad_norm = grad_norm
@@ -54,22 +68,36 @@ class MetricsRecorder(pl.Callback):
         self._grad_norm: torch.Tensor | None = None
         self.train_seconds = 0.0
         self.samples_seen = 0
+        self._batch_end = 0.0
+        self._data_wait = 0.0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the clocks."""
         self._seen_step = trainer.global_step
-        self._train_start = self._window_start = time.perf_counter()
+        self._train_start = self._window_start = self._batch_end = time.perf_counter()
+        if self.flops_per_sample and not self.peak_flops:
+            self.peak_flops = device_peak_flops(trainer.strategy.root_device) or 0.0
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Count the time since the last micro-batch ended as waiting for data (host clock, no sync)."""
+        self._data_wait += time.perf_counter() - self._batch_end
+
+    def batch_end_marker(self) -> pl.Callback:
+        """A callback to put last in the trainer's list, so ``data_wait_s`` counts only the wait for data.
+
+        It marks the end of a micro-batch (or of a validation) after every other callback's work,
+        checkpoint saves included.
+        """
+        return _BatchEndMarker(self)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
         """Measure the gradient norm before clipping, only on steps that will be logged."""
         if self.want_grad_norm and (trainer.global_step + 1) % self.every == 0:
-            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-            if grads:
-                norm = torch.nn.utils.get_total_norm(grads)
-                full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when FSDP shards the grads
-                self._grad_norm = full_tensor() if full_tensor is not None else norm
+            self._grad_norm = total_grad_norm(pl_module)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -77,7 +105,10 @@ class MetricsRecorder(pl.Callback):
         """Add the micro-batch loss (already divided by the accumulation count) and log on interval."""
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is not None:
-            self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
+            loss = loss.detach()
+            if self.health is not None and self.health.checks_every_step:
+                loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)  # skipped steps do not count
+            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
         if trainer.global_step == self._seen_step:
             return
         self._steps += trainer.global_step - self._seen_step
@@ -91,17 +122,32 @@ class MetricsRecorder(pl.Callback):
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         row: Row = {}
-        if self._loss_sum is not None:
-            row.update(self._loss_row(trainer, self._loss_sum / self._steps))
+        counted = self._steps - (self.health.skipped_in_window if self.health else 0)
+        if self._loss_sum is not None and counted > 0:
+            row.update(self._loss_row(trainer, self._loss_sum / counted))
         row["lr"] = float(trainer.optimizers[0].param_groups[0]["lr"])
         if self._grad_norm is not None:
             row["grad_norm"] = float(self._grad_norm)
-        row["samples_per_s"] = self._steps * self.global_batch / elapsed
+        samples_per_s = self._steps * self.global_batch / elapsed
+        row["samples_per_s"] = samples_per_s
+        if self.tokens_per_sample:
+            row["tokens_per_s"] = samples_per_s * self.tokens_per_sample
         row["step_time_s"] = elapsed / self._steps
+        row["data_wait_s"] = self._data_wait / self._steps
+        row["peak_memory_mb"] = peak_memory_mb(trainer.strategy.root_device)
+        if self.flops_per_sample:
+            achieved = samples_per_s * self.flops_per_sample
+            row["tflops_per_s"] = achieved / 1e12
+            if self.peak_flops:
+                row["mfu"] = achieved / (self.peak_flops * trainer.world_size)
+        if self.health is not None:
+            row.update(self.health.row())
         self.samples_seen += self._steps * self.global_batch
         self._emit(trainer, row)
-        self._loss_sum, self._grad_norm, self._steps = None, None, 0
+        self._loss_sum, self._grad_norm, self._steps, self._data_wait = None, None, 0, 0.0
         self._window_start = now
+        if self.health is not None:
+            self.health.check_row(trainer, row)
 
     def _loss_row(self, trainer: pl.Trainer, loss: torch.Tensor) -> Row:
         """The window's mean loss; across ranks its mean, spread and (for a few ranks) each value."""
@@ -160,6 +206,46 @@ class MetricsRecorder(pl.Callback):
     def samples_per_s(self) -> float:
         """Average training throughput over the whole run."""
         return self.samples_seen / self.train_seconds if self.train_seconds else 0.0
+
+
+class _BatchEndMarker(pl.Callback):
+    """Sets the recorder's batch-end clock after every other callback (see ``batch_end_marker``)."""
+
+    def __init__(self, recorder: MetricsRecorder) -> None:
+        self.recorder = recorder
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """A micro-batch and everything after it is done."""
+        self.recorder._batch_end = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Validation (and a save waiting for it) is done."""
+        self.recorder._batch_end = time.perf_counter()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process in MiB: CUDA max allocated on a GPU, the peak resident set size otherwise."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+PEAK_TFLOPS_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+"""Dense bf16 peak TFLOP/s of common data-center GPUs, by a substring of the device name."""
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """Peak FLOP/s of *device* when it is a GPU in :data:`PEAK_TFLOPS_BF16`, else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in PEAK_TFLOPS_BF16.items():
+        if key in name:
+            return tflops * 1e12
+    return None
 
 
 def _gather_scalar(value: torch.Tensor) -> torch.Tensor:

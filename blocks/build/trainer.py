@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytorch_lightning as pl
 
 from blocks.build.checkpointing import CheckpointCallback
 from blocks.build.datamodule import BlocksDataModule
+from blocks.build.health import HealthGuard, StallWatchdog
+from blocks.build.logger_state import LoggerRunState
 from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
 from blocks.checkpoint import store
@@ -18,8 +22,10 @@ from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
 from blocks.core.plan import Plan
-from blocks.launch.run_dir import CHECKPOINTS_DIR
-from blocks.monitor.base import Monitor
+from blocks.data.base import TokenBatch
+from blocks.launch.run_dir import CHECKPOINTS_DIR, Summary
+from blocks.monitor.base import BUILTIN_LOGGERS, Monitor
+from blocks.monitor.loggers import LightningLoggerSink, TensorBoardSink
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
 from blocks.trainer.base import Trainer
 
@@ -36,6 +42,7 @@ class BuiltRun:
     recorder: MetricsRecorder
     resume_from: str | None = None
     checkpointer: CheckpointCallback | None = None
+    health: HealthGuard | None = None
 
 
 def quiet_lightning() -> None:
@@ -64,17 +71,39 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps, parallelize)
     datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
-    sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step)]
+    sinks = metric_sinks(monitor, run_dir, resumed_step)
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
+    health = HealthGuard(
+        monitor.on_nonfinite,
+        max_bad_steps=monitor.max_bad_steps,
+        spike_factor=monitor.grad_spike_factor,
+        checkpoint_dir=directory if checkpoint_block.enabled else None,
+        grad_scaler=getattr(plan.precision, "lightning", "") == "16-mixed",
+    )
     recorder = MetricsRecorder(
         sinks,
         every_n_steps=monitor.log_every_n_steps,
         global_batch=derived.global_batch,
         grad_norm=monitor.grad_norm,
         rank_spread_tolerance=monitor.rank_spread_tolerance,
+        health=health,
+        tokens_per_sample=spec.seq_len if isinstance(spec, TokenBatch) else None,
+        flops_per_sample=plan.model.flops_per_sample(spec),
+        peak_flops=monitor.peak_flops,
     )
-    callbacks: list[pl.Callback] = [recorder, *plan.strategy.callbacks(accumulate=derived.accumulate)]
+    callbacks: list[pl.Callback] = [
+        recorder,
+        health,
+        *plan.strategy.callbacks(accumulate=derived.accumulate),
+    ]
+    adapters = [sink for sink in sinks if isinstance(sink, LightningLoggerSink)]
+    if adapters:
+        callbacks.append(LoggerRunState(adapters))  # keeps their run ids in checkpoints
+    if monitor.stall_timeout_s:
+        callbacks.append(
+            StallWatchdog(monitor.stall_timeout_s, run_dir, on_stall=_stall_summary(run_dir, plan))
+        )
     io = FsspecCheckpointIO(async_save=checkpoint_block.enabled and checkpoint_block.async_save)
     checkpointer = None
     if checkpoint_block.enabled:
@@ -91,6 +120,9 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
+    callbacks.append(
+        recorder.batch_end_marker()
+    )  # last: after saves, so data_wait_s is only the wait for data
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
     trainer = pl.Trainer(
@@ -118,4 +150,30 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         default_root_dir=str(run_dir),
         callbacks=callbacks,
     )
-    return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer)
+    return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health)
+
+
+def metric_sinks(monitor: Monitor, run_dir: Path, resumed_step: int | None) -> list[MetricSink]:
+    """``metrics.csv`` (always) and the loggers of ``monitor.loggers``."""
+    sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step)]
+    for name in monitor.loggers:
+        if name == "tensorboard":
+            sinks.append(TensorBoardSink(run_dir, resumed_step=resumed_step))
+        elif name not in BUILTIN_LOGGERS:
+            sinks.append(LightningLoggerSink(name, dict(monitor.logger_args)))
+    return sinks
+
+
+def _stall_summary(run_dir: Path, plan: Plan) -> Callable[[str, int], None]:
+    """What the stall watchdog of global rank 0 writes before the process exits: a failed ``summary.json``."""
+
+    def write(reason: str, step: int) -> None:
+        Summary(
+            status="failed",
+            reason=reason,
+            global_step=step,
+            world_size=plan.derived.world_size,
+            restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        ).write(run_dir)
+
+    return write

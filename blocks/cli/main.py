@@ -1,7 +1,7 @@
-"""``blocks``: the command line (run, plan, list).
+"""``blocks``: the command line (run, plan, list, report).
 
 Config mistakes end with exit status 2 and a message naming the key and the fix, never a
-traceback. ``plan`` and ``list`` never import torch.
+traceback. ``plan``, ``list`` and ``report`` never import torch.
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ RUN_HEADER = "blocks: the configuration has problems; nothing was started"
 PLAN_HEADER = "blocks plan: the configuration does not compose"
 LIST_HEADER = "blocks list: nothing was listed"
 NEW_PACKAGE_HEADER = "blocks new-package: nothing was created"
-_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER, "new-package": NEW_PACKAGE_HEADER}
+REPORT_HEADER = "blocks report: no report was written"
+_HEADERS = {
+    "run": RUN_HEADER,
+    "plan": PLAN_HEADER,
+    "list": LIST_HEADER,
+    "new-package": NEW_PACKAGE_HEADER,
+    "report": REPORT_HEADER,
+}
 
 
 def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
@@ -133,6 +140,18 @@ def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> 
     return 0
 
 
+def cmd_report(path: str, *, objective: str | None, mode: str | None) -> int:
+    """Write plots and summary tables of a run dir or a sweep dir into ``<dir>/report/``."""
+    from pathlib import Path
+
+    from blocks.monitor.report import write_report
+
+    out = write_report(Path(path), objective=objective, mode=mode)
+    stdout.print(f"report: {out / 'report.html'}", highlight=False, markup=False, soft_wrap=True)
+    stdout.print(f"        {out / 'report.md'}", highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
 def _precheck(args: Sequence[str]) -> int | None:
     """Plan every job the command line would launch; print problems and return 2 if any fails."""
     from hydra._internal.utils import get_args_parser
@@ -148,6 +167,10 @@ def _precheck(args: Sequence[str]) -> int | None:
     overrides = list(parsed.overrides)
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
     sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "basic")
+    if any(
+        o.startswith("hparams_search=") for o in overrides
+    ):  # a conf/hparams_search preset picks its sweeper
+        sweeper = "preset"
     if multirun and sweeper == "basic":
         job_overrides = expand_sweep(overrides)
     elif multirun:
@@ -256,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("name", help="distribution name, e.g. acme-vision")
     new.add_argument("--dir", help="where to write it (default: ./NAME; must not exist)")
     new.add_argument("--namespace", help="entry-point name, the prefix of its blocks (default: from NAME)")
+    report = sub.add_parser("report", help="plots and summary tables of a run dir or a sweep dir")
+    report.add_argument(
+        "path", metavar="RUN_DIR|SWEEP_DIR", help="a run dir, or the sweep dir of blocks run -m"
+    )
+    report.add_argument("--objective", help="metric that ranks a sweep's jobs (default: monitor.objective)")
+    report.add_argument("--mode", choices=("min", "max"), help="min or max (default: monitor.objective_mode)")
     return parser
 
 
@@ -270,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
         elif args.command == "new-package":
             dispatch = lambda: cmd_new_package(args.name, args.dir, args.namespace)  # noqa: E731
+        elif args.command == "report":
+            dispatch = lambda: cmd_report(args.path, objective=args.objective, mode=args.mode)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:

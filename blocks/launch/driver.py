@@ -31,7 +31,7 @@ from blocks.launch.torchrun import needs_launcher, run_torchrun
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """The Hydra task function: plan, write the run dir, train. Returns ``val/loss`` for sweepers."""
+    """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers."""
     from hydra.core.hydra_config import HydraConfig
 
     catalog.load()  # launcher plugins (joblib, submitit) run jobs in fresh processes
@@ -51,7 +51,14 @@ def run_job(cfg: DictConfig) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
-    return summary.metrics.get("val/loss")
+    return objective(plan, summary)
+
+
+def objective(plan: Plan, summary: Summary) -> float | None:
+    """The value a sweeper optimizes: ``monitor.objective``, else ``train/loss`` (None when the run has neither)."""
+    name = str(getattr(plan.monitor, "objective", "val/loss"))
+    value = summary.metrics.get(name, summary.metrics.get("train/loss"))
+    return None if value is None else float(value)
 
 
 def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path) -> Plan:
@@ -95,6 +102,13 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     except BaseException as exc:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
+        from blocks.build.health import NonFiniteError
+
+        if isinstance(exc, NonFiniteError):  # the run's health policy stopped it: no traceback
+            summary = Summary.read(run_dir)
+            raise JobFailed(
+                f"the job ended with status '{summary.status}': {summary.reason}", summary
+            ) from None
         raise
 
 

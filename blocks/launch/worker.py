@@ -65,8 +65,21 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         summary.wall_s = time.perf_counter() - started
         if trainer.is_global_zero:
             summary.write(run_dir)
+            if console and getattr(plan.monitor, "progress", "auto") != "off":
+                _print_summary(summary)
         _shut_down_process_group(wait_for_peers=summary.status == "completed")
     return summary
+
+
+def _print_summary(summary: Summary) -> None:
+    """The end-of-run table on the console (plain text without a terminal)."""
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from blocks.monitor.sinks import summary_table
+
+    Console(soft_wrap=False).print(summary_table(asdict(summary)))
 
 
 def _shut_down_process_group(*, wait_for_peers: bool) -> None:
@@ -84,10 +97,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
+    from blocks.build.health import NonFiniteError
+
     try:
         train(args.run_dir)
     except BlocksError as exc:
         _exit_for_user_error(args.run_dir, exc)
+    except NonFiniteError as exc:  # the health policy stopped training: summary.json has the reason
+        print(f"blocks: training stopped: {exc}", file=sys.stderr, flush=True)
+        _finalize_mpi()
+        logging.shutdown()
+        os._exit(1)
     # Everything is written and the process group is destroyed. Skip interpreter
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active

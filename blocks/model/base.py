@@ -31,6 +31,10 @@ class ModelBlock(Block):
         """Parameter count for *spec*, computed without torch."""
         raise NotImplementedError
 
+    def flops_per_sample(self, spec: BatchSpec) -> float | None:
+        """Training FLOPs (forward and backward) per sample, for MFU; ``None`` when unknown."""
+        return None
+
     def shard_units(self) -> str | None:
         """Attribute name of the ``nn.ModuleList`` of repeated units, or ``None`` if it has none."""
         return None

@@ -60,6 +60,14 @@ class Transformer(ModelBlock):
         head = 0 if self.tie_weights else vocab * d
         return vocab * d + self.context * d + self.n_layers * per_layer + 2 * d + head
 
+    def flops_per_sample(self, spec: BatchSpec) -> float:
+        """6 × parameters × tokens (matmuls, forward and backward) plus attention's 12 × layers × d × tokens²."""
+        assert isinstance(spec, TokenBatch)
+        tokens = spec.seq_len
+        return (
+            6.0 * self.num_parameters(spec) * tokens + 12.0 * self.n_layers * self.d_model * tokens * tokens
+        )
+
     def shard_units(self) -> str:
         """The decoder layers."""
         return "layers"

@@ -1,9 +1,9 @@
-"""The monitor kind: what a run reports while it trains and how often."""
+"""The monitor kind: what a run reports while it trains, how often, and what it does when training goes wrong."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from blocks.core.block import Block
 from blocks.core.registry import register
@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 PROGRESS = ("auto", "bar", "lines", "off")
+NONFINITE_POLICIES = ("stop", "skip", "rollback")
+BUILTIN_LOGGERS = ("csv", "tensorboard")
+OBJECTIVE_MODES = ("min", "max")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +27,7 @@ class MonitorBlock(Block):
 @register("default")
 @dataclass(frozen=True, kw_only=True)
 class Monitor(MonitorBlock):
-    """Metrics to ``metrics.csv`` and progress on the console from global rank 0.
+    """Metrics, loggers and progress from global rank 0, and health policies on every rank.
 
     Metrics are accumulated on the device and read back only every ``log_every_n_steps``,
     so logging costs (almost) nothing between rows.
@@ -36,15 +39,72 @@ class Monitor(MonitorBlock):
         grad_norm: log the global gradient norm (before clipping) at each logged step.
         rank_spread_tolerance: with several processes, warn when the ranks' training losses
             differ by more than this fraction of their mean ((max - min) / mean).
+        loggers: where metric rows go besides ``metrics.csv`` (always written): ``csv``,
+            ``tensorboard`` (event files in ``<run dir>/tensorboard``), or the import path of
+            any Lightning logger class (``pytorch_lightning.loggers.MLFlowLogger``), built
+            with ``logger_args``.
+        logger_args: keyword arguments of the Lightning logger class in ``loggers``.
+        on_nonfinite: a non-finite loss or gradient: ``stop`` the run (status ``failed``),
+            ``skip`` the optimizer step, or ``rollback`` to the last committed checkpoint and
+            go on with the next batches. ``skip`` and ``rollback`` check every step (one
+            device sync per step); ``stop`` checks at each logged step.
+        max_bad_steps: with ``skip``/``rollback``, fail the run after this many non-finite
+            steps in a row (0: never).
+        grad_spike_factor: warn when the gradient norm of a logged step exceeds this many
+            times the running median of the last logged norms (0: off).
+        stall_timeout_s: when no training or validation batch finishes for this many seconds,
+            every rank dumps its Python stacks into ``<run dir>/stacks/`` and the job fails,
+            so torchrun's restarts (``trainer.max_failures``) can take over (0: off).
+        objective: the metric a run returns to Hydra's sweeper (e.g. Optuna); falls back to
+            ``train/loss`` when the run has no such metric.
+        objective_mode: ``min`` or ``max``: how ``blocks report`` ranks a sweep's jobs.
+        peak_flops: peak FLOP/s of one device, for MFU; 0 uses a table of known CUDA GPUs
+            (no MFU when unknown, e.g. on CPU).
     """
 
     log_every_n_steps: int = 10
     progress: str = "auto"
     grad_norm: bool = True
     rank_spread_tolerance: float = 0.05
+    loggers: list[str] = field(default_factory=lambda: ["csv"])
+    logger_args: dict[str, Any] = field(default_factory=dict)
+    on_nonfinite: str = "stop"
+    max_bad_steps: int = 20
+    grad_spike_factor: float = 10.0
+    stall_timeout_s: float = 0.0
+    objective: str = "val/loss"
+    objective_mode: str = "min"
+    peak_flops: float = 0.0
 
     def check(self, ctx: CheckContext) -> None:
-        """Positive interval, known progress mode."""
+        """Positive interval, known modes and policies, importable-looking logger names."""
         ctx.positive("log_every_n_steps", self.log_every_n_steps)
         ctx.choice("progress", self.progress, PROGRESS)
         ctx.positive("rank_spread_tolerance", self.rank_spread_tolerance)
+        ctx.choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
+        ctx.positive("max_bad_steps", self.max_bad_steps, allow_zero=True)
+        ctx.positive("grad_spike_factor", self.grad_spike_factor, allow_zero=True)
+        ctx.positive("stall_timeout_s", self.stall_timeout_s, allow_zero=True)
+        ctx.choice("objective_mode", self.objective_mode, OBJECTIVE_MODES)
+        ctx.positive("peak_flops", self.peak_flops, allow_zero=True)
+        lightning = [name for name in self.loggers if name not in BUILTIN_LOGGERS]
+        for name in lightning:
+            if "." not in name:
+                ctx.error(
+                    "loggers",
+                    f"'{name}' is not a logger",
+                    f"use {', '.join(BUILTIN_LOGGERS)} or the import path of a Lightning logger class, "
+                    "e.g. pytorch_lightning.loggers.MLFlowLogger",
+                )
+        if len(lightning) > 1:
+            ctx.error(
+                "loggers",
+                f"{len(lightning)} Lightning loggers are listed; logger_args can configure only one",
+                "keep one Lightning logger class in monitor.loggers",
+            )
+        if self.on_nonfinite == "rollback" and not getattr(ctx.block("checkpoint"), "enabled", True):
+            ctx.error(
+                "on_nonfinite",
+                "rollback needs committed checkpoints, but checkpoint.enabled is false",
+                "set checkpoint.enabled=true, or monitor.on_nonfinite=skip",
+            )

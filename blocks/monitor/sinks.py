@@ -122,6 +122,7 @@ class ConsoleSink:
         self.started = time.monotonic()
         self._progress: Any = None
         self._task: Any = None
+        self._stats: Row = {}
 
     def _start_bar(self) -> None:
         """Start the live display on the first row: only global rank 0 writes rows."""
@@ -130,10 +131,11 @@ class ConsoleSink:
 
             self._progress = Progress(
                 TextColumn("[bold]train"),
-                BarColumn(),
+                BarColumn(bar_width=20),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[stats]}"),
+                TextColumn("eta"),
                 TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
                 transient=False,
             )
             self._task = self._progress.add_task("train", total=self.total_steps, stats="")
@@ -143,7 +145,8 @@ class ConsoleSink:
         """Update the bar, or print one line."""
         if self.mode == "off":
             return
-        stats = "  ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k in _SHOWN)
+        self._stats.update({k: v for k, v in row.items() if k in _SHOWN})
+        stats = "  ".join(f"{_LABELS.get(k, k)}={_fmt(self._stats[k])}" for k in _SHOWN if k in self._stats)
         self._start_bar()
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, stats=stats)
@@ -161,4 +164,30 @@ class ConsoleSink:
             self._progress.stop()
 
 
-_SHOWN = ("train/loss", "val/loss", "lr", "samples_per_s", "val/accuracy")
+_SHOWN = ("train/loss", "val/loss", "val/accuracy", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "mfu")
+_LABELS = {"train/loss": "loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s"}
+
+
+def summary_table(summary: dict[str, Any]) -> Any:
+    """A rich table of how a run ended: status (and reason), steps, time, throughput, last metrics."""
+    from rich.table import Table
+
+    status = str(summary.get("status"))
+    style = "green" if status == "completed" else "red"
+    table = Table(title="run summary", show_header=False, title_justify="left")
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    table.add_row("status", f"[{style}]{status}[/]")
+    if summary.get("reason"):
+        table.add_row("reason", str(summary["reason"]))
+    table.add_row("steps", str(summary.get("global_step", 0)))
+    table.add_row("wall time", f"{summary.get('wall_s', 0.0):.1f}s")
+    if summary.get("samples_per_s"):
+        table.add_row("samples/s", _fmt(summary["samples_per_s"]))
+    if summary.get("resumed_from"):
+        table.add_row("resumed from", str(summary["resumed_from"]))
+    for name, value in summary.get("metrics", {}).items():
+        if name.startswith(("train/loss_rank",)):
+            continue
+        table.add_row(name, _fmt(value))
+    return table

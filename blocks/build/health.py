@@ -1,0 +1,290 @@
+"""Health of a training run: non-finite steps (stop, skip, rollback), gradient spikes, and a stall watchdog."""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from blocks.checkpoint import store
+from blocks.monitor.sinks import Row
+
+log = logging.getLogger(__name__)
+
+STACKS_DIR = "stacks"
+STALL_EXIT_CODE = 3
+STALL_ENV = "BLOCKS_FAULT_STALL"
+"""Fault-injection hook for tests: ``RANK:STEP:SECONDS`` makes global rank RANK sleep SECONDS after optimizer
+step STEP, in the first attempt only (a restarted job runs clean, as after a transient hang)."""
+SPIKE_WINDOW = 20
+SPIKE_MIN_HISTORY = 5
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a non-finite loss or gradient and the policy says to stop."""
+
+
+def total_grad_norm(module: torch.nn.Module) -> torch.Tensor | None:
+    """The global L2 norm of every gradient (a full tensor also when FSDP shards them), on the device."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm(grads)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when FSDP shards the grads
+    return full_tensor() if full_tensor is not None else norm
+
+
+class HealthGuard(pl.Callback):
+    """Applies ``monitor.on_nonfinite`` and watches the gradient norm for spikes.
+
+    ``skip`` and ``rollback`` check the gradient norm before every optimizer step (one host
+    sync per step; the gradients are already reduced across ranks, so every rank decides the
+    same). A bad step's gradients are dropped, so the optimizer leaves the weights alone;
+    ``rollback`` also restores the weights and optimizer state of the last committed
+    checkpoint, and training goes on with the next batches. ``stop`` is checked on the rows
+    the metrics callback reads back anyway (:meth:`check_row`), so it costs nothing.
+
+    With a gradient scaler (``precision=16-mixed``) overflowing gradients are normal: the
+    scaler skips those steps and lowers its scale. The policies then leave the gradients to
+    the scaler and look at the loss only (``stop``, at logged steps).
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        *,
+        max_bad_steps: int,
+        spike_factor: float,
+        checkpoint_dir: str | None,
+        grad_scaler: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.grad_scaler = grad_scaler
+        self.max_bad_steps = max_bad_steps
+        self.spike_factor = spike_factor
+        self.checkpoint_dir = checkpoint_dir
+        self.skipped_steps = 0
+        self.rollbacks = 0
+        self.grad_spikes = 0
+        self.skipped_in_window = 0
+        self._bad_in_a_row = 0
+        self._norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
+        self._warned_no_checkpoint = False
+
+    @property
+    def checks_every_step(self) -> bool:
+        """Whether each step is checked before the optimizer applies it."""
+        return self.policy in ("skip", "rollback") and not self.grad_scaler
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        """Drop a non-finite step's gradients (and roll back) before the optimizer sees them."""
+        if not self.checks_every_step:
+            return
+        norm = total_grad_norm(pl_module)
+        if norm is None or bool(torch.isfinite(norm)):
+            self._bad_in_a_row = 0
+            return
+        step = trainer.global_step + 1
+        self._bad_in_a_row += 1
+        if self.max_bad_steps and self._bad_in_a_row > self.max_bad_steps:
+            raise NonFiniteError(
+                f"non-finite gradients in {self._bad_in_a_row} optimizer steps in a row (up to step {step}); "
+                f"monitor.on_nonfinite={self.policy} gave up after monitor.max_bad_steps={self.max_bad_steps}"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps += 1
+        self.skipped_in_window += 1
+        if self.policy == "rollback" and self._rollback(trainer):
+            self.rollbacks += 1
+            if trainer.is_global_zero:
+                log.warning(
+                    "step %d: non-finite gradients; rolled back to the last committed checkpoint", step
+                )
+        elif trainer.is_global_zero:
+            log.warning("step %d: non-finite gradients; the step was skipped", step)
+
+    def _rollback(self, trainer: pl.Trainer) -> bool:
+        """Restore the weights and optimizer state of the last committed checkpoint; False when there is none."""
+        committed, _ = store.scan(self.checkpoint_dir) if self.checkpoint_dir else ([], [])
+        if not committed:
+            if not self._warned_no_checkpoint and trainer.is_global_zero:
+                log.warning("no committed checkpoint to roll back to yet: skipping the step instead")
+            self._warned_no_checkpoint = True
+            return False
+        checkpoint = trainer.strategy.load_checkpoint(committed[-1].url)
+        trainer.strategy.load_model_state_dict(checkpoint, strict=True)
+        trainer.strategy.load_optimizer_state_dict(checkpoint)
+        return True
+
+    def check_row(self, trainer: pl.Trainer, row: Row) -> None:
+        """On a logged row: stop on a non-finite loss or gradient norm (``stop``); warn on a gradient spike."""
+        if self.policy == "stop":
+            for name in ("train/loss",) if self.grad_scaler else ("train/loss", "grad_norm"):
+                if name in row and not math.isfinite(row[name]):
+                    raise NonFiniteError(
+                        f"{name} is {row[name]} at step {trainer.global_step} (monitor.on_nonfinite=stop); "
+                        "lower optim.lr, clip gradients (optim.grad_clip), or choose monitor.on_nonfinite=skip "
+                        "or rollback"
+                    )
+        norm = row.get("grad_norm")
+        if self.spike_factor and norm is not None and math.isfinite(norm):
+            if len(self._norms) >= SPIKE_MIN_HISTORY:
+                median = statistics.median(self._norms)
+                if median > 0 and norm > self.spike_factor * median:
+                    self.grad_spikes += 1
+                    if trainer.is_global_zero:
+                        log.warning(
+                            "step %d: gradient norm %.4g is %.1f× the running median %.4g "
+                            "(monitor.grad_spike_factor=%g)",
+                            trainer.global_step,
+                            norm,
+                            norm / median,
+                            median,
+                            self.spike_factor,
+                        )
+            self._norms.append(norm)
+
+    def row(self) -> Row:
+        """Counters for the metrics row (only once something happened), and a fresh window."""
+        self.skipped_in_window = 0
+        out: Row = {}
+        if self.skipped_steps:
+            out["health/skipped_steps"] = float(self.skipped_steps)
+        if self.rollbacks:
+            out["health/rollbacks"] = float(self.rollbacks)
+        if self.grad_spikes:
+            out["health/grad_spikes"] = float(self.grad_spikes)
+        return out
+
+
+class StallWatchdog(pl.Callback):
+    """Fails the job when no training or validation batch finishes for ``timeout_s`` seconds.
+
+    Every rank runs a watchdog thread. When it fires it dumps the Python stack of every thread
+    of its process to ``<run dir>/stacks/rank<R>-attempt<N>.txt`` (``faulthandler``), waits a
+    few seconds for the other ranks' dumps, lets *on_stall(reason, step)* record the failure
+    (on global rank 0 only: it writes ``summary.json``), and exits the process with status 3, so torchrun stops the job or
+    restarts it (``trainer.max_failures``).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float,
+        run_dir: Path,
+        *,
+        on_stall: Callable[[str, int], None],
+        grace_s: float = 10.0,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.run_dir = run_dir
+        self.on_stall = on_stall
+        self.grace_s = grace_s
+        self._last_beat = time.monotonic()
+        self._step = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rank = int(os.environ.get("RANK", "0"))
+        self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self._attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self._injected = _parse_injection(os.environ.get(STALL_ENV)) if self._attempt == 0 else None
+
+    def _beat(self, trainer: pl.Trainer) -> None:
+        self._last_beat = time.monotonic()
+        self._step = trainer.global_step
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Start the watchdog thread."""
+        self._rank, self._world_size = trainer.global_rank, trainer.world_size
+        self._beat(trainer)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="blocks-stall-watchdog", daemon=True)
+        self._thread.start()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """A heartbeat; the fault-injection hook sleeps here."""
+        self._beat(trainer)
+        if self._injected and self._injected[:2] == (trainer.global_rank, trainer.global_step):
+            rank, step, seconds = self._injected
+            log.warning("%s: rank %d stalls for %gs after step %d", STALL_ENV, rank, seconds, step)
+            time.sleep(seconds)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        """A heartbeat."""
+        self._beat(trainer)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """A heartbeat (a save can take a while)."""
+        self._beat(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Stop watching: what follows (final validation, weights) is not a training step."""
+        self._stop.set()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Stop watching a run that failed for another reason."""
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self._last_beat
+            if idle >= self.timeout_s:
+                self._fire(idle)
+
+    def _fire(self, idle: float) -> None:
+        directory = self.run_dir / STACKS_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"rank{self._rank}-attempt{self._attempt}.txt"
+        with path.open("w") as fh:
+            fh.write(f"rank {self._rank}: no training step for {idle:.0f}s after step {self._step}\n")
+            fh.flush()
+            faulthandler.dump_traceback(fh, all_threads=True)
+        deadline = time.monotonic() + self.grace_s
+        pattern = f"rank*-attempt{self._attempt}.txt"
+        while len(list(directory.glob(pattern))) < self._world_size and time.monotonic() < deadline:
+            time.sleep(0.2)
+        reason = (
+            f"stalled: no training step for {self.timeout_s:g}s after step {self._step} "
+            f"(monitor.stall_timeout_s); Python stacks of every rank in {directory}"
+        )
+        print(f"blocks: {reason}", flush=True)
+        try:
+            if self._rank == 0:
+                self.on_stall(reason, self._step)
+        finally:
+            logging.shutdown()
+            os._exit(STALL_EXIT_CODE)
+
+
+def _parse_injection(value: str | None) -> tuple[int, int, float] | None:
+    """``RANK:STEP:SECONDS`` from :data:`STALL_ENV`, or None."""
+    if not value:
+        return None
+    rank, step, seconds = value.split(":")
+    return int(rank), int(step), float(seconds)

@@ -1,0 +1,360 @@
+"""``blocks report``: plots and summary tables of a run dir or a sweep dir (torch-free; matplotlib, Agg).
+
+A run dir gets PNG plots of its ``metrics.csv`` (loss and validation curves, throughput, LR,
+gradient norm) and a summary table; a sweep dir (the run dirs of a ``blocks run -m``) gets a
+table of every job ranked by the objective, plots of the objective against each swept
+parameter, and the jobs' loss curves on one plot. Everything goes to ``<dir>/report/``:
+the PNGs, ``report.md`` and ``report.html`` (plots embedded, one file to share).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blocks.core.errors import BlocksError, Problem
+
+REPORT_DIR = "report"
+FIGSIZE = (8.0, 4.5)
+DPI = 100
+"""Every plot is ``FIGSIZE × DPI`` = 800 × 450 pixels."""
+
+RUN_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "loss": ("Loss", ("train/loss", "val/loss")),
+    "throughput": ("Throughput (samples/s)", ("samples_per_s",)),
+    "lr": ("Learning rate", ("lr",)),
+    "grad_norm": ("Gradient norm (before clipping)", ("grad_norm",)),
+    "memory": ("Peak memory (MiB)", ("peak_memory_mb",)),
+}
+SUMMARY_METRICS = ("train/loss", "val/loss", "val/accuracy", "samples_per_s", "tokens_per_s", "mfu")
+
+
+@dataclass
+class RunData:
+    """What a report reads from one run dir."""
+
+    path: Path
+    summary: dict[str, Any]
+    columns: dict[str, list[tuple[int, float]]]
+    config: dict[str, Any] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """The run's status, ``unknown`` without a ``summary.json``."""
+        return str(self.summary.get("status", "unknown"))
+
+    def final(self, name: str) -> float | None:
+        """The last value of metric *name*: from ``summary.json``, else the last row that has it."""
+        value = self.summary.get("metrics", {}).get(name)
+        if value is None and self.columns.get(name):
+            value = self.columns[name][-1][1]
+        return None if value is None else float(value)
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run dir has the job files the driver writes."""
+    return (path / "config.yaml").exists() or (path / "summary.json").exists()
+
+
+def read_run(path: Path) -> RunData:
+    """Read ``summary.json``, ``metrics.csv``, ``config.yaml`` and Hydra's ``overrides.yaml`` of a run dir."""
+    summary: dict[str, Any] = {}
+    if (path / "summary.json").exists():
+        summary = json.loads((path / "summary.json").read_text())
+    columns: dict[str, list[tuple[int, float]]] = {}
+    if (path / "metrics.csv").exists():
+        with (path / "metrics.csv").open(newline="") as fh:
+            for record in csv.DictReader(fh):
+                step = int(record["step"])
+                for name, value in record.items():
+                    if name != "step" and value:
+                        columns.setdefault(name, []).append((step, float(value)))
+    config: dict[str, Any] = {}
+    overrides: list[str] = []
+    try:
+        import yaml
+
+        if (path / "config.yaml").exists():
+            config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        hydra_overrides = path / ".hydra" / "overrides.yaml"
+        if hydra_overrides.exists():
+            overrides = [str(o) for o in yaml.safe_load(hydra_overrides.read_text()) or []]
+    except ImportError:  # PyYAML comes with omegaconf; without it, no config details
+        pass
+    return RunData(path, summary, columns, config, overrides)
+
+
+def write_report(path: Path, *, objective: str | None = None, mode: str | None = None) -> Path:
+    """Write the report of the run dir or sweep dir *path*; returns the report's directory."""
+    if not path.is_dir():
+        raise BlocksError(Problem("RUN_DIR", f"{path} is not a directory", "pass a run dir or a sweep dir"))
+    if is_run_dir(path):
+        return _run_report(read_run(path))
+    jobs = sorted((p for p in path.iterdir() if p.is_dir() and is_run_dir(p)), key=_job_order)
+    if not jobs:
+        raise BlocksError(
+            Problem(
+                "RUN_DIR",
+                f"{path} is neither a run dir (config.yaml, summary.json) nor a sweep dir of run dirs",
+                "pass the directory `blocks run` printed, or a sweep's hydra.sweep.dir",
+            )
+        )
+    return _sweep_report(path, [read_run(p) for p in jobs], objective=objective, mode=mode)
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+
+
+# --- one run ------------------------------------------------------------------------------------
+
+
+def _run_report(run: RunData) -> Path:
+    out = run.path / REPORT_DIR
+    out.mkdir(exist_ok=True)
+    plots: list[tuple[str, Path]] = []
+    for name, (title, wanted) in RUN_PLOTS.items():
+        series = {metric: run.columns[metric] for metric in wanted if run.columns.get(metric)}
+        if series:
+            plots.append((title, _line_plot(out / f"{name}.png", title, series)))
+    others = sorted(n for n in run.columns if n.startswith("val/") and n != "val/loss")
+    if others:
+        series = {n: run.columns[n] for n in others}
+        plots.append(("Validation metrics", _line_plot(out / "validation.png", "Validation metrics", series)))
+    table = _run_table(run)
+    title = f"Run report: {run.path.name}"
+    _write_documents(out, title, [("Summary", ["", ""], table)], plots)
+    return out
+
+
+def _run_table(run: RunData) -> list[list[str]]:
+    summary = run.summary
+    rows = [["status", run.status]]
+    if summary.get("reason"):
+        rows.append(["reason", str(summary["reason"])])
+    for key in ("global_step", "epoch", "world_size", "restarts", "resumed_from"):
+        if summary.get(key) not in (None, ""):
+            rows.append([key, str(summary[key])])
+    if summary.get("wall_s"):
+        rows.append(["wall time", f"{summary['wall_s']:.1f} s"])
+    names = list(SUMMARY_METRICS) + sorted(n for n in summary.get("metrics", {}) if n.startswith("health/"))
+    for name in names:
+        value = run.final(name)
+        if value is not None:
+            rows.append([name, _fmt(value)])
+    return rows
+
+
+# --- a sweep ------------------------------------------------------------------------------------
+
+
+def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mode: str | None) -> Path:
+    monitor: dict[str, Any] = next((r.config.get("monitor", {}) for r in runs if r.config), {})
+    explicit = objective is not None
+    objective = objective or str(monitor.get("objective", "val/loss"))
+    mode = mode or str(monitor.get("objective_mode", "min"))
+    params = swept_parameters(runs)
+    # Without --objective, a job lacking the metric is scored as the driver scored it for the sweeper.
+    scored = [(run, _objective(run, objective, fallback=not explicit)) for run in runs]
+    ranked = sorted(scored, key=lambda item: _rank_key(item[1], mode))
+    header = ["rank", "job", "status", *params, objective]
+    table = []
+    for position, (run, value) in enumerate(ranked, start=1):
+        values = _override_values(run)
+        table.append(
+            [
+                str(position) if _usable(value) else "-",
+                run.path.name,
+                run.status,
+                *[values.get(p, "") for p in params],
+                _fmt(value) if value is not None else "-",
+            ]
+        )
+    out = root / REPORT_DIR
+    out.mkdir(exist_ok=True)
+    plots: list[tuple[str, Path]] = []
+    for param in params:
+        points = [(_override_values(run).get(param, ""), value) for run, value in scored if _usable(value)]
+        if points:
+            safe = param.replace("/", "_").replace(".", "_")
+            title = f"{objective} against {param}"
+            plots.append(
+                (title, _objective_plot(out / f"objective_vs_{safe}.png", title, param, objective, points))
+            )
+    curves = {run.path.name: run.columns["train/loss"] for run in runs if run.columns.get("train/loss")}
+    if curves:
+        plots.append(("Training loss of every job", _line_plot(out / "train_loss.png", "train/loss", curves)))
+    title = f"Sweep report: {root.name} ({len(runs)} jobs, {objective}, {mode})"
+    _write_documents(out, title, [(f"Jobs ranked by {objective} ({mode})", header, table)], plots)
+    return out
+
+
+def _objective(run: RunData, name: str, *, fallback: bool) -> float | None:
+    value = run.final(name)
+    return run.final("train/loss") if value is None and fallback else value
+
+
+def swept_parameters(runs: Sequence[RunData]) -> list[str]:
+    """The override keys whose values differ between the jobs, in command-line order."""
+    keys: list[str] = []
+    values: dict[str, set[str]] = {}
+    for run in runs:
+        for key, value in _override_values(run).items():
+            if key not in values:
+                keys.append(key)
+                values[key] = set()
+            values[key].add(value)
+    return [k for k in keys if len(values[k]) > 1 or any(k not in _override_values(r) for r in runs)]
+
+
+def _override_values(run: RunData) -> dict[str, str]:
+    out = {}
+    for override in run.overrides:
+        key, _, value = override.partition("=")
+        out[key.lstrip("+~")] = value
+    return out
+
+
+def _usable(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _rank_key(value: float | None, mode: str) -> tuple[int, float]:
+    if not _usable(value):
+        return (1, 0.0)
+    assert value is not None
+    return (0, value if mode == "min" else -value)
+
+
+# --- plots and documents --------------------------------------------------------------------------
+
+
+def _figure() -> tuple[Any, Any]:
+    try:
+        import matplotlib
+    except ImportError:
+        raise BlocksError(
+            Problem(
+                "report",
+                "blocks report needs matplotlib, which is not installed",
+                "pip install 'blocks[monitor]'",
+            )
+        ) from None
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    return plt.subplots(figsize=FIGSIZE, dpi=DPI)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    from matplotlib import pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _line_plot(path: Path, title: str, series: dict[str, list[tuple[int, float]]]) -> Path:
+    fig, ax = _figure()
+    for label, points in series.items():
+        steps = [s for s, _ in points]
+        values = [v for _, v in points]
+        ax.plot(steps, values, marker="o" if len(points) < 20 else None, markersize=3, label=label)
+    positive = all(v > 0 for points in series.values() for _, v in points if math.isfinite(v))
+    spread = [v for points in series.values() for _, v in points if math.isfinite(v) and v > 0]
+    if positive and spread and max(spread) / min(spread) > 1e3:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _objective_plot(
+    path: Path, title: str, param: str, objective: str, points: list[tuple[str, float | None]]
+) -> Path:
+    fig, ax = _figure()
+    numeric = all(_is_number(x) for x, _ in points)
+    ys = [float(y) for _, y in points if y is not None]
+    if numeric:
+        xs = [float(x) for x, _ in points]
+        ax.scatter(xs, ys)
+        if min(xs) > 0 and max(xs) / min(xs) > 10:
+            ax.set_xscale("log")
+    else:
+        labels = sorted({x for x, _ in points})
+        ax.scatter([labels.index(x) for x, _ in points], ys)
+        ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel(param)
+    ax.set_ylabel(objective)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.6g}"
+
+
+Table = tuple[str, list[str], list[list[str]]]
+
+
+def _write_documents(out: Path, title: str, tables: list[Table], plots: list[tuple[str, Path]]) -> None:
+    """``report.md`` (plots linked) and ``report.html`` (plots embedded)."""
+    md = [f"# {title}", ""]
+    page = [f"<h1>{html.escape(title)}</h1>"]
+    for caption, header, rows in tables:
+        md += [f"## {caption}", "", *_markdown_table(header, rows), ""]
+        page.append(f"<h2>{html.escape(caption)}</h2>")
+        page.append(_html_table(header, rows))
+    if plots:
+        md += ["## Plots", ""]
+        page.append("<h2>Plots</h2>")
+    for caption, path in plots:
+        md += [f"### {caption}", "", f"![{caption}]({path.name})", ""]
+        data = base64.b64encode(path.read_bytes()).decode()
+        page.append(
+            f'<h3>{html.escape(caption)}</h3><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+        )
+    (out / "report.md").write_text("\n".join(md))
+    style = "body{font-family:sans-serif;max-width:900px;margin:auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
+    (out / "report.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>\n" + "\n".join(page) + "\n</body></html>\n"
+    )
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -1,0 +1,238 @@
+"""Watching a run: metrics, loggers (TensorBoard, Lightning), health policies, the stall watchdog, console output."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from blocks.checkpoint import store
+from blocks.launch import driver
+from tests.conftest import read_summary, run_cli
+
+pytestmark = pytest.mark.timeout(600)
+
+BLOBS = ["recipe=blobs", "monitor.log_every_n_steps=1", "monitor.progress=off"]
+HUGE_LR = [
+    *BLOBS,
+    "optim.lr=1e8",
+    "optim.warmup_steps=0",
+    "trainer.max_steps=8",
+    "checkpoint.every_n_steps=2",
+]
+
+
+def metrics(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_every_logged_row_has_throughput_timing_and_memory(tmp_path: Path) -> None:
+    summary = driver.run(["debug=fast", "trainer.max_steps=3", "monitor.progress=off"], tmp_path)
+    assert summary.status == "completed"
+    rows = metrics(tmp_path)
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+    for row in rows:
+        for column in ("train/loss", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "step_time_s"):
+            assert float(row[column]) > 0, column
+        assert float(row["data_wait_s"]) >= 0
+        assert float(row["peak_memory_mb"]) > 10, "process RSS on CPU"
+        assert float(row["tflops_per_s"]) > 0, "the transformer reports its FLOPs per sample"
+        assert "mfu" not in row, "no MFU on a CPU, whose peak is unknown"
+    seq_len = OmegaConf.load(tmp_path / "config.yaml").data.seq_len
+    assert float(rows[0]["tokens_per_s"]) / float(rows[0]["samples_per_s"]) == pytest.approx(
+        seq_len, rel=1e-4
+    )
+
+
+def test_tensorboard_events_are_read_back_by_tensorboard(tmp_path: Path) -> None:
+    summary = driver.run([*BLOBS, "trainer.max_steps=6", "monitor.loggers=[csv,tensorboard]"], tmp_path)
+    assert summary.status == "completed"
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    for tag in ("train/loss", "lr", "grad_norm", "samples_per_s", "val/loss"):
+        assert tag in tags
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6]
+    csv_losses = [float(r["train/loss"]) for r in metrics(tmp_path)]
+    assert [e.value for e in losses] == pytest.approx(csv_losses, rel=1e-5)
+    assert (tmp_path / "metrics.csv").exists(), "metrics.csv is written whatever the loggers"
+
+
+def test_a_resumed_run_continues_the_same_lightning_logger_run(tmp_path: Path) -> None:
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    args = [
+        *BLOBS,
+        "monitor.loggers=[pytorch_lightning.loggers.CSVLogger]",
+        f"+monitor.logger_args.save_dir={logs}",
+        "+monitor.logger_args.name=exp",
+    ]
+    assert driver.run([*args, "trainer.max_steps=4"], run_dir).status == "completed"
+    assert [p.name for p in (logs / "exp").iterdir()] == ["version_0"]
+    assert driver.run([*args, "trainer.max_steps=8"], run_dir).resumed_from
+    assert [p.name for p in (logs / "exp").iterdir()] == ["version_0"], (
+        "the resumed run logs into the same run"
+    )
+    with (logs / "exp" / "version_0" / "metrics.csv").open(newline="") as fh:
+        steps = {int(r["step"]) for r in csv.DictReader(fh)}
+    assert {5, 8} <= steps, "the resumed steps went to the same logger run"
+
+
+def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli, tmp_path: Path) -> None:
+    result = cli("run", *HUGE_LR, "monitor.on_nonfinite=stop", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1
+    assert "Traceback" not in result.output
+    summary = read_summary(tmp_path / "run")
+    assert summary["status"] == "failed"
+    assert "monitor.on_nonfinite=stop" in summary["reason"]
+    assert re.search(r"(train/loss|grad_norm) is (nan|inf)", summary["reason"])
+    assert summary["global_step"] < 8
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_stops_together(cli, tmp_path: Path) -> None:
+    result = cli("run", *HUGE_LR, "strategy=ddp", "trainer.devices=2", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1
+    summary = read_summary(tmp_path / "run")
+    assert summary["status"] == "failed" and "monitor.on_nonfinite=stop" in summary["reason"]
+    assert summary["world_size"] == 2
+
+
+def test_a_huge_lr_under_skip_skips_the_bad_steps(tmp_path: Path) -> None:
+    summary = driver.run([*HUGE_LR, "monitor.on_nonfinite=skip"], tmp_path)
+    assert summary.status == "completed" and summary.global_step == 8
+    skipped = summary.metrics["health/skipped_steps"]
+    assert 1 <= skipped < 8
+    assert "health/rollbacks" not in summary.metrics
+    rows = metrics(tmp_path)
+    assert all(math.isfinite(float(r["train/loss"])) for r in rows if r["train/loss"]), (
+        "skipped steps do not count in the logged loss"
+    )
+
+
+def test_a_huge_lr_under_rollback_rolls_back_to_the_last_checkpoint(tmp_path: Path) -> None:
+    summary = driver.run([*HUGE_LR, "monitor.on_nonfinite=rollback"], tmp_path)
+    assert summary.status == "completed" and summary.global_step == 8
+    assert summary.metrics["health/rollbacks"] >= 1
+    assert summary.metrics["health/skipped_steps"] >= summary.metrics["health/rollbacks"]
+
+
+def test_bad_steps_in_a_row_past_the_limit_fail_the_run(tmp_path: Path) -> None:
+    with pytest.raises(driver.JobFailed) as failure:
+        driver.run([*HUGE_LR, "monitor.on_nonfinite=skip", "monitor.max_bad_steps=2"], tmp_path)
+    assert failure.value.summary.status == "failed"
+    assert "monitor.max_bad_steps=2" in (failure.value.summary.reason or "")
+
+
+def test_rollback_without_checkpoints_is_a_plan_error(cli) -> None:
+    result = cli("plan", "recipe=blobs", "monitor.on_nonfinite=rollback", "checkpoint.enabled=false")
+    assert result.returncode == 2
+    assert "monitor.on_nonfinite" in result.output and "checkpoint.enabled" in result.output
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            "run",
+            *BLOBS,
+            "trainer.max_steps=200",
+            "strategy=ddp",
+            "trainer.devices=2",
+            "monitor.stall_timeout_s=5",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env={"BLOCKS_FAULT_STALL": "1:3:300"},
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert "stalled" in summary["reason"] and "monitor.stall_timeout_s" in summary["reason"]
+    stacks = {p.name: p.read_text() for p in (run_dir / "stacks").iterdir()}
+    assert set(stacks) == {"rank0-attempt0.txt", "rank1-attempt0.txt"}
+    assert "on_train_batch_end" in stacks["rank1-attempt0.txt"], (
+        "the stalled rank's stack shows where it sleeps"
+    )
+    assert "fit" in stacks["rank0-attempt0.txt"], "the waiting rank's stack shows the training loop"
+
+
+@pytest.mark.slow
+def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            "run",
+            *BLOBS,
+            "trainer.max_steps=12",
+            "strategy=ddp",
+            "trainer.devices=2",
+            "trainer.max_failures=1",
+            "checkpoint.every_n_steps=2",
+            "monitor.stall_timeout_s=5",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env={"BLOCKS_FAULT_STALL": "0:5:300"},
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["restarts"] == 1
+    assert summary["resumed_from"].endswith(store.step_dir_name(4)), (
+        "the restart resumed from the last checkpoint"
+    )
+    assert sorted(p.name for p in (run_dir / "stacks").iterdir()) == [
+        "rank0-attempt0.txt",
+        "rank1-attempt0.txt",
+    ]
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline: no \r, no ANSI escapes
+
+
+def test_without_a_terminal_output_is_plain_lines(cli, tmp_path: Path) -> None:
+    result = cli("run", "recipe=blobs", "trainer.max_steps=4", "monitor.log_every_n_steps=2")
+    assert result.returncode == 0, result.output
+    assert not CONTROL.search(result.output), repr(CONTROL.search(result.output))
+    lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines[:2]] == ["2/4", "4/4"]
+    assert "loss=" in lines[0] and "lr=" in lines[0] and "samples/s=" in lines[0] and "eta=" in lines[0]
+    assert "run summary" in result.stdout and "completed" in result.stdout
+
+
+def test_a_gradient_norm_spike_over_the_running_median_is_a_warning(caplog) -> None:
+    import pytorch_lightning as pl
+
+    from blocks.build.health import HealthGuard
+
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    guard = HealthGuard("stop", max_bad_steps=20, spike_factor=10.0, checkpoint_dir=None)
+    for norm in (1.0, 1.2, 0.9, 1.1, 1.0, 9.0):
+        guard.check_row(trainer, {"train/loss": 1.0, "grad_norm": norm})
+    assert guard.grad_spikes == 0, "9× the median is under the factor"
+    with caplog.at_level("WARNING", logger="blocks.build.health"):
+        guard.check_row(trainer, {"train/loss": 1.0, "grad_norm": 30.0})
+    assert guard.grad_spikes == 1 and guard.row()["health/grad_spikes"] == 1
+    assert "running median" in caplog.text and "monitor.grad_spike_factor" in caplog.text
+
+
+def test_stop_leaves_overflowing_gradients_to_the_fp16_scaler() -> None:
+    import pytorch_lightning as pl
+
+    from blocks.build.health import HealthGuard, NonFiniteError
+
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    scaled = HealthGuard("stop", max_bad_steps=20, spike_factor=0, checkpoint_dir=None, grad_scaler=True)
+    scaled.check_row(trainer, {"train/loss": 1.0, "grad_norm": math.inf})
+    with pytest.raises(NonFiniteError, match="train/loss is nan"):
+        scaled.check_row(trainer, {"train/loss": math.nan})
+    plain = HealthGuard("stop", max_bad_steps=20, spike_factor=0, checkpoint_dir=None)
+    with pytest.raises(NonFiniteError, match="grad_norm is inf"):
+        plain.check_row(trainer, {"train/loss": 1.0, "grad_norm": math.inf})

@@ -1,0 +1,117 @@
+"""``blocks report`` on a run and on sweeps (basic and Optuna), and the objective a run returns to Hydra."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import read_summary
+
+pytestmark = pytest.mark.timeout(600)
+
+BLOBS = ["recipe=blobs", "monitor.log_every_n_steps=1", "monitor.progress=off", "trainer.max_steps=6"]
+PNG_SIZE = (800, 450)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    rows = [line.strip("|").split("|") for line in markdown.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+def test_a_run_report_has_plots_and_a_summary(cli, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert cli("run", *BLOBS, f"hydra.run.dir={run_dir}").returncode == 0
+    result = cli("report", str(run_dir))
+    assert result.returncode == 0, result.output
+    report = run_dir / "report"
+    for name in ("loss", "throughput", "lr", "grad_norm", "validation"):
+        png = report / f"{name}.png"
+        assert png.stat().st_size > 5000, name
+        assert png_size(png) == PNG_SIZE, name
+    markdown = (report / "report.md").read_text()
+    summary = dict(row for row in table_rows(markdown) if len(row) == 2)
+    assert summary["status"] == "completed" and summary["global_step"] == "6"
+    assert float(summary["val/loss"]) == pytest.approx(read_summary(run_dir)["metrics"]["val/loss"], rel=1e-5)
+    page = (report / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 6, "every plot is embedded in the HTML"
+
+
+def test_a_sweep_report_ranks_every_job_by_the_objective(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    lrs = ["0.0001", "0.003", "0.03"]
+    result = cli("run", "-m", *BLOBS, f"optim.lr={','.join(lrs)}", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.output[-3000:]
+    result = cli("report", str(sweep))
+    assert result.returncode == 0, result.output
+    rows = table_rows((sweep / "report" / "report.md").read_text())
+    header, jobs = rows[0], rows[1:]
+    assert header == ["rank", "job", "status", "optim.lr", "val/loss"]
+    assert sorted(row[3] for row in jobs) == sorted(lrs), "a row for every job"
+    losses = [float(row[4]) for row in jobs]
+    assert losses == sorted(losses) and [row[0] for row in jobs] == ["1", "2", "3"]
+    for row in jobs:
+        assert float(row[4]) == pytest.approx(read_summary(sweep / row[1])["metrics"]["val/loss"], rel=1e-5)
+    plot = sweep / "report" / "objective_vs_optim_lr.png"
+    assert png_size(plot) == PNG_SIZE and plot.stat().st_size > 5000
+    maximized = cli("report", str(sweep), "--objective", "val/accuracy", "--mode", "max")
+    assert maximized.returncode == 0
+    ranked = [float(row[4]) for row in table_rows((sweep / "report" / "report.md").read_text())[1:]]
+    assert ranked == sorted(ranked, reverse=True)
+
+
+def test_report_does_not_import_torch(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text('{"status": "completed", "metrics": {"train/loss": 1.0}}')
+    (run_dir / "metrics.csv").write_text("step,train/loss,lr\n1,2.0,0.1\n2,1.0,0.1\n")
+    code = (
+        "import sys; from blocks.cli.main import main\n"
+        "try:\n    main(['report', sys.argv[1]])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules and 'pytorch_lightning' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(run_dir)], check=True, capture_output=True)
+    assert png_size(run_dir / "report" / "loss.png") == PNG_SIZE
+
+
+def test_report_of_a_directory_without_runs_is_a_clear_error(cli, tmp_path: Path) -> None:
+    result = cli("report", str(tmp_path))
+    assert result.returncode == 2
+    assert "neither a run dir" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_of_four_trials_completes_and_is_ranked(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "optuna"
+    result = cli(
+        "run",
+        "-m",
+        "hparams_search=optuna",
+        *BLOBS,
+        "hydra.sweeper.n_trials=4",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists())
+    assert jobs == ["0", "1", "2", "3"]
+    losses = {job: read_summary(sweep / job)["metrics"]["val/loss"] for job in jobs}
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert results["best_value"] == pytest.approx(min(losses.values()), rel=1e-6), (
+        "Optuna optimized the objective each run returned"
+    )
+    assert set(results["best_params"]) == {"optim.lr", "optim.weight_decay"}
+    assert cli("report", str(sweep)).returncode == 0
+    rows = table_rows((sweep / "report" / "report.md").read_text())[1:]
+    assert [row[1] for row in rows] == sorted(losses, key=losses.__getitem__)
+    assert rows[0][3] == str(results["best_params"]["optim.lr"])
