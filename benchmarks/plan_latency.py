@@ -10,7 +10,13 @@ from pathlib import Path
 from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python, timed_subprocess
 from benchmarks.overhead import blocks_overrides, workloads
 
-SCALE_OUT = ["strategy=fsdp", "trainer.nodes=16", "trainer.devices=8", "trainer.accelerator=gpu", "data.batch_size=8"]
+SCALE_OUT = [
+    "strategy=fsdp",
+    "trainer.nodes=16",
+    "trainer.devices=8",
+    "trainer.accelerator=gpu",
+    "data.batch_size=8",
+]
 
 
 def torch_imported_by_plan(cwd: Path) -> bool:
