@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 from blocks.build.trainer import build_run
 from blocks.core import jobs
 from blocks.launch import driver
-from tests.conftest import blocks_run_until_step, read_summary, spawned
+from tests.conftest import blocks_run_until_step, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -370,3 +371,32 @@ def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
             assert task.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(tmp_path: Path) -> None:
+    """Rank 1 stops (injected); rank 0's next gradient all-reduce gives up after strategy.collective_timeout_s."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = run_cli(
+        [
+            "run",
+            *FAST_DDP,
+            "trainer.max_epochs=null",
+            "trainer.max_steps=100",
+            "strategy.collective_timeout_s=5",
+            "monitor.stall_timeout_s=600",  # the watchdog (which hosts the injection hook) must not fire first
+            "monitor.progress=off",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env={"BLOCKS_FAULT_STALL": "1:3:600"},
+        timeout=300,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert "collective operation timed out after strategy.collective_timeout_s=5s" in summary["reason"]
+    assert summary["global_step"] <= 4
+    assert not (run_dir / "stacks").exists(), "the collective timeout, not the stall watchdog, ended the job"
+    assert elapsed < 240, "the job must fail soon after the timeout, not wait for the stalled rank"

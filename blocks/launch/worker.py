@@ -12,10 +12,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.errors import BlocksError
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
+
+if TYPE_CHECKING:
+    from blocks.core.plan import Plan
 
 
 def train(run_dir: Path, *, console: bool = True) -> Summary:
@@ -45,7 +49,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             summary.status, summary.reason = "interrupted", "training was interrupted (SIGINT or SIGTERM)"
         else:
-            summary.status, summary.reason = "failed", f"{type(exc).__name__}: {exc}"
+            summary.status, summary.reason = "failed", failure_reason(exc, plan)
         raise
     finally:
         built.recorder.close()
@@ -69,6 +73,20 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
                 _print_summary(summary)
         _shut_down_process_group(wait_for_peers=summary.status == "completed")
     return summary
+
+
+def failure_reason(exc: BaseException, plan: Plan) -> str:
+    """``summary.json``'s reason for *exc*; a timed-out collective also says what it means and which key sets it."""
+    reason = f"{type(exc).__name__}: {exc}"
+    message = str(exc).lower()
+    limit = getattr(plan.strategy, "collective_timeout_s", None)
+    if plan.derived.world_size > 1 and limit is not None and ("timeout" in message or "timed out" in message):
+        return (
+            f"a collective operation timed out after strategy.collective_timeout_s={limit:g}s: another rank "
+            f"stopped or fell far behind (its log says why; monitor.stall_timeout_s dumps every rank's stack) "
+            f"({reason})"
+        )
+    return reason
 
 
 def _print_summary(summary: Summary) -> None:
