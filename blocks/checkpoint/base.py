@@ -64,12 +64,31 @@ class Checkpoint(CheckpointBlock):
         ctx.positive("keep_best", self.keep_best, allow_zero=True)
         ctx.choice("mode", self.mode, ("min", "max"))
         if not self.resume:
-            ctx.error("resume", "must be 'auto', 'never' or a checkpoint URL", "checkpoint.resume=auto")
+            ctx.error(
+                "resume",
+                "must be 'auto', 'never' or a checkpoint URL",
+                "checkpoint.resume=auto",
+                check="choice",
+            )
         elif self.enabled and self.resume not in ("auto", "never"):
             self._check_resume_url(ctx)
+        total = ctx.derived.total_steps
+        if self.enabled and self.every_n_steps and total and self.every_n_steps > total:
+            ctx.warning(
+                "every_n_steps",
+                f"a checkpoint every {self.every_n_steps} steps never comes before the end of training "
+                f"({total} steps); only the final one is saved",
+                f"checkpoint.every_n_steps={max(1, total // 4)}",
+                check="checkpoint-every-within-training",
+                related=("trainer.max_steps", "trainer.max_epochs"),
+            )
         if self.keep_best and not self.monitor:
             ctx.error(
-                "monitor", "checkpoint.keep_best needs a metric to rank by", "checkpoint.monitor=val/loss"
+                "monitor",
+                "checkpoint.keep_best needs a metric to rank by",
+                "checkpoint.monitor=val/loss",
+                check="keep-best-monitor",
+                related=("checkpoint.keep_best",),
             )
         if self.monitor:
             task = ctx.block("task")
@@ -81,6 +100,7 @@ class Checkpoint(CheckpointBlock):
                     f"'{self.monitor}' is not a metric task={task.block_name} logs ({', '.join(logged)})",
                     f"checkpoint.monitor={logged[0]}",
                     check="checkpoint-monitor-metric",
+                    related=("task",),
                 )
 
     def _check_resume_url(self, ctx: CheckContext) -> None:
@@ -88,7 +108,7 @@ class Checkpoint(CheckpointBlock):
         from blocks.checkpoint import store
 
         try:
-            store.read_manifest(self.resume)
+            manifest = store.read_manifest(self.resume)
         except Exception as exc:
             ctx.error(
                 "resume",
@@ -96,4 +116,17 @@ class Checkpoint(CheckpointBlock):
                 "point checkpoint.resume at a committed checkpoint directory (one with MANIFEST.json), "
                 "or use checkpoint.resume=auto",
                 check="resume-committed",
+            )
+            return
+        strategy = ctx.block("strategy")
+        sharded = bool(getattr(strategy, "shards_parameters", False))
+        if manifest.sharded != sharded:
+            saved, now = ("sharded (FSDP)", "full") if manifest.sharded else ("full", "sharded (FSDP)")
+            ctx.error(
+                "resume",
+                f"{self.resume} is a {saved} checkpoint, but strategy={strategy.block_name} loads {now} ones",
+                "resume with the strategy that saved it, or export its weights (blocks.checkpoint.export) "
+                "and start a new run from them",
+                check="checkpoint-format",
+                related=("strategy",),
             )
