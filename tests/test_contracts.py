@@ -193,3 +193,29 @@ def test_plan_shows_the_memory_estimate(cli) -> None:
         "device memory (trainer.device_memory_gb)",
     ):
         assert text in result.stdout
+
+
+def test_the_optimizer_uses_the_effective_lr(tmp_path) -> None:
+    import csv
+
+    from blocks.launch.driver import run
+
+    args = [
+        "recipe=blobs",
+        "data.batch_size=32",
+        "optim.lr=0.01",
+        "optim.lr_scaling=linear",
+        "optim.reference_batch=8",
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "trainer.max_steps=2",
+        "trainer.max_epochs=null",
+        "monitor.log_every_n_steps=1",
+        "monitor.progress=off",
+        "checkpoint.enabled=false",
+    ]
+    summary = run(args, tmp_path)
+    assert summary.status == "completed"
+    with open(tmp_path / "metrics.csv") as fh:
+        rates = [float(row["lr"]) for row in csv.DictReader(fh) if row.get("lr")]
+    assert rates and all(rate == pytest.approx(0.04) for rate in rates), rates
