@@ -341,7 +341,7 @@ def _derive(state: _State) -> None:
             parameters = model.num_parameters(state.batch_spec)
         except (ValueError, ZeroDivisionError):
             parameters = None
-    if parameters is not None and parameters < 0:
+    if parameters is not None and parameters <= 0:
         parameters = None
     steps_per_epoch = train // global_batch if global_batch else 0
     max_steps = getattr(trainer, "max_steps", None)
@@ -406,7 +406,7 @@ def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
         elements = model.activation_elements(spec, max(0, d.micro_batch), checkpointing=checkpointing)
     except (ValueError, ZeroDivisionError, AssertionError):
         elements = None
-    activations = elements * compute_bytes if elements is not None else None
+    activations = elements * compute_bytes if elements is not None and elements >= 0 else None
     total = resident + gradients + optimizer + (activations or 0)
     device, source = _device_memory(state)
     return MemoryEstimate(
