@@ -84,6 +84,17 @@ def test_composition_and_plan_problems_are_reported_together() -> None:
     }, found
 
 
+def test_block_field_problems_and_plan_problems_are_reported_together() -> None:
+    with pytest.raises(ConfigError) as info:
+        jobs.plan(["+optim.nope=1", "optim.lr=???", "model.n_heads=5"], CPU)
+    found = {(p.key, p.check) for p in info.value.problems}
+    assert found == {
+        ("optim.nope", "unknown-key"),
+        ("optim.lr", "missing-value"),
+        ("model.n_heads", "heads-divide-width"),
+    }, found
+
+
 def test_a_key_of_another_block_names_the_blocks_that_have_it() -> None:
     with pytest.raises(ConfigError) as info:
         jobs.plan(["strategy.backend=gloo"], CPU)

@@ -130,7 +130,7 @@ def _assert_names_keys(problems: typing.Sequence[typing.Any], where: str) -> Non
 
 
 @settings(
-    max_examples=200,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,

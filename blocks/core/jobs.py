@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from omegaconf import DictConfig
 
@@ -66,13 +67,16 @@ def _compose_once(overrides: Sequence[str]) -> Composed:
         raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
 
 
-def _compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[Problem]]:
-    """The composition of the overrides that apply, and the problems of those that do not."""
+T = TypeVar("T")
+
+
+def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tuple[T | None, list[Problem]]:
+    """*step*'s result for the overrides that apply, and the problems of those that do not."""
     remaining = list(overrides)
     problems: list[Problem] = []
     for _ in range(MAX_COMPOSE_ROUNDS):
         try:
-            return _compose_once(remaining), problems
+            return step(remaining), problems
         except ConfigError as error:
             problems += [p for p in error.problems if p not in problems]
             dropped = _without_failing(remaining, error.problems)
@@ -80,6 +84,16 @@ def _compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list
                 return None, problems
             remaining = dropped
     return None, problems
+
+
+def _compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[Problem]]:
+    """The composition of the overrides that apply, and the problems of those that do not."""
+    return _collecting(overrides, _compose_once)
+
+
+def _blocks_once(overrides: Sequence[str]) -> tuple[Composed, dict[str, Block]]:
+    composed = _compose_once(overrides)
+    return composed, config_to_blocks(composed.config)
 
 
 def _override_key(override: str) -> str:
@@ -173,10 +187,10 @@ def plan(overrides: Sequence[str] = (), environment: Environment | None = None) 
     When some overrides do not compose, the ``ConfigError`` also carries the plan errors of
     the job without them, so one run shows every problem.
     """
-    composed, problems = _compose_collecting(overrides)
+    built, problems = _collecting(overrides, _blocks_once)
     if not problems:
-        assert composed is not None
-        return plan_config(composed, environment)
+        assert built is not None
+        return make_plan(built[1], built[0].choices, environment)
     failed_groups = {p.key for p in problems if p.key and "." not in p.key}
 
     def independent(problem: Problem) -> bool:
@@ -184,11 +198,8 @@ def plan(overrides: Sequence[str] = (), environment: Environment | None = None) 
         keys = (problem.key, *problem.related)
         return problem not in problems and not any(k.split(".", 1)[0] in failed_groups for k in keys)
 
-    if composed is not None:
-        try:
-            problems += [p for p in plan_config(composed, environment).errors if independent(p)]
-        except ConfigError as error:
-            problems += [p for p in error.problems if p not in problems]
+    if built is not None:
+        problems += [p for p in make_plan(built[1], built[0].choices, environment).errors if independent(p)]
     raise ConfigError(problems)
 
 
