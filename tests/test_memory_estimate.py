@@ -99,3 +99,51 @@ def test_estimate_is_within_tolerance_of_measured_peak(overrides: list[str]) -> 
     assert measured > 0
     error = estimated / measured - 1
     assert abs(error) <= TOLERANCE, f"estimate {estimated:,} B vs measured {measured:,} B ({error:+.1%})"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "model.d_model=512",
+            "model.n_layers=4",
+            "model.n_heads=8",
+            "data.seq_len=128",
+            "data.batch_size=32",
+        ],
+        [
+            "model.d_model=1024",
+            "model.n_layers=2",
+            "model.n_heads=16",
+            "data.seq_len=128",
+            "data.batch_size=16",
+        ],
+    ],
+    ids=["d512", "d1024"],
+)
+def test_estimate_against_the_cuda_allocator_peak(overrides: list[str]) -> None:
+    """On a GPU: the CUDA caching allocator's own peak (``max_memory_allocated``), float32, ±20 %."""
+    from blocks.core.environment import Environment
+
+    gpu = Environment(gpus=1, gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
+    plan = jobs.plan([*overrides, "model.context=128", "trainer.accelerator=gpu"], gpu)
+    assert plan.ok, [p.render() for p in plan.errors]
+    assert plan.derived.memory is not None
+    spec = plan.data.batch_spec()
+    network = plan.model.build(spec).cuda()
+    objective = plan.task.build(spec).cuda()
+    optimizer = torch.optim.AdamW(network.parameters(), lr=1e-3)
+    batch = next(iter(torch.utils.data.DataLoader(plan.data.build("train"), batch_size=plan.data.batch_size)))
+    batch = {k: v.cuda() for k, v in batch.items()}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        objective.loss(network(batch["inputs"]), batch).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated()
+    estimated = plan.derived.memory.total
+    error = estimated / measured - 1
+    assert abs(error) <= 0.20, f"estimate {estimated:,} B vs measured {measured:,} B ({error:+.1%})"

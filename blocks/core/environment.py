@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ def _host_memory_bytes() -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def _gpu_memory_bytes() -> int | None:
     """The smallest visible GPU's total memory, from ``nvidia-smi`` (None when it cannot say)."""
     try:
