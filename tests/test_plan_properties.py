@@ -1,5 +1,7 @@
 """Property-based: any override combination either plans or ends in a ``BlocksError`` naming a key.
 
+Planned on a CPU-only machine and on one with 8 GPUs (drawn).
+
 Hypothesis draws overrides over every group (its options, a typo, a recipe preset) and every
 key of every block of that group (values of the field's type, out-of-range values, values of
 the wrong type, null). Nothing else may escape: no ``KeyError``, ``ZeroDivisionError`` or
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from blocks.core import catalog, jobs
 from blocks.core.block import KINDS
+from blocks.core.checks import GPU
 from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError
 from blocks.core.recipe import RECIPES
@@ -135,10 +138,10 @@ def _assert_names_keys(problems: typing.Sequence[typing.Any], where: str) -> Non
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
 )
-@given(overrides())
-def test_any_overrides_plan_or_fail_naming_a_key(args: list[str]) -> None:
+@given(overrides(), st.sampled_from([ENV, GPU]))
+def test_any_overrides_plan_or_fail_naming_a_key(args: list[str], env: Environment) -> None:
     try:
-        plan = jobs.plan(args, ENV)
+        plan = jobs.plan(args, env)
     except BlocksError as error:
         assert error.problems
         _assert_names_keys(error.problems, " ".join(args))
