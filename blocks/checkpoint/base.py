@@ -102,6 +102,16 @@ class Checkpoint(CheckpointBlock):
                     check="checkpoint-monitor-metric",
                     related=("task",),
                 )
+            elif (
+                self.monitor.startswith("val/") and ctx.derived.train_samples and not ctx.derived.val_samples
+            ):
+                ctx.error(
+                    "monitor",
+                    f"'{self.monitor}' is never logged: data={ctx.data.block_name} has no validation split",
+                    "checkpoint.monitor=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
+                    check="checkpoint-monitor-validation",
+                    related=("data",),
+                )
 
     def _check_resume_url(self, ctx: CheckContext) -> None:
         """An explicit resume URL must name a committed checkpoint (its files are verified at run time)."""

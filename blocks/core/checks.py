@@ -144,6 +144,13 @@ CHECKS: tuple[Check, ...] = (
         ("checkpoint.monitor=val/accuracy",),
     ),
     Check(
+        "checkpoint-monitor-validation",
+        ("checkpoint", "data"),
+        "checkpoint.monitor",
+        "a monitored validation metric has a validation split to come from",
+        ("recipe=blobs", "data.val_fraction=0", "checkpoint.monitor=val/loss"),
+    ),
+    Check(
         "validation-split",
         ("trainer", "data"),
         "trainer.val_every",
