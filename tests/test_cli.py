@@ -85,10 +85,10 @@ def test_plan_multirun_plans_every_job(cli) -> None:
 def test_plan_imports_neither_torch_nor_lightning_and_is_fast() -> None:
     code = (
         "import sys, time\n"
-        "t = time.perf_counter()\n"
+        "t = time.process_time()\n"
         "from blocks.cli.main import cmd_plan\n"
         "code = cmd_plan(['trainer.nodes=16', 'trainer.devices=8', 'trainer.accelerator=gpu', 'precision=bf16-mixed'], as_json=True, multirun=False)\n"
-        "elapsed = time.perf_counter() - t\n"
+        "elapsed = time.process_time() - t  # CPU seconds: a loaded test machine stretches wall time\n"
         "bad = [m for m in ('torch', 'pytorch_lightning', 'lightning') if m in sys.modules]\n"
         "print('RESULT', code, round(elapsed, 3), bad)\n"
     )

@@ -69,7 +69,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     resume_from = resolve_resume(plan, directory)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
-    module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps, parallelize)
+    optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
+    module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize)
     datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
     sinks = metric_sinks(monitor, run_dir, resumed_step)
     if console and monitor.progress != "off":

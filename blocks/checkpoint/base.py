@@ -67,12 +67,31 @@ class Checkpoint(CheckpointBlock):
         ctx.positive("keep_best", self.keep_best, allow_zero=True)
         ctx.choice("mode", self.mode, ("min", "max"))
         if not self.resume:
-            ctx.error("resume", "must be 'auto', 'never' or a checkpoint URL", "checkpoint.resume=auto")
+            ctx.error(
+                "resume",
+                "must be 'auto', 'never' or a checkpoint URL",
+                "checkpoint.resume=auto",
+                check="choice",
+            )
         elif self.enabled and self.resume not in ("auto", "never"):
             self._check_resume_url(ctx)
+        total = ctx.derived.total_steps
+        if self.enabled and self.every_n_steps and total and self.every_n_steps > total:
+            ctx.warning(
+                "every_n_steps",
+                f"a checkpoint every {self.every_n_steps} steps never comes before the end of training "
+                f"({total} steps); only the final one is saved",
+                f"checkpoint.every_n_steps={max(1, total // 4)}",
+                check="checkpoint-every-within-training",
+                related=("trainer.max_steps", "trainer.max_epochs"),
+            )
         if self.keep_best and not self.monitor:
             ctx.error(
-                "monitor", "checkpoint.keep_best needs a metric to rank by", "checkpoint.monitor=val/loss"
+                "monitor",
+                "checkpoint.keep_best needs a metric to rank by",
+                "checkpoint.monitor=val/loss",
+                check="keep-best-monitor",
+                related=("checkpoint.keep_best",),
             )
         if self.monitor:
             task = ctx.block("task")
@@ -84,6 +103,17 @@ class Checkpoint(CheckpointBlock):
                     f"'{self.monitor}' is not a metric task={task.block_name} logs ({', '.join(logged)})",
                     f"checkpoint.monitor={logged[0]}",
                     check="checkpoint-monitor-metric",
+                    related=("task",),
+                )
+            elif (
+                self.monitor.startswith("val/") and ctx.derived.train_samples and not ctx.derived.val_samples
+            ):
+                ctx.error(
+                    "monitor",
+                    f"'{self.monitor}' is never logged: data={ctx.data.block_name} has no validation split",
+                    "checkpoint.monitor=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
+                    check="checkpoint-monitor-validation",
+                    related=("data",),
                 )
 
     def _check_resume_url(self, ctx: CheckContext) -> None:
@@ -91,7 +121,7 @@ class Checkpoint(CheckpointBlock):
         from blocks.checkpoint import store
 
         try:
-            store.read_manifest(self.resume)
+            manifest = store.read_manifest(self.resume)
         except Exception as exc:
             ctx.error(
                 "resume",
@@ -99,4 +129,17 @@ class Checkpoint(CheckpointBlock):
                 "point checkpoint.resume at a committed checkpoint directory (one with MANIFEST.json), "
                 "or use checkpoint.resume=auto",
                 check="resume-committed",
+            )
+            return
+        strategy = ctx.block("strategy")
+        sharded = bool(getattr(strategy, "shards_parameters", False))
+        if manifest.sharded != sharded:
+            saved, now = ("sharded (FSDP)", "full") if manifest.sharded else ("full", "sharded (FSDP)")
+            ctx.error(
+                "resume",
+                f"{self.resume} is a {saved} checkpoint, but strategy={strategy.block_name} loads {now} ones",
+                "resume with the strategy that saved it, or export its weights (blocks.checkpoint.export) "
+                "and start a new run from them",
+                check="checkpoint-format",
+                related=("strategy",),
             )

@@ -13,7 +13,7 @@ from rich.text import Text
 from blocks.core.block import Block, block_fields
 from blocks.core.errors import Problem
 from blocks.core.packages import API_VERSION, package_of
-from blocks.core.plan import Plan
+from blocks.core.plan import MemoryEstimate, Plan, format_bytes
 from blocks.core.registry import Entry
 
 _DERIVED_LABELS = {
@@ -28,6 +28,7 @@ _DERIVED_LABELS = {
     "total_steps": "total steps",
     "epochs": "epochs",
     "warmup_steps": "warmup steps",
+    "lr": "LR (optim.lr)",
     "effective_lr": "effective LR",
     "parameters": "model parameters",
 }
@@ -72,11 +73,37 @@ def plan_panel(plan: Plan) -> Panel:
     for key, label in _DERIVED_LABELS.items():
         derived.add_row(label, _number(values[key]))
     parts: list[object] = [blocks, Text(""), derived]
+    if plan.derived.memory is not None:
+        parts += [Text(""), memory_table(plan.derived.memory)]
     if plan.problems:
         parts += [Text(""), problems_text(plan.problems)]
     status = "[green]valid[/]" if plan.ok else f"[red]{len(plan.errors)} error(s)[/]"
     title = f"plan: recipe [bold]{plan.choices.get('recipe', '-')}[/] — {status}"
     return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
+
+
+def memory_table(memory: MemoryEstimate) -> Table:
+    """The memory estimate per device, by what holds it, against the device's memory."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="cyan")
+    table.add_column(justify="right")
+    layout = "sharded" if memory.sharded else "replicated"
+    table.add_row(f"memory per device (estimate, {layout})", "")
+    table.add_row("  parameters", format_bytes(memory.parameters))
+    table.add_row("  gradients", format_bytes(memory.gradients))
+    table.add_row("  optimizer state", format_bytes(memory.optimizer))
+    checkpointing = ", recomputed" if memory.activation_checkpointing else ""
+    activations = "unknown" if memory.activations is None else format_bytes(memory.activations)
+    table.add_row(f"  activations (one micro-batch{checkpointing})", activations)
+    table.add_row("  total", format_bytes(memory.total))
+    if memory.device is None:
+        table.add_row("  device memory", "unknown (set trainer.device_memory_gb)")
+    else:
+        share = f"{memory.total / memory.device:.0%}"
+        table.add_row(
+            f"  device memory ({memory.device_source})", f"{format_bytes(memory.device)} ({share} used)"
+        )
+    return table
 
 
 def problems_text(problems: Iterable[Problem]) -> Text:

@@ -128,7 +128,10 @@ def config_to_blocks(config: Mapping[str, Any] | DictConfig) -> dict[str, Block]
         if not isinstance(node, DictConfig) or BLOCK_KEY not in node:
             problems.append(
                 Problem(
-                    kind, f"no {kind} block is chosen", f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>"
+                    kind,
+                    f"no {kind} block is chosen",
+                    f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>",
+                    check="missing-value",
                 )
             )
             continue
@@ -147,7 +150,14 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
     try:
         cls = REGISTRY.get(kind, name).cls
     except RegistryError as exc:
-        raise ConfigError(Problem(kind, exc.problems[0].message, f"{kind}=<option>")) from None
+        raise ConfigError(
+            Problem(
+                kind,
+                exc.problems[0].message,
+                f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>",
+                check="unknown-option",
+            )
+        ) from None
     fields = {f.name: f for f in dataclasses.fields(cls)}
     # Keys only: reading a value would resolve it, and a ``???`` value raises on read.
     keys = [str(k) for k in node if k != BLOCK_KEY]
@@ -160,11 +170,19 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
                     f"{kind}.{key}",
                     f"{kind}={name} has no field '{key}'" + (f"; {hint}" if hint else ""),
                     f"fields of {kind}={name}: {', '.join(fields)}",
+                    check="unknown-key",
                 )
             )
     for key in fields:
         if key in keys and OmegaConf.is_missing(node, key):
-            problems.append(Problem(f"{kind}.{key}", "is required and has no value", f"{kind}.{key}=<value>"))
+            problems.append(
+                Problem(
+                    f"{kind}.{key}",
+                    "is required and has no value",
+                    f"{kind}.{key}=<value>",
+                    check="missing-value",
+                )
+            )
     if problems:
         raise ConfigError(problems)
     base = OmegaConf.structured(cls)
@@ -197,9 +215,35 @@ def _omegaconf_problem(exc: OmegaConfBaseException, prefix: str = "") -> Problem
     if prefix and key and not key.startswith(prefix + "."):
         key = f"{prefix}.{key}"
     message = str(getattr(exc, "msg", "") or exc).splitlines()[0]
+    return Problem(
+        key or prefix, message, _omegaconf_fix(key or prefix, message), check=_omegaconf_check(message)
+    )
+
+
+def _omegaconf_fix(key: str, message: str) -> str:
+    """How to fix one of OmegaConf's errors about *key*, from its message."""
     expected = re.search(r"converted to (\w+)", message)
-    fix = f"give {key} a value of type {expected.group(1).lower()}" if expected else ""
-    return Problem(key or prefix, message, fix)
+    kind = key.split(".", 1)[0]
+    if expected:
+        return f"give {key} a value of type {expected.group(1).lower()}"
+    if "is not Optional" in message:
+        return f"{key} cannot be null: give it a value (see `blocks list {kind}`)"
+    if "is not a ListConfig, list or tuple" in message:
+        return f"give {key} a list, e.g. {key}=[64,64]"
+    if "not support deletion" in message:
+        return f"block fields cannot be deleted; set a value instead ({key}=...)"
+    if "nterpolation" in message or "resolving" in message:
+        return f"interpolate an existing key (e.g. {key}='${{optim.lr}}') or set a plain value"
+    return f"give {key} a value of its field's type (see `blocks list {kind}`)" if key else ""
+
+
+def _omegaconf_check(message: str) -> str:
+    """A stable check name for one of OmegaConf's errors."""
+    if "nterpolation" in message or "resolving" in message:
+        return "interpolation"
+    if "missing" in message.lower():
+        return "missing-value"
+    return "type"
 
 
 def translate_compose_error(
@@ -223,13 +267,19 @@ def translate_compose_error(
                     group,
                     f"no option '{option}' in group '{group}'" + (f"; {hint}" if hint else ""),
                     f"available: {', '.join(options)}" if options else "",
+                    check="unknown-option",
                 )
             )
         match = re.search(r"You must specify '([\w/]+)'", str(exc))
         if match:
             group = match.group(1)
             return ConfigError(
-                Problem(group, f"no {group} option is chosen", f"{group}=<one of {', '.join(options)}>")
+                Problem(
+                    group,
+                    f"no {group} option is chosen",
+                    f"{group}=<one of {', '.join(options)}>",
+                    check="missing-value",
+                )
             )
         return ConfigError(Problem("", str(exc).splitlines()[0]))
     if isinstance(exc, OverrideParseException):
@@ -241,6 +291,7 @@ def translate_compose_error(
                 match.group(1) if match else "",
                 f"{lines[0]}: {detail}",
                 "write overrides as key=value, e.g. optim.lr=3e-4 (quote values with special characters)",
+                check="override-syntax",
             )
         )
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) else exc
@@ -254,6 +305,19 @@ def translate_compose_error(
             problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
         return ConfigError(problem)
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if message.startswith("Config group override must be"):
+        group = next(
+            (_key_of(o) for o in overrides if _key_of(o) in GROUPS and o.split("=", 1)[-1] in ("null", "")),
+            "",
+        )
+        return ConfigError(
+            Problem(
+                group,
+                f"a {group or 'config group'} option must be a name: {message}",
+                f"{group}=<one of its options>; see `blocks list {group}`" if group else "",
+                check="unknown-option",
+            )
+        )
     if _SWEEP_WITHOUT_MULTIRUN.search(message):
         return ConfigError(_sweep_without_multirun_problem(message, override))
     inside = re.match(r"In '([\w./-]+)': \w+ raised while composing config", message)
@@ -267,6 +331,7 @@ def translate_compose_error(
                 f"config '{source}' sets {key}, which the chosen {key.split('.')[0]} block does not accept ({detail})",
                 f"choose a {key.split('.')[0]} block that has this field, or give the new block its own preset "
                 f"(Python recipes do this for you)",
+                check="unknown-key",
             )
         )
     match = re.search(r"Could not override '([\w./]+)'", message)
@@ -283,7 +348,13 @@ def _sweep_without_multirun_problem(message: str, override: str) -> Problem:
     fix = "add -m (--multirun) to sweep over these values"
     if message.startswith("Ambiguous value"):
         fix += "; for one list value write key=[a,b]"
-    return Problem(override.split("=", 1)[0].lstrip("+~") if override else "", message, fix)
+    return Problem(
+        override.split("=", 1)[0].lstrip("+~") if override else "", message, fix, check="sweep-without-m"
+    )
+
+
+def _key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _failing_override(message: str, overrides: Sequence[str]) -> str:
@@ -301,15 +372,29 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
             group,
             f"'{group}' is not a config group" + (f"; {hint}" if hint else ""),
             f"config groups: {', '.join(GROUPS)}",
+            check="unknown-group",
         )
     keys = list(known_keys.get(group, ()))
     hint = did_you_mean(field, keys)
-    fix = (
-        f"{group}.{hint.split(chr(39))[1]}=..."
-        if hint
-        else (f"keys of {group}: {', '.join(keys)}" if keys else "")
+    having = _blocks_with_field(group, field.split(".", 1)[0].split("[", 1)[0])
+    if hint:
+        fix = f"{group}.{hint.split(chr(39))[1]}=..."
+    elif having:
+        fix = f"choose a {group} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
+    elif keys:
+        fix = f"keys of {group}: {', '.join(keys)}"
+    else:
+        fix = f"the chosen {group} block has no fields; see `blocks list {group}`"
+    return Problem(
+        key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix, check="unknown-key"
     )
-    return Problem(key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix)
+
+
+def _blocks_with_field(kind: str, field: str) -> list[str]:
+    """Registered blocks of *kind* that have a field called *field*."""
+    if kind not in KINDS:
+        return []
+    return [e.name for e in REGISTRY.entries(kind) if field in {f.name for f in dataclasses.fields(e.cls)}]
 
 
 @dataclass(frozen=True)

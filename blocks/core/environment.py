@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,17 +13,21 @@ _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 @dataclass(frozen=True)
 class Environment:
-    """Hardware facts the plan resolves ``auto`` settings against.
+    """Hardware facts the plan resolves ``auto`` settings and its memory budget against.
 
     Attributes:
         gpus: NVIDIA GPUs visible to this process (honours ``CUDA_VISIBLE_DEVICES``).
+        gpu_memory_bytes: memory of the smallest visible GPU; None when unknown.
+        host_memory_bytes: physical memory of this machine; None when unknown.
     """
 
     gpus: int = 0
+    gpu_memory_bytes: int | None = None
+    host_memory_bytes: int | None = None
 
     @classmethod
     def detect(cls) -> Environment:
-        """Count GPUs from the driver's ``/proc`` entries; 0 when there is no NVIDIA driver."""
+        """Count GPUs from the driver's ``/proc`` entries (0 without an NVIDIA driver) and read memory sizes."""
         try:
             present = sum(1 for _ in _NVIDIA_GPUS.iterdir())
         except OSError:
@@ -30,10 +36,38 @@ class Environment:
         if visible is not None:
             ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
             present = min(present, len(ids))
-        return cls(gpus=present)
+        return cls(
+            gpus=present,
+            gpu_memory_bytes=_gpu_memory_bytes() if present else None,
+            host_memory_bytes=_host_memory_bytes(),
+        )
 
     def resolve_accelerator(self, requested: str) -> str:
         """``auto`` becomes ``gpu`` when a GPU is visible, else ``cpu``; others stay as they are."""
         if requested == "auto":
             return "gpu" if self.gpus else "cpu"
         return requested
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_memory_bytes() -> int | None:
+    """The smallest visible GPU's total memory, from ``nvidia-smi`` (None when it cannot say)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout
+        sizes = [int(line.strip()) for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(sizes) * 2**20 if sizes else None

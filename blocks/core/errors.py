@@ -111,13 +111,21 @@ class ProblemSink:
             return self.prefix
         return name if "." in name or not self.prefix else f"{self.prefix}.{name}"
 
-    def error(self, name: str, message: str, fix: str = "", *, check: str = "") -> None:
-        """Record an error about field *name* of this block (or a full key with a dot)."""
-        self.problems.append(Problem(self._key(name), message, fix, "error", check))
+    def error(
+        self, name: str, message: str, fix: str = "", *, check: str = "", related: Sequence[str] = ()
+    ) -> None:
+        """Record an error about field *name* of this block (or a full key with a dot).
 
-    def warning(self, name: str, message: str, fix: str = "", *, check: str = "") -> None:
+        *check* is the stable name of the check (docs and tests refer to it); *related* lists
+        the other keys a contract between blocks involves.
+        """
+        self.problems.append(Problem(self._key(name), message, fix, "error", check, tuple(related)))
+
+    def warning(
+        self, name: str, message: str, fix: str = "", *, check: str = "", related: Sequence[str] = ()
+    ) -> None:
         """Record a warning about field *name* of this block (or a full key with a dot)."""
-        self.problems.append(Problem(self._key(name), message, fix, "warning", check))
+        self.problems.append(Problem(self._key(name), message, fix, "warning", check, tuple(related)))
 
     def positive(self, name: str, value: float | int | None, *, allow_zero: bool = False) -> None:
         """Error unless *value* is > 0 (or >= 0 with ``allow_zero``)."""
@@ -125,7 +133,12 @@ class ProblemSink:
             return
         if value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"
-            self.error(name, f"must be {bound}, got {value}", f"set {self._key(name)} to a value {bound}")
+            self.error(
+                name,
+                f"must be {bound}, got {value}",
+                f"set {self._key(name)} to a value {bound}",
+                check="range",
+            )
 
     def choice(self, name: str, value: str, allowed: Sequence[str]) -> None:
         """Error unless *value* is one of *allowed*, with a did-you-mean."""
@@ -135,5 +148,18 @@ class ProblemSink:
         self.error(
             name,
             f"'{value}' is not one of {', '.join(allowed)}" + (f"; {hint}" if hint else ""),
-            f"{self._key(name)}={allowed[0]}",
+            f"{self._key(name)}={(hint.split(chr(39))[1] if hint else allowed[0])}",
+            check="choice",
+        )
+
+    def within(self, name: str, value: float, low: float, high: float, *, high_open: bool = True) -> None:
+        """Error unless ``low <= value < high`` (``<= high`` with ``high_open=False``)."""
+        if low <= value < high or (not high_open and value == high):
+            return
+        interval = f"[{low:g}, {high:g}{')' if high_open else ']'}"
+        self.error(
+            name,
+            f"must be in {interval}, got {value}",
+            f"set {self._key(name)} to a value in {interval}",
+            check="range",
         )

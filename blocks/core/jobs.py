@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from omegaconf import DictConfig
 
@@ -20,6 +22,8 @@ from blocks.core.compose import (
 from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError, ConfigError, Problem
 from blocks.core.plan import Plan, make_plan
+from blocks.core.recipe import RECIPES
+from blocks.core.registry import REGISTRY
 
 
 def _compose_raw(overrides: Sequence[str]) -> DictConfig:
@@ -32,8 +36,25 @@ def _compose_raw(overrides: Sequence[str]) -> DictConfig:
         return compose(PRIMARY_CONFIG, overrides=list(overrides), return_hydra_config=True)
 
 
+MAX_COMPOSE_ROUNDS = 8
+"""How many failing overrides composition looks past to report them together."""
+
+
 def compose(overrides: Sequence[str] = ()) -> Composed:
-    """Compose the job config for *overrides* with Hydra; mistakes become a ``ConfigError``."""
+    """Compose the job config for *overrides* with Hydra; mistakes become one ``ConfigError`` with all of them.
+
+    Hydra stops at the first override it cannot apply; this composes again without each
+    failing override (and without the keys of a group whose option failed) to find the
+    others, so the user sees every problem at once.
+    """
+    composed, problems = _compose_collecting(overrides)
+    if problems:
+        raise ConfigError(problems)
+    assert composed is not None
+    return composed
+
+
+def _compose_once(overrides: Sequence[str]) -> Composed:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -41,9 +62,77 @@ def compose(overrides: Sequence[str] = ()) -> Composed:
     packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
         return split_hydra(_compose_raw(overrides))
+    except ConfigError as unresolved:
+        raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        error = translate_compose_error(exc, overrides, _known_keys(overrides))
-        raise _name_broken_recipe(error, overrides) from None
+        translated = translate_compose_error(exc, overrides, _known_keys(overrides))
+        raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
+
+
+T = TypeVar("T")
+
+
+def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tuple[T | None, list[Problem]]:
+    """*step*'s result for the overrides that apply, and the problems of those that do not."""
+    remaining = list(overrides)
+    problems: list[Problem] = []
+    for _ in range(MAX_COMPOSE_ROUNDS):
+        try:
+            return step(remaining), problems
+        except ConfigError as error:
+            problems += [p for p in error.problems if p not in problems]
+            dropped = _without_failing(remaining, error.problems)
+            if dropped is None:
+                return None, problems
+            remaining = dropped
+    return None, problems
+
+
+def _compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[Problem]]:
+    """The composition of the overrides that apply, and the problems of those that do not."""
+    return _collecting(overrides, _compose_once)
+
+
+def _blocks_once(overrides: Sequence[str]) -> tuple[Composed, dict[str, Block]]:
+    composed = _compose_once(overrides)
+    return composed, config_to_blocks(composed.config)
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _without_failing(overrides: list[str], problems: Sequence[Problem]) -> list[str] | None:
+    """*overrides* without those the problems name (and a failed group's keys), or None if none is named."""
+    failing = {p.key for p in problems if p.key}
+    failing |= {key.split("[", 1)[0] for key in failing}
+    groups = {key for key in failing if "." not in key}
+    kept = [
+        o
+        for o in overrides
+        if _override_key(o) not in failing and _override_key(o).split(".", 1)[0] not in groups
+    ]
+    return kept if len(kept) < len(overrides) else None
+
+
+def _name_interpolating_override(error: ConfigError, overrides: Sequence[str]) -> ConfigError:
+    """An interpolation error that names no key is about the override whose value interpolates."""
+    interpolating = [o for o in overrides if "${" in o.split("=", 1)[-1]]
+    if not interpolating or all(p.key for p in error.problems):
+        return error
+    key = _override_key(interpolating[0])
+    problems = [
+        p
+        if p.key
+        else Problem(
+            key,
+            f"{interpolating[0].split('=', 1)[1]} cannot be resolved: {p.message}",
+            f"interpolate an existing key (e.g. {key}='${{optim.lr}}') or set a plain value",
+            check="interpolation",
+        )
+        for p in error.problems
+    ]
+    return ConfigError(problems)
 
 
 def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigError:
@@ -70,13 +159,17 @@ def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigE
 def _known_keys(overrides: Sequence[str]) -> dict[str, list[str]]:
     """Keys of each group's node when the overrides that set keys are left out (for did-you-mean)."""
     group_choices = [o for o in overrides if "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))]
+    registered = (len(REGISTRY.entries()), len(RECIPES.entries()))
+    return _known_keys_cached(tuple(group_choices), registered)
+
+
+@functools.lru_cache(maxsize=64)
+def _known_keys_cached(group_choices: tuple[str, ...], registered: tuple[int, int]) -> dict[str, list[str]]:
+    """Composing is the slow part of translating an error; sweeps and retries repeat the same choices."""
     try:
         cfg = _compose_raw(group_choices)
     except Exception:
-        try:
-            cfg = _compose_raw([])
-        except Exception:
-            return {}
+        return {}
     return {
         str(group): [str(k) for k in node if k != BLOCK_KEY]
         for group, node in cfg.items()
@@ -92,8 +185,25 @@ def plan_config(composed: Composed, environment: Environment | None = None) -> P
 
 
 def plan(overrides: Sequence[str] = (), environment: Environment | None = None) -> Plan:
-    """Compose *overrides* and plan the result (torch-free)."""
-    return plan_config(compose(overrides), environment)
+    """Compose *overrides* and plan the result (torch-free).
+
+    When some overrides do not compose, the ``ConfigError`` also carries the plan errors of
+    the job without them, so one run shows every problem.
+    """
+    built, problems = _collecting(overrides, _blocks_once)
+    if not problems:
+        assert built is not None
+        return make_plan(built[1], built[0].choices, environment)
+    failed_groups = {p.key for p in problems if p.key and "." not in p.key}
+
+    def independent(problem: Problem) -> bool:
+        """Not about a group whose chosen option failed (the plan saw the default option instead)."""
+        keys = (problem.key, *problem.related)
+        return problem not in problems and not any(k.split(".", 1)[0] in failed_groups for k in keys)
+
+    if built is not None:
+        problems += [p for p in make_plan(built[1], built[0].choices, environment).errors if independent(p)]
+    raise ConfigError(problems)
 
 
 def blocks_for(overrides: Sequence[str] = ()) -> dict[str, Block]:

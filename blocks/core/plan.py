@@ -55,8 +55,10 @@ class Derived:
         epochs: passes over the training split that makes.
         warmup_steps: optimizer steps of LR warmup.
         lr: the peak learning rate as configured.
-        effective_lr: the peak learning rate the optimizer uses.
+        effective_lr: the peak learning rate the optimizer uses (``optim.lr`` after
+            ``optim.lr_scaling``).
         parameters: model parameters (null when the data and model do not fit together).
+        memory: the estimated memory per device (null when the model cannot be sized).
     """
 
     accelerator: str = "cpu"
@@ -75,6 +77,50 @@ class Derived:
     lr: float = 0.0
     effective_lr: float = 0.0
     parameters: int | None = None
+    memory: MemoryEstimate | None = None
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one device holds at the peak of a training step, by what holds them.
+
+    The sum is an upper bound of the measured peak: gradients and saved activations are
+    counted as if they were all alive at once, while backward frees activations as it makes
+    gradients.
+
+    Attributes:
+        parameters: the parameters on the device: all of them (replicated), or the shard plus the
+            units FSDP gathers at a time (sharded); with mixed precision, the low-precision copies.
+        gradients: one gradient per parameter held (sharded under FSDP).
+        optimizer: the optimizer's state (e.g. AdamW's two moments), sharded under FSDP.
+        activations: what one micro-batch's forward keeps for backward, from the model block
+            (null when the model does not say).
+        total: the sum.
+        device: the memory of one device (null when unknown).
+        device_source: where ``device`` comes from: ``trainer.device_memory_gb``, ``detected GPU``
+            or ``host memory / devices``.
+        sharded: parameters, gradients and optimizer state are split over the processes.
+        activation_checkpointing: activations are recomputed in backward.
+    """
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int | None
+    total: int
+    device: int | None = None
+    device_source: str = ""
+    sharded: bool = False
+    activation_checkpointing: bool = False
+
+    @property
+    def over_budget(self) -> bool:
+        """Whether the estimate exceeds the device's memory."""
+        return self.device is not None and self.total > self.device
 
 
 @dataclass
@@ -100,6 +146,7 @@ class CheckContext:
         self.warning = self._sink.warning
         self.positive = self._sink.positive
         self.choice = self._sink.choice
+        self.within = self._sink.within
 
     def block(self, kind: str) -> Block:
         """The block of *kind* in this job."""
@@ -259,6 +306,7 @@ def make_plan(
         blocks[kind].check(CheckContext(state, kind))
     _check_batch_arithmetic(state)
     _check_validation(state)
+    _check_memory(state)
     return Plan(
         blocks=dict(blocks),
         choices=dict(choices or {kind: blocks[kind].block_name for kind in KINDS}),
@@ -293,6 +341,8 @@ def _derive(state: _State) -> None:
             parameters = model.num_parameters(state.batch_spec)
         except (ValueError, ZeroDivisionError):
             parameters = None
+    if parameters is not None and parameters <= 0:
+        parameters = None
     steps_per_epoch = train // global_batch if global_batch else 0
     max_steps = getattr(trainer, "max_steps", None)
     max_epochs = getattr(trainer, "max_epochs", None)
@@ -317,9 +367,79 @@ def _derive(state: _State) -> None:
         epochs=round(total / steps_per_epoch, 3) if steps_per_epoch else 0.0,
         warmup_steps=optim.warmup_steps,
         lr=optim.lr,
-        effective_lr=optim.lr,
+        effective_lr=optim.effective_lr(global_batch),
         parameters=parameters,
     )
+    if parameters is not None:
+        state.derived = dataclasses.replace(state.derived, memory=_estimate_memory(state, parameters))
+
+
+def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
+    """Parameters, gradients, optimizer state and activations per device under the strategy and precision."""
+    model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
+    optim: OptimBlock = state.blocks["optim"]  # type: ignore[assignment]
+    strategy: StrategyBlock = state.blocks["strategy"]  # type: ignore[assignment]
+    precision: PrecisionBlock = state.blocks["precision"]  # type: ignore[assignment]
+    d = state.derived
+    spec = state.batch_spec
+    assert spec is not None
+    param_bytes = DTYPE_BYTES.get(precision.param_dtype, 4)
+    compute_bytes = DTYPE_BYTES.get(precision.compute_dtype, 4)
+    mixed = precision.param_dtype != precision.compute_dtype
+    sharded = strategy.shards_parameters
+    checkpointing = (
+        bool(getattr(strategy, "activation_checkpointing", False)) and model.shard_units() is not None
+    )
+    offload = bool(getattr(strategy, "cpu_offload", False))
+    held = -(-parameters // d.world_size) if sharded else parameters
+    resident = held * param_bytes
+    if sharded:
+        unit = model.unit_parameters(spec) or 0
+        units = _unit_count(model)
+        gathered = max(0, parameters - units * unit) + min(units, 2) * unit
+        resident = (0 if offload else resident) + gathered * compute_bytes
+    elif mixed:
+        resident += parameters * compute_bytes  # autocast's low-precision copy of each weight
+    gradients = 0 if (sharded and offload) else held * param_bytes
+    optimizer = 0 if (sharded and offload) else held * param_bytes * optim.state_per_parameter()
+    try:
+        elements = model.activation_elements(spec, max(0, d.micro_batch), checkpointing=checkpointing)
+    except (ValueError, ZeroDivisionError, AssertionError):
+        elements = None
+    activations = elements * compute_bytes if elements is not None and elements >= 0 else None
+    total = resident + gradients + optimizer + (activations or 0)
+    device, source = _device_memory(state)
+    return MemoryEstimate(
+        parameters=resident,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        total=total,
+        device=device,
+        device_source=source,
+        sharded=sharded,
+        activation_checkpointing=checkpointing,
+    )
+
+
+def _unit_count(model: ModelBlock) -> int:
+    """How many shard units the model has (its ``n_layers`` when it declares units)."""
+    if model.shard_units() is None:
+        return 0
+    return max(0, int(getattr(model, "n_layers", 0) or 0))
+
+
+def _device_memory(state: _State) -> tuple[int | None, str]:
+    trainer = state.blocks["trainer"]
+    configured = getattr(trainer, "device_memory_gb", None)
+    if configured:
+        return int(configured * GIB), "trainer.device_memory_gb"
+    env = state.environment
+    if state.derived.accelerator == "gpu":
+        return (env.gpu_memory_bytes, "detected GPU") if env.gpu_memory_bytes else (None, "")
+    if env.host_memory_bytes:
+        return env.host_memory_bytes // max(1, state.derived.devices), "host memory / devices"
+    return None, ""
 
 
 def _check_batch_arithmetic(state: _State) -> None:
@@ -351,7 +471,20 @@ def _check_batch_arithmetic(state: _State) -> None:
 
 def _check_validation(state: _State) -> None:
     trainer = state.blocks["trainer"]
-    if getattr(trainer, "val_every", None) and state.derived.val_samples == 0 and state.derived.train_samples:
+    val_every = getattr(trainer, "val_every", None)
+    total = state.derived.total_steps
+    if val_every and total and val_every > total and state.derived.val_samples:
+        state.problems.append(
+            Problem(
+                key="trainer.val_every",
+                message=f"validation every {val_every} steps never comes before the end of training ({total} steps)",
+                fix=f"trainer.val_every={max(1, total // 4)} (the end of training is always validated)",
+                severity="warning",
+                check="val-every-within-training",
+                related=("trainer.max_steps", "trainer.max_epochs"),
+            )
+        )
+    if val_every and state.derived.val_samples == 0 and state.derived.train_samples:
         state.problems.append(
             Problem(
                 key="trainer.val_every",
@@ -362,3 +495,66 @@ def _check_validation(state: _State) -> None:
                 related=("data",),
             )
         )
+
+
+def format_bytes(n: int) -> str:
+    """A byte count for people: ``512 KiB``, ``3.2 MiB``, ``41.5 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} TiB"
+
+
+def _check_memory(state: _State) -> None:
+    """Warn when the memory estimate exceeds the device, with the cheapest fixes first."""
+    memory = state.derived.memory
+    if memory is None or not memory.over_budget:
+        return
+    assert memory.device is not None
+    d = state.derived
+    model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
+    strategy: StrategyBlock = state.blocks["strategy"]  # type: ignore[assignment]
+    fixes = []
+    activations = memory.activations or 0
+    fixed = memory.total - activations
+    if activations and fixed < memory.device and d.micro_batch > 1:
+        factor = 2
+        while d.micro_batch // factor > 1 and fixed + activations // factor > memory.device:
+            factor *= 2
+        if fixed + activations // factor <= memory.device and d.micro_batch % factor == 0:
+            fixes.append(
+                f"data.batch_size={d.micro_batch // factor} optim.accumulate={d.accumulate * factor} "
+                f"(same global batch of {d.global_batch})"
+            )
+    has_units = model.shard_units() is not None
+    if activations and has_units and not memory.activation_checkpointing:
+        fixes.append(
+            "strategy.activation_checkpointing=true"
+            if strategy.shards_parameters
+            else "strategy=fsdp strategy.activation_checkpointing=true"
+        )
+    if not memory.sharded and has_units and d.world_size > 1:
+        fixes.append(
+            f"strategy=fsdp (shards parameters, gradients and optimizer state over {d.world_size} processes)"
+        )
+    if not fixes:
+        fixes.append("a smaller model or more devices with strategy=fsdp")
+    parts = (
+        f"parameters {format_bytes(memory.parameters)}, gradients {format_bytes(memory.gradients)}, "
+        f"optimizer {format_bytes(memory.optimizer)}, activations {format_bytes(activations)}"
+    )
+    state.problems.append(
+        Problem(
+            key="data.batch_size" if activations > fixed else "strategy",
+            message=(
+                f"the estimated peak memory per device, {format_bytes(memory.total)} ({parts}), exceeds the "
+                f"{format_bytes(memory.device)} of one device ({memory.device_source})"
+            ),
+            fix="; or ".join(fixes),
+            severity="warning",
+            check="memory-budget",
+            related=("data.batch_size", "strategy", "precision", "trainer.device_memory_gb"),
+        )
+    )

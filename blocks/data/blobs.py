@@ -58,7 +58,9 @@ class Blobs(DataBlock):
         ctx.positive("spread", self.spread)
         if self.num_classes < 2:
             ctx.error(
-                "num_classes", f"needs at least 2 classes, got {self.num_classes}", "data.num_classes=2"
+                "num_classes",
+                f"needs at least 2 classes, got {self.num_classes}",
+                "data.num_classes=2",
+                check="range",
             )
-        if not 0 <= self.val_fraction < 1:
-            ctx.error("val_fraction", f"must be in [0, 1), got {self.val_fraction}", "data.val_fraction=0.1")
+        ctx.within("val_fraction", self.val_fraction, 0, 1)

@@ -77,16 +77,21 @@ class Text(DataBlock):
         super().check(ctx)
         ctx.choice("level", self.level, LEVELS)
         ctx.positive("seq_len", self.seq_len)
-        if not 0 <= self.val_fraction < 1:
-            ctx.error("val_fraction", f"must be in [0, 1), got {self.val_fraction}", "data.val_fraction=0.1")
+        ctx.within("val_fraction", self.val_fraction, 0, 1)
         try:
             _, files = corpus.corpus_files(self.path)
         except Exception as exc:
-            ctx.error("path", f"cannot list '{self.path}': {exc}", "point data.path at readable text files")
+            ctx.error(
+                "path",
+                f"cannot list '{self.path}': {exc}",
+                "point data.path at readable text files",
+                check="corpus-files",
+            )
             return
         if not files:
             ctx.error(
                 "path",
                 f"no files match '{self.path or corpus.default_corpus_glob()}'",
                 "set data.path to a file, directory glob (e.g. 'texts/**/*.txt') or fsspec URL",
+                check="corpus-files",
             )

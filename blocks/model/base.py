@@ -39,6 +39,19 @@ class ModelBlock(Block):
         """Attribute name of the ``nn.ModuleList`` of repeated units, or ``None`` if it has none."""
         return None
 
+    def unit_parameters(self, spec: BatchSpec) -> int | None:
+        """Parameters of one of the :meth:`shard_units` (FSDP gathers one or two at a time), or None."""
+        return None
+
+    def activation_elements(self, spec: BatchSpec, micro_batch: int, *, checkpointing: bool) -> int | None:
+        """Elements of the activations one micro-batch keeps for backward (torch-free), or None if unknown.
+
+        The plan multiplies this by the compute dtype's size for its memory estimate. With
+        *checkpointing*, each unit keeps only its input, and one unit's activations exist at a
+        time while it is recomputed. Include the loss's largest buffers (e.g. the logits).
+        """
+        return None
+
     def build(self, spec: BatchSpec) -> nn.Module:
         """The ``nn.Module`` for *spec*; imports torch lazily."""
         raise NotImplementedError
@@ -54,4 +67,5 @@ class ModelBlock(Block):
                 f"yields {type(spec).__name__}",
                 "choose a data block that yields " + wanted + " or a model that takes " + type(spec).__name__,
                 check="data-model-batch",
+                related=("data",),
             )

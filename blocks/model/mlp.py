@@ -45,6 +45,11 @@ class MLP(ModelBlock):
         widths = self.widths(spec)
         return sum(a * b + b for a, b in itertools.pairwise(widths))
 
+    def activation_elements(self, spec: BatchSpec, micro_batch: int, *, checkpointing: bool) -> int:
+        """Per sample: the input, each hidden layer before and after its activation, the logits twice."""
+        assert isinstance(spec, FeatureBatch)
+        return micro_batch * (spec.num_features + 2 * sum(self.hidden) + 2 * spec.num_classes)
+
     def build(self, spec: BatchSpec) -> nn.Module:
         """An ``nn.Sequential`` of linear layers and activations."""
         from blocks.model.networks import mlp
@@ -58,9 +63,11 @@ class MLP(ModelBlock):
         for width in self.hidden:
             if width <= 0:
                 ctx.error(
-                    "hidden", f"layer widths must be > 0, got {list(self.hidden)}", "model.hidden=[128,128]"
+                    "hidden",
+                    f"layer widths must be > 0, got {list(self.hidden)}",
+                    "model.hidden=[128,128]",
+                    check="range",
                 )
                 break
         ctx.choice("activation", self.activation, ACTIVATIONS)
-        if not 0 <= self.dropout < 1:
-            ctx.error("dropout", f"must be in [0, 1), got {self.dropout}", "model.dropout=0.0")
+        ctx.within("dropout", self.dropout, 0, 1)

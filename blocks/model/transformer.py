@@ -49,16 +49,31 @@ class Transformer(ModelBlock):
         """The vocabulary size: explicit, or the data's."""
         return self.vocab_size if self.vocab_size is not None else spec.vocab_size
 
+    def unit_parameters(self, spec: BatchSpec) -> int:
+        """One decoder layer: two norms, attention (qkv and projection) and the MLP."""
+        d = self.d_model
+        hidden = self.mlp_ratio * d
+        return 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * hidden + hidden) + (hidden * d + d)
+
     def num_parameters(self, spec: BatchSpec) -> int:
         """Embeddings, layers (attention, MLP, norms) and the output head."""
         assert isinstance(spec, TokenBatch)
         d, vocab = self.d_model, self.resolved_vocab(spec)
-        hidden = self.mlp_ratio * d
-        per_layer = (
-            2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * hidden + hidden) + (hidden * d + d)
-        )
         head = 0 if self.tie_weights else vocab * d
-        return vocab * d + self.context * d + self.n_layers * per_layer + 2 * d + head
+        return vocab * d + self.context * d + self.n_layers * self.unit_parameters(spec) + 2 * d + head
+
+    def activation_elements(self, spec: BatchSpec, micro_batch: int, *, checkpointing: bool) -> int:
+        """Per token: ``(8 + 2 × mlp_ratio) × d_model`` per layer, the final norm, and the logits twice.
+
+        A layer keeps its input and both norms' inputs and outputs (4d), q, k, v (3d), the
+        attention output (d) and the MLP's hidden pre- and post-activation (2 × mlp_ratio × d);
+        the loss keeps the logits and their log-softmax (2 × vocab).
+        """
+        assert isinstance(spec, TokenBatch)
+        d, vocab = self.d_model, self.resolved_vocab(spec)
+        per_layer = (8 + 2 * self.mlp_ratio) * d
+        layers = self.n_layers * d + per_layer if checkpointing else self.n_layers * per_layer
+        return micro_batch * spec.seq_len * (layers + 2 * d + 2 * vocab)
 
     def flops_per_sample(self, spec: BatchSpec) -> float:
         """6 × parameters × tokens (matmuls, forward and backward) plus attention's 12 × layers × d × tokens²."""
@@ -93,13 +108,14 @@ class Transformer(ModelBlock):
         super().check(ctx)
         for name in ("d_model", "n_layers", "n_heads", "context", "mlp_ratio"):
             ctx.positive(name, getattr(self, name))
-        if not 0 <= self.dropout < 1:
-            ctx.error("dropout", f"must be in [0, 1), got {self.dropout}", "model.dropout=0.0")
+        ctx.within("dropout", self.dropout, 0, 1)
         if self.n_heads > 0 and self.d_model % self.n_heads:
             ctx.error(
                 "n_heads",
                 f"{self.n_heads} heads do not divide d_model={self.d_model}",
                 f"model.n_heads={_divisor_near(self.d_model, self.n_heads)}",
+                check="heads-divide-width",
+                related=("model.d_model",),
             )
         spec = ctx.batch_spec
         if not isinstance(spec, TokenBatch):
@@ -110,6 +126,7 @@ class Transformer(ModelBlock):
                 f"data.seq_len={spec.seq_len} is longer than model.context={self.context}",
                 f"model.context={spec.seq_len} or data.seq_len={self.context}",
                 check="seq-len-context",
+                related=("data.seq_len",),
             )
         if self.vocab_size is not None and self.vocab_size < spec.vocab_size:
             ctx.error(
@@ -117,6 +134,7 @@ class Transformer(ModelBlock):
                 f"model.vocab_size={self.vocab_size} is smaller than the data's vocabulary ({spec.vocab_size})",
                 "model.vocab_size=null (take it from the data)",
                 check="vocab-size",
+                related=("data",),
             )
 
 

@@ -40,13 +40,7 @@ class AdamW(OptimBlock):
         """Betas in [0, 1)."""
         super().check(ctx)
         for name in ("beta1", "beta2"):
-            value = getattr(self, name)
-            if not 0 <= value < 1:
-                ctx.error(
-                    name,
-                    f"must be in [0, 1), got {value}",
-                    f"optim.{name}={0.9 if name == 'beta1' else 0.999}",
-                )
+            ctx.within(name, getattr(self, name), 0, 1)
         ctx.positive("eps", self.eps)
 
 
@@ -64,6 +58,10 @@ class SGD(OptimBlock):
     momentum: float = 0.9
     nesterov: bool = False
 
+    def state_per_parameter(self) -> int:
+        """One momentum buffer, or none without momentum."""
+        return 1 if self.momentum else 0
+
     def make_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
         """``torch.optim.SGD``."""
         import torch
@@ -73,11 +71,11 @@ class SGD(OptimBlock):
     def check(self, ctx: CheckContext) -> None:
         """Momentum in [0, 1); Nesterov needs momentum."""
         super().check(ctx)
-        if not 0 <= self.momentum < 1:
-            ctx.error("momentum", f"must be in [0, 1), got {self.momentum}", "optim.momentum=0.9")
+        ctx.within("momentum", self.momentum, 0, 1)
         if self.nesterov and self.momentum == 0:
             ctx.error(
                 "nesterov",
                 "Nesterov momentum needs optim.momentum > 0",
                 "optim.momentum=0.9 or optim.nesterov=false",
+                check="nesterov-momentum",
             )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from blocks.core.block import Block
 from blocks.optim.schedule import SCHEDULES
+
+LR_SCALING = ("none", "linear", "sqrt")
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +34,11 @@ class OptimBlock(Block):
         schedule: decay after warmup: cosine, linear or constant.
         min_lr_ratio: the LR at the end of the decay as a fraction of ``lr``.
         grad_clip: clip the global gradient norm to this value; null disables clipping.
+        lr_scaling: scale ``lr`` with the global batch: ``none``, ``linear``
+            (``lr × global batch / reference_batch``) or ``sqrt`` (``lr × √(global batch /
+            reference_batch)``). The plan shows the result as the effective LR, and the
+            optimizer uses it.
+        reference_batch: the global batch ``lr`` was tuned for (used by ``lr_scaling``).
     """
 
     kind: ClassVar[str] = "optim"
@@ -43,6 +51,19 @@ class OptimBlock(Block):
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
     grad_clip: float | None = 1.0
+    lr_scaling: str = "none"
+    reference_batch: int = 256
+
+    def state_per_parameter(self) -> int:
+        """Optimizer state values kept per parameter (Adam's two moments: 2), for the memory estimate."""
+        return 2
+
+    def effective_lr(self, global_batch: int) -> float:
+        """The peak LR after ``lr_scaling`` for *global_batch* samples per step."""
+        if self.lr_scaling not in ("linear", "sqrt") or global_batch <= 0 or self.reference_batch <= 0:
+            return self.lr
+        ratio = global_batch / self.reference_batch
+        return self.lr * (ratio if self.lr_scaling == "linear" else math.sqrt(ratio))
 
     def make_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
         """The torch optimizer over parameter *groups* (decayed and not decayed)."""
@@ -66,15 +87,18 @@ class OptimBlock(Block):
             self._check_global_batch(ctx)
         ctx.positive("warmup_steps", self.warmup_steps, allow_zero=True)
         ctx.choice("schedule", self.schedule, SCHEDULES)
-        if not 0 <= self.min_lr_ratio <= 1:
-            ctx.error("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}", "optim.min_lr_ratio=0.1")
+        ctx.within("min_lr_ratio", self.min_lr_ratio, 0, 1, high_open=False)
         ctx.positive("grad_clip", self.grad_clip)
+        ctx.choice("lr_scaling", self.lr_scaling, LR_SCALING)
+        ctx.positive("reference_batch", self.reference_batch)
         total = ctx.derived.total_steps
         if total and self.warmup_steps >= total:
             ctx.warning(
                 "warmup_steps",
                 f"warmup ({self.warmup_steps} steps) covers all {total} training steps; the LR never reaches optim.lr",
                 f"optim.warmup_steps={max(0, total // 10)}",
+                check="warmup-shorter-than-training",
+                related=("trainer.max_steps", "trainer.max_epochs"),
             )
 
     def _check_global_batch(self, ctx: CheckContext) -> None:
@@ -89,6 +113,8 @@ class OptimBlock(Block):
                     f"optim.accumulate={self.accumulate} is ignored: optim.global_batch={self.global_batch} "
                     f"sets it to {ctx.derived.accumulate}",
                     "set only one of optim.accumulate and optim.global_batch",
+                    check="accumulate-or-global-batch",
+                    related=("optim.global_batch",),
                 )
             return
         below = max(per_micro_step, self.global_batch // per_micro_step * per_micro_step)
@@ -98,4 +124,5 @@ class OptimBlock(Block):
             f"= {data_batch} × {world} = {per_micro_step}",
             f"optim.global_batch={below} or {below + per_micro_step}, or change data.batch_size",
             check="global-batch-divisible",
+            related=("data.batch_size", "trainer.devices", "trainer.nodes"),
         )

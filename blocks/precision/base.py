@@ -36,4 +36,5 @@ class PrecisionBlock(Block):
                 "precision=bf16-mixed (CPUs support bfloat16 autocast) or precision=32-true, "
                 "or trainer.accelerator=gpu on a machine with a GPU",
                 check="precision-accelerator",
+                related=("trainer.accelerator",),
             )

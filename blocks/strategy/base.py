@@ -56,4 +56,5 @@ class StrategyBlock(Block):
                 f"strategy={self.block_name} runs {limit} process, but trainer.devices × trainer.nodes = {world}",
                 "strategy=ddp (or strategy=fsdp), or trainer.devices=1 trainer.nodes=1",
                 check="strategy-world-size",
+                related=("trainer.devices", "trainer.nodes"),
             )

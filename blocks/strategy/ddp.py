@@ -71,6 +71,8 @@ class DDP(StrategyBlock):
                 "",
                 "strategy=ddp with one process adds overhead and no parallelism",
                 "strategy=single, or trainer.devices=N for N processes",
+                check="ddp-one-process",
+                related=("trainer.devices", "trainer.nodes"),
             )
 
 
@@ -84,4 +86,6 @@ def check_backend(ctx: CheckContext, backend: str | None) -> None:
             "backend",
             "nccl runs on GPUs only, but the job runs on CPUs",
             "strategy.backend=null (gloo on CPU) or trainer.accelerator=gpu",
+            check="backend-accelerator",
+            related=("trainer.accelerator",),
         )

@@ -95,6 +95,7 @@ class FSDP(StrategyBlock):
                 f"strategy=fsdp shards the units a model declares, and model={ctx.model.block_name} declares none",
                 "strategy=ddp for this model, or a model block whose shard_units() names its repeated layers",
                 check="fsdp-model-units",
+                related=("model",),
             )
         precision = ctx.block("precision")
         if precision.block_name == "16-mixed":
@@ -103,4 +104,5 @@ class FSDP(StrategyBlock):
                 "strategy=fsdp has no float16 policy with a gradient scaler here",
                 "precision=bf16-mixed",
                 check="fsdp-precision",
+                related=("precision",),
             )

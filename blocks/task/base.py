@@ -40,4 +40,5 @@ class TaskBlock(Block):
                 f"yields {type(spec).__name__}",
                 "choose a task that fits the data (task=lm for text, task=classify for labelled features)",
                 check="data-task-batch",
+                related=("data",),
             )

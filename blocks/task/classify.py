@@ -41,9 +41,4 @@ class Classification(TaskBlock):
     def check(self, ctx: CheckContext) -> None:
         """Label smoothing within range."""
         super().check(ctx)
-        if not 0 <= self.label_smoothing < 1:
-            ctx.error(
-                "label_smoothing",
-                f"must be in [0, 1), got {self.label_smoothing}",
-                "task.label_smoothing=0.0",
-            )
+        ctx.within("label_smoothing", self.label_smoothing, 0, 1)

@@ -38,6 +38,9 @@ class Trainer(TrainerBlock):
             The end of training is always validated.
         max_failures: restarts after a failure before the job gives up.
         deterministic: make torch use deterministic algorithms (slower on GPU).
+        device_memory_gb: memory of one device in GiB, for the plan's memory estimate; null
+            detects it on the planning machine (GPU memory with ``nvidia-smi``, or the host's
+            memory shared by ``devices`` on CPU), which may not be the machine that trains.
     """
 
     max_steps: int | None = None
@@ -49,6 +52,7 @@ class Trainer(TrainerBlock):
     val_every: int | None = None
     max_failures: int = 0
     deterministic: bool = False
+    device_memory_gb: float | None = None
 
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""
@@ -57,6 +61,8 @@ class Trainer(TrainerBlock):
                 "max_steps",
                 "neither trainer.max_steps nor trainer.max_epochs is set",
                 "trainer.max_steps=1000",
+                check="training-length",
+                related=("trainer.max_epochs",),
             )
         ctx.positive("max_steps", self.max_steps)
         ctx.positive("max_epochs", self.max_epochs)
@@ -64,10 +70,20 @@ class Trainer(TrainerBlock):
         ctx.positive("nodes", self.nodes)
         ctx.positive("val_every", self.val_every)
         ctx.positive("max_failures", self.max_failures, allow_zero=True)
+        ctx.positive("device_memory_gb", self.device_memory_gb)
         ctx.choice("accelerator", self.accelerator, ACCELERATORS)
-        if self.accelerator == "gpu" and ctx.environment.gpus == 0 and ctx.derived.world_size == self.devices:
+        gpus = ctx.environment.gpus
+        if self.accelerator == "gpu" and gpus and self.nodes == 1 and self.devices > gpus:
+            ctx.warning(
+                "devices",
+                f"trainer.devices={self.devices} but this machine has {gpus} GPU(s); the job fails unless it runs elsewhere",
+                f"trainer.devices={gpus}",
+                check="devices-available",
+            )
+        if self.accelerator == "gpu" and gpus == 0 and ctx.derived.world_size == self.devices:
             ctx.warning(
                 "accelerator",
                 "trainer.accelerator=gpu but this machine has no GPU; the job fails unless it runs elsewhere",
                 "trainer.accelerator=auto",
+                check="gpu-available",
             )

@@ -1,0 +1,377 @@
+"""The catalog of checks: every ``check=`` name the plan and composition report, with an example.
+
+Each entry names the blocks a check involves, the key its problem is reported on, and a
+command line that triggers it. The test suite plans every example and asserts that the check
+fires on that key, and the docs build plans them again to print the real message and fix in
+the conflict table (``docs/hooks/reference.py``). So the table shows what the code says, and
+a check that is renamed, rekeyed or dropped fails the tests instead of leaving the docs wrong.
+A test also asserts that every ``check="..."`` written in ``blocks/`` has an entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from blocks.core.environment import Environment
+from blocks.core.errors import BlocksError, Problem
+
+CPU = Environment(gpus=0, host_memory_bytes=16 * 2**30)
+GPU = Environment(gpus=8, gpu_memory_bytes=80 * 2**30, host_memory_bytes=512 * 2**30)
+
+FULL_CHECKPOINT = "memory://blocks-checks/full/step-000000010"
+"""A committed full (not sharded) checkpoint that :func:`write_full_checkpoint` creates."""
+
+
+def write_full_checkpoint() -> None:
+    """Commit an empty full checkpoint at :data:`FULL_CHECKPOINT` (in memory; torch-free)."""
+    from blocks.checkpoint import store
+
+    manifest = store.Manifest(
+        step=10, epoch=0, world_size=1, sharded=False, global_batch=32, block_digests={}
+    )
+    store.commit(FULL_CHECKPOINT, manifest)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check.
+
+    Attributes:
+        name: the stable ``check`` name of the problems it reports.
+        blocks: the kinds (or keys) it relates.
+        key: the config key its problem names.
+        about: what it requires, in one sentence.
+        example: overrides that violate it; empty when it takes files to show (tested elsewhere:
+            ``recipe-load`` in ``tests/test_cli.py``).
+        gpu: plan the example as if on a machine with 8 GPUs.
+        setup: prepares what the example needs (e.g. a checkpoint to resume from).
+    """
+
+    name: str
+    blocks: tuple[str, ...]
+    key: str
+    about: str
+    example: tuple[str, ...]
+    gpu: bool = False
+    setup: Callable[[], None] | None = field(default=None, compare=False)
+
+    @property
+    def contract(self) -> bool:
+        """Whether it relates two or more blocks (a contract) rather than one field."""
+        return len(self.blocks) > 1
+
+
+CHECKS: tuple[Check, ...] = (
+    # contracts between blocks
+    Check(
+        "data-model-batch",
+        ("data", "model"),
+        "model",
+        "the model accepts the batch spec (shape, dtype) the data yields",
+        ("model=mlp",),
+    ),
+    Check(
+        "data-task-batch",
+        ("data", "task"),
+        "task",
+        "the task scores the batches the data yields (tokens or class labels)",
+        ("task=classify",),
+    ),
+    Check(
+        "seq-len-context",
+        ("data", "model"),
+        "model.context",
+        "`data.seq_len` fits the model's context (position embedding)",
+        ("data.seq_len=512",),
+    ),
+    Check(
+        "vocab-size",
+        ("data", "model"),
+        "model.vocab_size",
+        "an explicit model vocabulary covers the data's",
+        ("model.vocab_size=100",),
+    ),
+    Check(
+        "precision-accelerator",
+        ("precision", "trainer"),
+        "precision",
+        "the precision runs on the resolved accelerator",
+        ("precision=16-mixed",),
+    ),
+    Check(
+        "fsdp-precision",
+        ("strategy", "precision"),
+        "strategy",
+        "FSDP's mixed-precision policy comes from the precision block, which has one for it",
+        ("strategy=fsdp", "trainer.devices=2", "precision=16-mixed", "trainer.accelerator=gpu"),
+        gpu=True,
+    ),
+    Check(
+        "fsdp-model-units",
+        ("strategy", "model"),
+        "strategy",
+        "FSDP shards (and checkpoints activations of) the units the model declares",
+        ("recipe=blobs", "strategy=fsdp", "trainer.devices=2"),
+    ),
+    Check(
+        "strategy-world-size",
+        ("strategy", "trainer"),
+        "strategy",
+        "`trainer.devices × trainer.nodes` is a world size the strategy runs",
+        ("trainer.devices=2",),
+    ),
+    Check(
+        "backend-accelerator",
+        ("strategy", "trainer"),
+        "strategy.backend",
+        "the process-group backend runs on the accelerator (NCCL needs GPUs)",
+        ("strategy=ddp", "trainer.devices=2", "strategy.backend=nccl", "trainer.accelerator=cpu"),
+    ),
+    Check(
+        "checkpoint-format",
+        ("checkpoint", "strategy"),
+        "checkpoint.resume",
+        "the checkpoint to resume is in the format the strategy loads (full or FSDP shards)",
+        ("strategy=fsdp", "trainer.devices=2", f"checkpoint.resume={FULL_CHECKPOINT}"),
+        setup=write_full_checkpoint,
+    ),
+    Check(
+        "checkpoint-monitor-metric",
+        ("checkpoint", "task"),
+        "checkpoint.monitor",
+        "the monitored metric is one the task logs",
+        ("checkpoint.monitor=val/accuracy",),
+    ),
+    Check(
+        "checkpoint-monitor-validation",
+        ("checkpoint", "data"),
+        "checkpoint.monitor",
+        "a monitored validation metric has a validation split to come from",
+        ("recipe=blobs", "data.val_fraction=0", "checkpoint.monitor=val/loss"),
+    ),
+    Check(
+        "validation-split",
+        ("trainer", "data"),
+        "trainer.val_every",
+        "scheduled validation has a validation split to run on",
+        ("recipe=blobs", "data.val_fraction=0", "trainer.val_every=10"),
+    ),
+    Check(
+        "global-batch-divisible",
+        ("optim", "data", "trainer"),
+        "optim.global_batch",
+        "`optim.global_batch` is a multiple of `data.batch_size ×` world size",
+        ("recipe=blobs", "data.batch_size=8", "optim.global_batch=60"),
+    ),
+    Check(
+        "global-batch-fits-data",
+        ("data", "optim", "trainer"),
+        "data.batch_size",
+        "the training split holds at least one global batch",
+        ("recipe=blobs", "data.samples=100", "data.batch_size=128"),
+    ),
+    Check(
+        "memory-budget",
+        ("model", "data", "strategy", "precision", "optim", "trainer"),
+        "data.batch_size",
+        "the estimated memory per device fits the device (a warning, with the cheapest fixes)",
+        ("trainer.device_memory_gb=0.05",),
+    ),
+    Check(
+        "accumulate-or-global-batch",
+        ("optim",),
+        "optim.accumulate",
+        "only one of `optim.accumulate` and `optim.global_batch` is set (a warning)",
+        ("recipe=blobs", "data.batch_size=8", "optim.global_batch=64", "optim.accumulate=2"),
+    ),
+    Check(
+        "warmup-shorter-than-training",
+        ("optim", "trainer"),
+        "optim.warmup_steps",
+        "warmup ends before training does (a warning)",
+        ("trainer.max_steps=10", "optim.warmup_steps=50"),
+    ),
+    Check(
+        "val-every-within-training",
+        ("trainer",),
+        "trainer.val_every",
+        "scheduled validation comes before the end of training (a warning)",
+        ("trainer.max_steps=50", "trainer.val_every=100"),
+    ),
+    Check(
+        "checkpoint-every-within-training",
+        ("checkpoint", "trainer"),
+        "checkpoint.every_n_steps",
+        "periodic checkpoints come before the end of training (a warning)",
+        ("trainer.max_steps=50", "checkpoint.every_n_steps=100"),
+    ),
+    Check(
+        "ddp-one-process",
+        ("strategy", "trainer"),
+        "strategy",
+        "DDP with one process is overhead without parallelism (a warning)",
+        ("strategy=ddp",),
+    ),
+    Check(
+        "devices-available",
+        ("trainer",),
+        "trainer.devices",
+        "a one-node GPU job asks for no more GPUs than the planning machine has (a warning)",
+        ("strategy=ddp", "trainer.devices=16", "trainer.accelerator=gpu"),
+        gpu=True,
+    ),
+    Check(
+        "gpu-available",
+        ("trainer",),
+        "trainer.accelerator",
+        "a GPU job planned on a machine without GPUs is meant to run elsewhere (a warning)",
+        ("trainer.accelerator=gpu",),
+    ),
+    # one block's own fields
+    Check(
+        "training-split",
+        ("data",),
+        "data",
+        "the data has training samples",
+        ("data.val_fraction=0.9999",),
+    ),
+    Check(
+        "corpus-files",
+        ("data",),
+        "data.path",
+        "`data.path` names readable files",
+        ("data.path=/nonexistent/*.txt",),
+    ),
+    Check(
+        "heads-divide-width",
+        ("model",),
+        "model.n_heads",
+        "attention heads divide the model width",
+        ("model.n_heads=5",),
+    ),
+    Check(
+        "nesterov-momentum",
+        ("optim",),
+        "optim.nesterov",
+        "Nesterov needs momentum",
+        ("optim=sgd", "optim.nesterov=true", "optim.momentum=0"),
+    ),
+    Check(
+        "keep-best-monitor",
+        ("checkpoint",),
+        "checkpoint.monitor",
+        "`checkpoint.keep_best` has a metric to rank by",
+        ("checkpoint.keep_best=1",),
+    ),
+    Check(
+        "resume-committed",
+        ("checkpoint",),
+        "checkpoint.resume",
+        "an explicit resume URL is a committed checkpoint",
+        ("checkpoint.resume=memory://blocks-checks/nothing",),
+    ),
+    Check(
+        "training-length",
+        ("trainer",),
+        "trainer.max_steps",
+        "training has a length",
+        ("trainer.max_steps=null", "trainer.max_epochs=null"),
+    ),
+    Check("range", ("any",), "optim.lr", "a number is within its field's range", ("optim.lr=-1",)),
+    Check(
+        "choice",
+        ("any",),
+        "optim.schedule",
+        "a string is one of its field's choices (with a did-you-mean)",
+        ("optim.schedule=cosin",),
+    ),
+    # composition (Hydra and OmegaConf errors, rewritten)
+    Check(
+        "unknown-group",
+        ("config",),
+        "traner",
+        "the group exists (with a did-you-mean)",
+        ("traner.max_steps=5",),
+    ),
+    Check(
+        "unknown-option",
+        ("config",),
+        "strategy",
+        "the group has the option (with a did-you-mean)",
+        ("strategy=dpp",),
+    ),
+    Check(
+        "unknown-key",
+        ("config",),
+        "optim.lrr",
+        "the chosen block has the key (with a did-you-mean, or the blocks that have it)",
+        ("optim.lrr=1e-3",),
+    ),
+    Check(
+        "type",
+        ("config",),
+        "optim.lr",
+        "a value has its field's type (OmegaConf's validation error, rewritten)",
+        ("optim.lr=abc",),
+    ),
+    Check(
+        "interpolation",
+        ("config",),
+        "optim.lr",
+        "an interpolation resolves (OmegaConf's error, rewritten)",
+        ("optim.lr=${nope}",),
+    ),
+    Check(
+        "missing-value",
+        ("config",),
+        "optim.lr",
+        "a required (`???`) value is given",
+        ("optim.lr=???",),
+    ),
+    Check(
+        "override-syntax",
+        ("config",),
+        "optim.lr",
+        "an override parses (Hydra's grammar error, rewritten)",
+        ("optim.lr==",),
+    ),
+    Check(
+        "recipe-load",
+        ("config",),
+        "recipe",
+        "recipe files load (a warning on every command; choosing a recipe that failed is an error)",
+        (),
+    ),
+    Check(
+        "sweep-without-m",
+        ("config",),
+        "optim.lr",
+        "a sweep is given with `-m`",
+        ("optim.lr=0.1,0.01",),
+    ),
+)
+"""Every check, contracts first."""
+
+
+def by_name(name: str) -> Check:
+    """The check called *name*."""
+    return next(check for check in CHECKS if check.name == name)
+
+
+def problems_of(check: Check) -> list[Problem]:
+    """Every problem planning the check's example reports (composition errors included)."""
+    from blocks.core import jobs
+
+    if check.setup is not None:
+        check.setup()
+    try:
+        return list(jobs.plan(list(check.example), GPU if check.gpu else CPU).problems)
+    except BlocksError as error:
+        return error.problems
+
+
+def triggered(check: Check, problems: Sequence[Problem] | None = None) -> Problem | None:
+    """The problem the check's example reports under its name, or None."""
+    found = problems_of(check) if problems is None else problems
+    return next((p for p in found if p.check == check.name), None)
