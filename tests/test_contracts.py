@@ -53,6 +53,13 @@ def test_every_check_in_the_code_is_in_the_catalog() -> None:
     source = (REPO / "blocks" / "core" / "compose.py").read_text()
     omegaconf_checks = source.split("def _omegaconf_check", 1)[1].split("\ndef ", 1)[0]
     written |= set(re.findall(r'return "([a-z0-9-]+)"', omegaconf_checks))
+    refusals = (
+        (REPO / "blocks" / "core" / "imports.py")
+        .read_text()
+        .split("def _refusal", 1)[1]
+        .split("\ndef ", 1)[0]
+    )
+    written |= set(re.findall(r'"(import-[a-z-]+)"', refusals))
     catalog = {c.name for c in CHECKS}
     assert written - catalog == set(), "checks without a catalog entry (and docs row)"
     assert catalog - written == set(), "catalog entries no code reports"

@@ -337,6 +337,27 @@ CHECKS: tuple[Check, ...] = (
         ("optim.lr==",),
     ),
     Check(
+        "import-path",
+        ("model", "data"),
+        "model.target",
+        "an adapter's import path names a class or function",
+        ("recipe=blobs", "model=torch_module", "model.target=not-a-path"),
+    ),
+    Check(
+        "import-denied",
+        ("model", "data"),
+        "model.target",
+        "import paths never reach modules that run commands or code (os, subprocess, builtins, ...)",
+        ("recipe=blobs", "model=torch_module", "model.target=os.system"),
+    ),
+    Check(
+        "import-not-allowed",
+        ("model", "data"),
+        "model.target",
+        "import paths stay inside the module prefixes the user allows (BLOCKS_ALLOW_IMPORTS, pyproject)",
+        ("recipe=blobs", "model=torch_module", "model.target=somewhere_else.Net"),
+    ),
+    Check(
         "recipe-load",
         ("config",),
         "recipe",
