@@ -46,9 +46,9 @@ def test_a_new_metric_on_an_already_flushed_row_gets_its_column(tmp_path: Path) 
 
 def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
     import torch
-    from torch.utils.data import default_collate
+    from torch.utils.data import DataLoader, default_collate
 
-    from blocks.build.datamodule import collate
+    from blocks.build.datamodule import batched, collate
     from blocks.data.datasets import TensorPairs, TokenWindows
 
     indices = [7, 0, 3, 3, 12]
@@ -56,9 +56,11 @@ def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
         TokenWindows(torch.arange(200) % 37, seq_len=9),
         TensorPairs(torch.randn(20, 4), torch.arange(20)),
     ):
-        batched = collate(dataset.__getitems__(indices))
+        gathered = next(iter(DataLoader(batched(dataset), batch_sampler=[indices], collate_fn=collate)))
+        plain = next(iter(DataLoader(dataset, batch_sampler=[indices])))  # the datasets stay plain torch
         one_by_one = collate([dataset[i] for i in indices])
-        assert batched.keys() == one_by_one.keys()
-        for key in batched:
-            assert torch.equal(batched[key], one_by_one[key]), key
+        assert gathered.keys() == one_by_one.keys() == plain.keys()
+        for key in gathered:
+            assert torch.equal(gathered[key], one_by_one[key]), key
+            assert torch.equal(plain[key], one_by_one[key]), key
         assert torch.equal(one_by_one["targets"], default_collate([dataset[i]["targets"] for i in indices]))

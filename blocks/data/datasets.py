@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from blocks.data.text import Text
 
 Sample = dict[str, torch.Tensor]
-"""One sample, or (from ``__getitems__``) one batch: tensors by name."""
+"""One sample, or (from ``gather``) one batch: tensors by name."""
 
 
 class TokenWindows(Dataset[Sample]):
@@ -46,8 +46,8 @@ class TokenWindows(Dataset[Sample]):
         window = self.tokens[start : start + self.seq_len + 1]
         return {"inputs": window[:-1], "targets": window[1:]}
 
-    def __getitems__(self, indices: list[int]) -> Sample:
-        """A whole batch in one gather (the DataLoader's batched fetch): no per-sample calls, no stacking."""
+    def gather(self, indices: list[int]) -> Sample:
+        """The samples at *indices* as one batch, in one indexing operation (no per-sample calls, no stacking)."""
         starts = torch.tensor(indices, dtype=torch.long).unsqueeze(1) * self.seq_len
         windows = self.tokens[starts + torch.arange(self.seq_len + 1)]
         return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
@@ -66,8 +66,8 @@ class TensorPairs(Dataset[Sample]):
     def __getitem__(self, index: int) -> Sample:
         return {"inputs": self.inputs[index], "targets": self.targets[index]}
 
-    def __getitems__(self, indices: list[int]) -> Sample:
-        """A whole batch in one gather (the DataLoader's batched fetch)."""
+    def gather(self, indices: list[int]) -> Sample:
+        """The samples at *indices* as one batch, in one indexing operation."""
         rows = torch.tensor(indices, dtype=torch.long)
         return {"inputs": self.inputs[rows], "targets": self.targets[rows]}
 
