@@ -1,7 +1,18 @@
 """Data blocks: where samples come from and the batch contract (torch-free until built)."""
 
-from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
+from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, RegressionBatch, TokenBatch
 from blocks.data.blobs import Blobs
+from blocks.data.bundled import Diabetes, Digits
 from blocks.data.text import Text
 
-__all__ = ["BatchSpec", "Blobs", "DataBlock", "FeatureBatch", "Text", "TokenBatch"]
+__all__ = [
+    "BatchSpec",
+    "Blobs",
+    "DataBlock",
+    "Diabetes",
+    "Digits",
+    "FeatureBatch",
+    "RegressionBatch",
+    "Text",
+    "TokenBatch",
+]
