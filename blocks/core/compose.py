@@ -39,7 +39,7 @@ GROUP_DEFAULTS: dict[str, str] = {
     "monitor": "default",
     "trainer": "default",
 }
-GROUPS = (*KINDS, "recipe", "debug")
+GROUPS = (*KINDS, "recipe", "experiment", "debug")
 
 
 def block_node(block: Block) -> DictConfig:
@@ -61,6 +61,7 @@ def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
     defaults: list[Any] = ["_self_"]
     defaults += [{kind: GROUP_DEFAULTS[kind]} for kind in KINDS]
     defaults.append({"recipe": DEFAULT_RECIPE})
+    defaults.append({"experiment": None})
     defaults.append({"debug": None})
     return {
         "defaults": defaults,
