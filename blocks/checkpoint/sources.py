@@ -79,3 +79,22 @@ def load_weights(source: str, key: str = "model.init_from") -> dict[str, torch.T
         return checkpoint_weights(resolved)
     except store.CheckpointError as exc:
         raise _missing(key, source, str(exc)) from None
+
+
+def find_run_config(source: str, key: str = "source") -> str:
+    """The ``config.yaml`` of the run that *source* (a run dir, export, or checkpoint inside a run dir) came from."""
+    fs, root = url_to_fs(source)
+    candidate = root.rstrip("/")
+    for _ in range(3):  # <run>/, <run>/checkpoints/step-N/, <run>/<file>
+        path = store.join(candidate, "config.yaml")
+        if fs.isfile(path):
+            return str(fs.unstrip_protocol(path))
+        candidate = candidate.rsplit("/", 1)[0] if "/" in candidate else candidate
+    raise BlocksError(
+        Problem(
+            key,
+            f"no config.yaml found at {source} or above it, so its blocks are unknown",
+            "pass a run dir, an export directory, or a checkpoint inside a run dir",
+            check="weights-source",
+        )
+    )

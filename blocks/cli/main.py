@@ -1,4 +1,4 @@
-"""``blocks``: the command line (run, plan, list).
+"""``blocks``: the command line (run, plan, list, eval, export).
 
 Config mistakes end with exit status 2 and a message naming the key and the fix, never a
 traceback. ``plan`` and ``list`` never import torch.
@@ -33,7 +33,15 @@ stderr = Console(stderr=True)
 RUN_HEADER = "blocks: the configuration has problems; nothing was started"
 PLAN_HEADER = "blocks plan: the configuration does not compose"
 LIST_HEADER = "blocks list: nothing was listed"
-_HEADERS = {"run": RUN_HEADER, "plan": PLAN_HEADER, "list": LIST_HEADER}
+EVAL_HEADER = "blocks eval: nothing was evaluated"
+EXPORT_HEADER = "blocks export: nothing was exported"
+_HEADERS = {
+    "run": RUN_HEADER,
+    "plan": PLAN_HEADER,
+    "list": LIST_HEADER,
+    "eval": EVAL_HEADER,
+    "export": EXPORT_HEADER,
+}
 
 
 def _fail(error: BlocksError, header: str = RUN_HEADER) -> int:
@@ -108,6 +116,41 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
     else:
         stdout.print(registry_table(entries))
+    return 0
+
+
+def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool) -> int:
+    """Print the metrics of the model at *source* on its data block (with *overrides*)."""
+    from rich.table import Table
+
+    from blocks.launch.evaluate import evaluate
+
+    metrics = evaluate(source, overrides, split=split)
+    if as_json:
+        print(json.dumps(metrics, indent=2))
+        return 0
+    table = Table(title=f"{escape(source)} on the {split} split", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.6g}")
+    stdout.print(table)
+    return 0
+
+
+def cmd_export(source: str, out: str) -> int:
+    """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
+    from pathlib import Path
+
+    from blocks.checkpoint.model_export import export_model
+
+    written = export_model(source, Path(out))
+    stdout.print(
+        f"exported to {written}: load it with blocks.load_model({str(written)!r})",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -225,6 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="every registered block with its fields")
     lst.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
     lst.add_argument("--json", action="store_true", help="print as JSON")
+    ev = sub.add_parser("eval", help="metrics of a run dir, checkpoint or export on a data block")
+    ev.add_argument("source", help="a run dir, a committed checkpoint directory, or an export directory")
+    ev.add_argument("overrides", nargs="*", help="data=NAME or data.KEY=VALUE (e.g. data.batch_size=256)")
+    ev.add_argument("--split", default="val", help="the split to score (default: val)")
+    ev.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    ex = sub.add_parser("export", help="write a model as safetensors + its model block (blocks.load_model)")
+    ex.add_argument("source", help="a run dir or a committed checkpoint directory")
+    ex.add_argument("out", help="the directory to write")
     return parser
 
 
@@ -237,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = build_parser().parse_args(argv)
         if args.command == "plan":
             dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
+        elif args.command == "eval":
+            dispatch = lambda: cmd_eval(args.source, args.overrides, split=args.split, as_json=args.json)  # noqa: E731
+        elif args.command == "export":
+            dispatch = lambda: cmd_export(args.source, args.out)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:
