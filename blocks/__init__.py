@@ -8,6 +8,7 @@ from typing import Any
 
 from blocks.core.block import KINDS, Block
 from blocks.core.errors import BlocksError, ConfigError, PlanError, Problem
+from blocks.core.pipeline import Evaluate, Export, Pipeline, Train
 from blocks.core.plan import Plan, make_plan
 from blocks.core.recipe import Recipe, recipe
 from blocks.core.registry import register
@@ -27,10 +28,14 @@ __all__ = [
     "Block",
     "BlocksError",
     "ConfigError",
+    "Evaluate",
+    "Export",
+    "Pipeline",
     "Plan",
     "PlanError",
     "Problem",
     "Recipe",
+    "Train",
     "__version__",
     "load_model",
     "make_plan",

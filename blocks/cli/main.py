@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -21,6 +22,9 @@ from blocks.core.errors import BlocksError, Problem, did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+    from blocks.core.pipeline import Pipeline
+    from blocks.core.plan import Plan
 
 EXIT_INVALID = 2
 
@@ -68,6 +72,16 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
     from blocks.core import jobs
     from blocks.launch.sweep import expand_sweep
 
+    chosen = _pipeline_of(overrides)
+    if chosen is not None:
+        root, rest = _pipeline_args(chosen[0], overrides)
+        stage_plans = _plan_stages(chosen[1], root, rest)
+        if as_json:
+            print(json.dumps({name: plan.to_json() for name, plan in stage_plans}, indent=2))
+        for name, plan in stage_plans if not as_json else []:
+            stdout.print(f"[bold]stage:[/] {escape(name)}", highlight=False)
+            stdout.print(plan_panel(plan))
+        return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
     job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
     plans = []
     for one in job_overrides:
@@ -140,8 +154,6 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 
 def cmd_export(source: str, out: str) -> int:
     """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
-    from pathlib import Path
-
     from blocks.checkpoint.model_export import export_model
 
     written = export_model(source, Path(out))
@@ -218,8 +230,85 @@ def _refuse_combined_modes(parsed: argparse.Namespace) -> None:
         )
 
 
+def _pipeline_of(args: Sequence[str]) -> tuple[str, Pipeline] | None:
+    """The pipeline recipe the command line chooses (``recipe=NAME``), or None for a single job."""
+    from blocks.core.recipe import RECIPES
+
+    chosen = [a.split("=", 1)[1] for a in args if a.startswith("recipe=")]
+    if not chosen:
+        return None
+    try:
+        entry = RECIPES.get(chosen[-1])
+    except BlocksError:
+        return None  # Hydra reports an unknown recipe with its own hint
+    pipeline = entry.pipeline()
+    return (entry.name, pipeline) if pipeline is not None else None
+
+
+def _plan_stages(pipeline: Pipeline, root: Path, args: Sequence[str]) -> list[tuple[str, Plan]]:
+    """The plan of every train stage, as it will run under *root*."""
+    from blocks.core import jobs
+    from blocks.core.pipeline import Train
+    from blocks.launch.pipeline import train_overrides
+
+    return [
+        (stage.name, jobs.plan(train_overrides(pipeline, stage, root, args)))
+        for stage in pipeline.stages
+        if isinstance(stage, Train)
+    ]
+
+
+def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
+    """The pipeline dir (``hydra.run.dir=`` or ``outputs/<recipe>``) and the remaining overrides."""
+    root = Path("outputs") / name
+    rest = []
+    for arg in args:
+        if arg.startswith("hydra.run.dir="):
+            root = Path(arg.split("=", 1)[1])
+        elif arg.startswith("-") or arg.startswith("hydra"):
+            raise BlocksError(
+                Problem(
+                    arg,
+                    f"recipe={name} is a pipeline; it runs its stages itself, without Hydra flags or hydra.* settings",
+                    "drop it; hydra.run.dir=DIR sets the pipeline dir",
+                )
+            )
+        elif not arg.startswith("recipe="):
+            rest.append(arg)
+    return root, rest
+
+
+def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
+    """Plan every train stage, then run the stages not finished yet (``blocks run recipe=<pipeline>``)."""
+    from blocks.cli.render import print_problems
+    from blocks.launch.driver import JobFailed
+    from blocks.launch.pipeline import run_pipeline
+
+    root, overrides = _pipeline_args(name, args)
+    for stage, plan in _plan_stages(pipeline, root, overrides):
+        if not plan.ok:
+            print_problems(
+                stderr,
+                plan.errors,
+                header=f"blocks: stage '{stage}' of recipe={name} has problems; nothing was started",
+            )
+            return EXIT_INVALID
+    stdout.print(f"pipeline dir: {root}", highlight=False, markup=False, soft_wrap=True)
+    try:
+        run_pipeline(
+            pipeline, root, overrides, say=lambda text: stdout.print(text, highlight=False, markup=False)
+        )
+    except JobFailed as exc:
+        print(f"blocks: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_run(args: Sequence[str]) -> int:
     """Check every job, then hand the command line to Hydra, which runs the driver per job."""
+    chosen = _pipeline_of(args)
+    if chosen is not None:
+        return cmd_run_pipeline(*chosen, args)
     code = _precheck(args)
     if code is not None:
         return code

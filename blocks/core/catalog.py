@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from blocks.core import paths
 from blocks.core.compose import block_node, primary_node
 from blocks.core.errors import BlocksError, Problem, RegistryError
+from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
 
@@ -188,7 +189,10 @@ def register_configs() -> None:
 
 def _register_recipe(store: ConfigStore, recipe_entry: RecipeEntry) -> None:
     """Store a recipe as an option of the ``recipe`` group, and each block it customizes as a preset."""
-    recipe = recipe_entry.build()
+    made = recipe_entry.make()
+    if isinstance(made, Pipeline):
+        return  # a pipeline is no config option: `blocks run` runs its stages (blocks.launch.pipeline)
+    recipe = made
     defaults = []
     presets = []
     for kind, block in recipe.blocks().items():
