@@ -224,3 +224,18 @@ def test_pipeline_killed_during_finetune_skips_pretrain_and_resumes(tmp_path: Pa
 def test_a_pipeline_refuses_hydra_flags(cli) -> None:
     result = cli("run", "recipe=digits_pipeline", "-m")
     assert result.returncode == 2 and "is a pipeline" in result.stderr
+
+
+def test_debug_overfit_memorizes_a_few_batches(cli, tmp_path: Path) -> None:
+    result = cli("run", "recipe=digits_mlp", "debug=overfit", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.output[-3000:]
+    metrics = read_summary(tmp_path / "run")["metrics"]
+    assert metrics["val/accuracy"] == 1.0 and metrics["val/loss"] < 0.1, metrics
+
+
+def test_experiment_preset_pins_a_recipe_and_its_changes(cli) -> None:
+    result = cli("plan", "experiment=digits_wide", "--json")
+    assert result.returncode == 0, result.output[-3000:]
+    plan = json.loads(result.stdout)
+    assert plan["choices"]["recipe"] == "digits_mlp" and plan["choices"]["experiment"] == "digits_wide"
+    assert plan["blocks"]["model"]["fields"]["hidden"] == [256, 256]

@@ -63,7 +63,12 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     module = BlocksModule(plan.model, plan.task, plan.optim, spec, derived.total_steps, parallelize)
-    datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
+    datamodule = BlocksDataModule(
+        plan.data,
+        accumulate=derived.accumulate,
+        seed=trainer_block.seed,
+        overfit_batches=trainer_block.overfit_batches,
+    )
     sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step)]
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress))

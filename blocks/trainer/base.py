@@ -38,6 +38,8 @@ class Trainer(TrainerBlock):
             The end of training is always validated.
         max_failures: restarts after a failure before the job gives up.
         deterministic: make torch use deterministic algorithms (slower on GPU).
+        overfit_batches: train and validate on only the first N global batches of the
+            training split (a debugging check that the model can memorize them); 0 disables.
     """
 
     max_steps: int | None = None
@@ -49,6 +51,7 @@ class Trainer(TrainerBlock):
     val_every: int | None = None
     max_failures: int = 0
     deterministic: bool = False
+    overfit_batches: int = 0
 
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""
@@ -64,6 +67,7 @@ class Trainer(TrainerBlock):
         ctx.positive("nodes", self.nodes)
         ctx.positive("val_every", self.val_every)
         ctx.positive("max_failures", self.max_failures, allow_zero=True)
+        ctx.positive("overfit_batches", self.overfit_batches, allow_zero=True)
         ctx.choice("accelerator", self.accelerator, ACCELERATORS)
         if self.accelerator == "gpu" and ctx.environment.gpus == 0 and ctx.derived.world_size == self.devices:
             ctx.warning(
