@@ -239,3 +239,17 @@ def test_experiment_preset_pins_a_recipe_and_its_changes(cli) -> None:
     plan = json.loads(result.stdout)
     assert plan["choices"]["recipe"] == "digits_mlp" and plan["choices"]["experiment"] == "digits_wide"
     assert plan["blocks"]["model"]["fields"]["hidden"] == [256, 256]
+
+
+def test_pipeline_stages_refer_to_earlier_train_stages() -> None:
+    from blocks import Evaluate, Export, Pipeline, Train
+    from blocks.core.errors import RegistryError
+
+    with pytest.raises(RegistryError, match="source='pretrain', which is not an earlier train stage"):
+        Pipeline(stages=(Evaluate("evaluate", source="pretrain"), Train("pretrain")))
+    with pytest.raises(RegistryError, match="init_from='evaluate'"):
+        Pipeline(stages=(Train("a"), Evaluate("evaluate", source="a"), Train("b", init_from="evaluate")))
+    with pytest.raises(RegistryError, match="must be lower_snake_case and not one of"):
+        Pipeline(stages=(Train("model"),))
+    with pytest.raises(RegistryError, match="appears twice"):
+        Pipeline(stages=(Train("a"), Export("a", source="a")))
