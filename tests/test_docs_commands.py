@@ -37,6 +37,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.timeout(900)
 
 FAST = {"trainer.max_steps": "3", "trainer.max_epochs": "null"}
+INFO_FLAGS = {"--info", "-i", "--help", "-h", "--cfg", "-c", "--hydra-help", "--shell-completion", "-sc"}
+"""Hydra flags that print and exit: nothing trains, and ``--info`` would take an override as its argument."""
 SHELL_BUILTINS = ("export ", "cd ", "mkdir ")
 _FENCE = re.compile(
     r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S
@@ -115,7 +117,7 @@ def fast(command: str) -> str:
     tokens = shlex.split(command, comments=True)
     if not tokens or tokens[0] != "blocks":
         return command
-    if len(tokens) > 1 and tokens[1] == "run":
+    if len(tokens) > 1 and tokens[1] == "run" and not INFO_FLAGS & set(tokens):
         keys = {t.split("=", 1)[0] for t in tokens}
         tokens += [f"{k}={v}" for k, v in FAST.items() if k not in keys]
     quoted = [t if t.startswith("$") else shlex.quote(t) for t in tokens[1:]]
