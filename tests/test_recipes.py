@@ -253,3 +253,16 @@ def test_pipeline_stages_refer_to_earlier_train_stages() -> None:
         Pipeline(stages=(Train("model"),))
     with pytest.raises(RegistryError, match="appears twice"):
         Pipeline(stages=(Train("a"), Export("a", source="a")))
+
+
+def test_planning_a_pipeline_imports_neither_torch_nor_sklearn(tmp_path: Path) -> None:
+    check = (
+        "import sys\nfrom blocks.cli.main import main\ntry:\n    main(['plan', 'recipe=digits_pipeline'])\n"
+        "except SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+        "print(sorted(m for m in ('torch', 'pytorch_lightning', 'sklearn') if m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
