@@ -102,7 +102,7 @@ def test_field_docs_come_from_the_docstring() -> None:
     assert "learning rate" in fields["lr"].doc
     assert fields["beta1"].doc == "first-moment decay."
     assert fields["grad_clip"].type == "float | None"
-    assert block_fields(MLP)[0].type.startswith("tuple")
+    assert {f.name: f for f in block_fields(MLP)}["hidden"].type.startswith("tuple")
 
 
 def test_recipes_register_once_and_build_blocks() -> None:

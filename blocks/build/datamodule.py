@@ -6,7 +6,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from blocks.build.checkpointing import ResumableLoader, processed_micro_batches
 from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
@@ -49,9 +49,10 @@ def batched(dataset: Dataset) -> Dataset:
 class BlocksDataModule(pl.LightningDataModule):
     """Train and val loaders for a data block, with the global batch stream of the plan."""
 
-    def __init__(self, data: DataBlock, *, accumulate: int, seed: int) -> None:
+    def __init__(self, data: DataBlock, *, accumulate: int, seed: int, overfit_batches: int = 0) -> None:
         super().__init__()
         self.data = data
+        self.overfit_batches = overfit_batches
         self.accumulate = accumulate
         self.seed = seed
         self.train_set: Dataset | None = None
@@ -61,6 +62,12 @@ class BlocksDataModule(pl.LightningDataModule):
         """Build the datasets once per process."""
         if self.train_set is None:
             self.train_set = self.data.build("train")
+            if self.overfit_batches:
+                # The same few global batches for training and validation: can the model memorize them?
+                world = self.trainer.world_size if self.trainer is not None else 1
+                size = self.overfit_batches * self.data.batch_size * self.accumulate * world
+                self.train_set = Subset(self.train_set, range(min(size, len(self.train_set))))  # type: ignore[arg-type]
+                self.val_set = self.train_set
         if self.val_set is None and self.data.num_samples("val") > 0:
             self.val_set = self.data.build("val")
 

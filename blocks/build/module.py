@@ -8,6 +8,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from blocks.build.init import initialize
 from blocks.data.base import BatchSpec
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock
@@ -34,6 +35,7 @@ class BlocksModule(pl.LightningModule):
         self.parallelize = parallelize
         self._parallelized = False
         self.model = model.build(spec)
+        initialize(self.model, model)
         self.objective = task.build(spec)
         self.optim_block = optim
         self.total_steps = total_steps

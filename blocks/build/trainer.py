@@ -71,7 +71,12 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
     module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize)
-    datamodule = BlocksDataModule(plan.data, accumulate=derived.accumulate, seed=trainer_block.seed)
+    datamodule = BlocksDataModule(
+        plan.data,
+        accumulate=derived.accumulate,
+        seed=trainer_block.seed,
+        overfit_batches=trainer_block.overfit_batches,
+    )
     sinks = metric_sinks(monitor, run_dir, resumed_step)
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress))

@@ -1,4 +1,4 @@
-"""``blocks``: the command line (run, plan, list, report).
+"""``blocks``: the command line (run, plan, list, eval, export, report, new-package).
 
 Config mistakes end with exit status 2 and a message naming the key and the fix, never a
 traceback. ``plan``, ``list`` and ``report`` never import torch.
@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -21,6 +22,9 @@ from blocks.core.errors import BlocksError, Problem, did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+    from blocks.core.pipeline import Pipeline
+    from blocks.core.plan import Plan
 
 EXIT_INVALID = 2
 
@@ -35,12 +39,16 @@ PLAN_HEADER = "blocks plan: the configuration does not compose"
 LIST_HEADER = "blocks list: nothing was listed"
 NEW_PACKAGE_HEADER = "blocks new-package: nothing was created"
 REPORT_HEADER = "blocks report: no report was written"
+EVAL_HEADER = "blocks eval: nothing was evaluated"
+EXPORT_HEADER = "blocks export: nothing was exported"
 _HEADERS = {
     "run": RUN_HEADER,
     "plan": PLAN_HEADER,
     "list": LIST_HEADER,
     "new-package": NEW_PACKAGE_HEADER,
     "report": REPORT_HEADER,
+    "eval": EVAL_HEADER,
+    "export": EXPORT_HEADER,
 }
 
 
@@ -69,6 +77,16 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
     from blocks.core import jobs
     from blocks.launch.sweep import expand_sweep
 
+    chosen = _pipeline_of(overrides)
+    if chosen is not None:
+        root, rest = _pipeline_args(chosen[0], overrides)
+        stage_plans = _plan_stages(chosen[1], root, rest)
+        if as_json:
+            print(json.dumps({name: plan.to_json() for name, plan in stage_plans}, indent=2))
+        for name, plan in stage_plans if not as_json else []:
+            stdout.print(f"[bold]stage:[/] {escape(name)}", highlight=False)
+            stdout.print(plan_panel(plan))
+        return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
     job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
     plans = []
     for one in job_overrides:
@@ -133,6 +151,39 @@ def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> 
         stdout.print(f"  {path.relative_to(target)}", highlight=False, markup=False)
     stdout.print(
         f"next: pip install -e {target} && pytest {target / 'tests'}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool) -> int:
+    """Print the metrics of the model at *source* on its data block (with *overrides*)."""
+    from rich.table import Table
+
+    from blocks.launch.evaluate import evaluate
+
+    metrics = evaluate(source, overrides, split=split)
+    if as_json:
+        print(json.dumps(metrics, indent=2))
+        return 0
+    table = Table(title=f"{escape(source)} on the {split} split", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.6g}")
+    stdout.print(table)
+    return 0
+
+
+def cmd_export(source: str, out: str) -> int:
+    """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
+    from blocks.checkpoint.model_export import export_model
+
+    written = export_model(source, Path(out))
+    stdout.print(
+        f"exported to {written}: load it with blocks.load_model({str(written)!r})",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -220,11 +271,88 @@ def _refuse_combined_modes(parsed: argparse.Namespace) -> None:
         )
 
 
+def _pipeline_of(args: Sequence[str]) -> tuple[str, Pipeline] | None:
+    """The pipeline recipe the command line chooses (``recipe=NAME``), or None for a single job."""
+    from blocks.core.recipe import RECIPES
+
+    chosen = [a.split("=", 1)[1] for a in args if a.startswith("recipe=")]
+    if not chosen:
+        return None
+    try:
+        entry = RECIPES.get(chosen[-1])
+    except BlocksError:
+        return None  # Hydra reports an unknown recipe with its own hint
+    pipeline = entry.pipeline()
+    return (entry.name, pipeline) if pipeline is not None else None
+
+
+def _plan_stages(pipeline: Pipeline, root: Path, args: Sequence[str]) -> list[tuple[str, Plan]]:
+    """The plan of every train stage, as it will run under *root*."""
+    from blocks.core import jobs
+    from blocks.core.pipeline import Train
+    from blocks.launch.pipeline import train_overrides
+
+    return [
+        (stage.name, jobs.plan(train_overrides(pipeline, stage, root, args)))
+        for stage in pipeline.stages
+        if isinstance(stage, Train)
+    ]
+
+
+def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
+    """The pipeline dir (``hydra.run.dir=`` or ``outputs/<recipe>``) and the remaining overrides."""
+    root = Path("outputs") / name
+    rest = []
+    for arg in args:
+        if arg.startswith("hydra.run.dir="):
+            root = Path(arg.split("=", 1)[1])
+        elif arg.startswith("-") or arg.startswith("hydra"):
+            raise BlocksError(
+                Problem(
+                    arg,
+                    f"recipe={name} is a pipeline; it runs its stages itself, without Hydra flags or hydra.* settings",
+                    "drop it; hydra.run.dir=DIR sets the pipeline dir",
+                )
+            )
+        elif not arg.startswith("recipe="):
+            rest.append(arg)
+    return root, rest
+
+
+def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
+    """Plan every train stage, then run the stages not finished yet (``blocks run recipe=<pipeline>``)."""
+    from blocks.cli.render import print_problems
+    from blocks.launch.driver import JobFailed
+    from blocks.launch.pipeline import run_pipeline
+
+    root, overrides = _pipeline_args(name, args)
+    for stage, plan in _plan_stages(pipeline, root, overrides):
+        if not plan.ok:
+            print_problems(
+                stderr,
+                plan.errors,
+                header=f"blocks: stage '{stage}' of recipe={name} has problems; nothing was started",
+            )
+            return EXIT_INVALID
+    stdout.print(f"pipeline dir: {root}", highlight=False, markup=False, soft_wrap=True)
+    try:
+        run_pipeline(
+            pipeline, root, overrides, say=lambda text: stdout.print(text, highlight=False, markup=False)
+        )
+    except JobFailed as exc:
+        print(f"blocks: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_run(args: Sequence[str]) -> int:
     """Check every job, then hand the command line to Hydra, which runs the driver per job."""
     from blocks.launch.sweep import expand_group_globs
 
     args = expand_group_globs(args)
+    chosen = _pipeline_of(args)
+    if chosen is not None:
+        return cmd_run_pipeline(*chosen, args)
     code = _precheck(args)
     if code is not None:
         return code
@@ -285,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--objective", help="metric that ranks a sweep's jobs (default: monitor.objective)")
     report.add_argument("--mode", choices=("min", "max"), help="min or max (default: monitor.objective_mode)")
+    ev = sub.add_parser("eval", help="metrics of a run dir, checkpoint or export on a data block")
+    ev.add_argument("source", help="a run dir, a committed checkpoint directory, or an export directory")
+    ev.add_argument("overrides", nargs="*", help="data=NAME or data.KEY=VALUE (e.g. data.batch_size=256)")
+    ev.add_argument("--split", default="val", help="the split to score (default: val)")
+    ev.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    ex = sub.add_parser("export", help="write a model as safetensors + its model block (blocks.load_model)")
+    ex.add_argument("source", help="a run dir or a committed checkpoint directory")
+    ex.add_argument("out", help="the directory to write")
     return parser
 
 
@@ -301,6 +437,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             dispatch = lambda: cmd_new_package(args.name, args.dir, args.namespace)  # noqa: E731
         elif args.command == "report":
             dispatch = lambda: cmd_report(args.path, objective=args.objective, mode=args.mode)  # noqa: E731
+        elif args.command == "eval":
+            dispatch = lambda: cmd_eval(args.source, args.overrides, split=args.split, as_json=args.json)  # noqa: E731
+        elif args.command == "export":
+            dispatch = lambda: cmd_export(args.source, args.out)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:

@@ -21,6 +21,7 @@ from blocks.core import packages, paths
 from blocks.core.block import KINDS as REGISTRY_KINDS
 from blocks.core.compose import GROUPS, block_node, primary_node, store_option
 from blocks.core.errors import BlocksError, Problem, RegistryError
+from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
 
@@ -193,7 +194,10 @@ def register_configs() -> None:
 
 def _register_recipe(store: ConfigStore, recipe_entry: RecipeEntry) -> None:
     """Store a recipe as an option of the ``recipe`` group, and each block it customizes as a preset."""
-    recipe = recipe_entry.build()
+    made = recipe_entry.make()
+    if isinstance(made, Pipeline):
+        return  # a pipeline is no config option: `blocks run` runs its stages (blocks.launch.pipeline)
+    recipe = made
     defaults = []
     presets = []
     for kind, block in recipe.blocks().items():

@@ -42,7 +42,7 @@ GROUP_DEFAULTS: dict[str, str] = {
     "monitor": "default",
     "trainer": "default",
 }
-GROUPS = (*KINDS, "recipe", "debug", "hparams_search")
+GROUPS = (*KINDS, "recipe", "experiment", "debug", "hparams_search")
 
 
 def block_node(block: Block) -> DictConfig:
@@ -102,6 +102,7 @@ def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
     defaults: list[Any] = ["_self_"]
     defaults += [{kind: GROUP_DEFAULTS[kind]} for kind in KINDS]
     defaults.append({"recipe": DEFAULT_RECIPE})
+    defaults.append({"experiment": None})
     defaults.append({"debug": None})
     defaults.append({"hparams_search": None})
     return {

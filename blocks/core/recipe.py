@@ -11,6 +11,7 @@ from typing import TypeVar
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.block import KINDS, Block
 from blocks.core.errors import RegistryError, did_you_mean
+from blocks.core.pipeline import Pipeline
 from blocks.data.base import DataBlock
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
@@ -52,7 +53,7 @@ class Recipe:
         return {kind: block for kind in KINDS if (block := getattr(self, kind)) is not None}
 
 
-RecipeFn = Callable[[], Recipe]
+RecipeFn = Callable[[], Recipe | Pipeline]
 F = TypeVar("F", bound=RecipeFn)
 
 
@@ -71,18 +72,32 @@ class RecipeEntry:
         doc = (self.fn.__doc__ or "").strip()
         return doc.splitlines()[0] if doc else ""
 
-    def build(self) -> Recipe:
-        """Call the recipe function and check that it returned a :class:`Recipe` of blocks."""
+    def make(self) -> Recipe | Pipeline:
+        """Call the recipe function: a :class:`Recipe` of blocks or a :class:`Pipeline` of stages."""
         result = self.fn()
+        if isinstance(result, Pipeline):
+            return result
         if not isinstance(result, Recipe):
             raise RegistryError(
-                f"recipe '{self.name}' ({self.source}) returned {type(result).__name__}, not a Recipe"
+                f"recipe '{self.name}' ({self.source}) returned {type(result).__name__}, not a Recipe or Pipeline"
             )
         for f in dataclasses.fields(result):
             value = getattr(result, f.name)
             if value is not None and not isinstance(value, Block):
                 raise RegistryError(f"recipe '{self.name}' sets {f.name} to {value!r}, which is not a block")
         return result
+
+    def build(self) -> Recipe:
+        """The recipe's blocks; a pipeline recipe is an error here (it has no single job)."""
+        result = self.make()
+        if isinstance(result, Pipeline):
+            raise RegistryError(f"recipe '{self.name}' is a pipeline of stages, not one job")
+        return result
+
+    def pipeline(self) -> Pipeline | None:
+        """The pipeline the recipe returns, or None for a single-job recipe."""
+        result = self.make()
+        return result if isinstance(result, Pipeline) else None
 
 
 class RecipeBook:

@@ -1,8 +1,20 @@
 """Data blocks: where samples come from and the batch contract (torch-free until built)."""
 
 from blocks.data.adapter import LightningData
-from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
+from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, RegressionBatch, TokenBatch
 from blocks.data.blobs import Blobs
+from blocks.data.bundled import Diabetes, Digits
 from blocks.data.text import Text
 
-__all__ = ["BatchSpec", "Blobs", "DataBlock", "FeatureBatch", "LightningData", "Text", "TokenBatch"]
+__all__ = [
+    "BatchSpec",
+    "Blobs",
+    "DataBlock",
+    "Diabetes",
+    "Digits",
+    "FeatureBatch",
+    "LightningData",
+    "RegressionBatch",
+    "Text",
+    "TokenBatch",
+]

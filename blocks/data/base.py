@@ -41,7 +41,20 @@ class FeatureBatch:
     num_classes: int
 
 
-BatchSpec = TokenBatch | FeatureBatch
+@dataclass(frozen=True)
+class RegressionBatch:
+    """Batches of feature vectors with real-valued targets: ``float32[batch, num_features]`` → ``float32[batch, num_targets]``.
+
+    Attributes:
+        num_features: length of each feature vector.
+        num_targets: number of values predicted per sample.
+    """
+
+    num_features: int
+    num_targets: int
+
+
+BatchSpec = TokenBatch | FeatureBatch | RegressionBatch
 """What a data block yields; models and tasks declare which specs they accept."""
 
 

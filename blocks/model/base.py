@@ -21,11 +21,22 @@ class ModelBlock(Block):
     A model block declares which batch specs it accepts, how many parameters it has for a
     given spec (torch-free, for the plan), and the repeated units that parallelism strategies
     shard and checkpoint (e.g. a transformer's layers).
+
+    Attributes:
+        init_from: start from these weights instead of a random init: a ``.safetensors``
+            file (e.g. an export), a committed checkpoint directory, or a run dir (its
+            ``model.safetensors``, else its newest committed checkpoint). Resuming a run still
+            restores its own checkpoint over them.
+        freeze: module-name prefixes whose parameters are not trained (e.g. ``[layers.0,
+            token_embedding]``; ``0`` is the first layer of an MLP). Each must match a parameter.
     """
 
     kind: ClassVar[str] = "model"
     accepts: ClassVar[tuple[type, ...]] = ()
     """Batch spec types (``TokenBatch``, ``FeatureBatch``) this model takes."""
+
+    init_from: str | None = None
+    freeze: tuple[str, ...] = ()
 
     def num_parameters(self, spec: BatchSpec) -> int:
         """Parameter count for *spec*, computed without torch."""
@@ -57,7 +68,18 @@ class ModelBlock(Block):
         raise NotImplementedError
 
     def check(self, ctx: CheckContext) -> None:
-        """The data's batch spec must be one this model accepts."""
+        """The data's batch spec must be one this model accepts; freeze prefixes are names."""
+        for prefix in self.freeze:
+            if not str(prefix).strip(". "):
+                ctx.error(
+                    "freeze",
+                    f"an empty module-name prefix freezes nothing: {list(self.freeze)}",
+                    "model.freeze=[0]",
+                )
+        if self.init_from is not None and not self.init_from.strip():
+            ctx.error(
+                "init_from", "is empty", "model.init_from=null, or a run dir, checkpoint or .safetensors file"
+            )
         spec = ctx.batch_spec
         if spec is not None and self.accepts and not isinstance(spec, self.accepts):
             wanted = " or ".join(t.__name__ for t in self.accepts)

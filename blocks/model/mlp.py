@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from blocks.core.registry import register
-from blocks.data.base import BatchSpec, FeatureBatch
+from blocks.data.base import BatchSpec, FeatureBatch, RegressionBatch
 from blocks.model.base import ModelBlock
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 @register("mlp")
 @dataclass(frozen=True, kw_only=True)
 class MLP(ModelBlock):
-    """A multi-layer perceptron from feature vectors to class logits.
+    """A multi-layer perceptron from feature vectors to class logits (or regression outputs).
 
     Attributes:
         hidden: widths of the hidden layers, e.g. ``[128, 128]``.
@@ -29,19 +29,20 @@ class MLP(ModelBlock):
         dropout: dropout after each hidden activation.
     """
 
-    accepts = (FeatureBatch,)
+    accepts = (FeatureBatch, RegressionBatch)
 
     hidden: tuple[int, ...] = (128, 128)
     activation: str = "relu"
     dropout: float = 0.0
 
-    def widths(self, spec: FeatureBatch) -> list[int]:
-        """Layer widths from input features through the hidden layers to the classes."""
-        return [spec.num_features, *self.hidden, spec.num_classes]
+    def widths(self, spec: FeatureBatch | RegressionBatch) -> list[int]:
+        """Layer widths from input features through the hidden layers to the classes (or targets)."""
+        out = spec.num_classes if isinstance(spec, FeatureBatch) else spec.num_targets
+        return [spec.num_features, *self.hidden, out]
 
     def num_parameters(self, spec: BatchSpec) -> int:
         """Weights and biases of every linear layer."""
-        assert isinstance(spec, FeatureBatch)
+        assert isinstance(spec, FeatureBatch | RegressionBatch)
         widths = self.widths(spec)
         return sum(a * b + b for a, b in itertools.pairwise(widths))
 
@@ -54,7 +55,7 @@ class MLP(ModelBlock):
         """An ``nn.Sequential`` of linear layers and activations."""
         from blocks.model.networks import mlp
 
-        assert isinstance(spec, FeatureBatch)
+        assert isinstance(spec, FeatureBatch | RegressionBatch)
         return mlp(self.widths(spec), self.activation, self.dropout)
 
     def check(self, ctx: CheckContext) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanAbsoluteError, MeanMetric, R2Score
 from torchmetrics.classification import MulticlassAccuracy
 
 Batch = dict[str, torch.Tensor]
@@ -84,3 +84,37 @@ class ClassificationObjective(Objective):
     def compute(self) -> dict[str, torch.Tensor]:
         """Loss and accuracy."""
         return {"loss": self.val_loss.compute(), "accuracy": self.val_accuracy.compute()}
+
+
+class RegressionObjective(Objective):
+    """Mean squared (or Huber) error; validation adds mean absolute error and R²."""
+
+    def __init__(self, num_targets: int, loss: str = "mse") -> None:
+        super().__init__()
+        self.loss_fn = F.huber_loss if loss == "huber" else F.mse_loss
+        self.val_loss = MeanMetric()
+        self.val_mae = MeanAbsoluteError(num_outputs=num_targets)
+        self.val_r2 = R2Score(multioutput="uniform_average") if num_targets > 1 else R2Score()
+
+    def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The mean error of one micro-batch."""
+        return self.loss_fn(outputs.float(), batch["targets"].float())
+
+    def update(self, outputs: torch.Tensor, batch: Batch) -> None:
+        """Add the batch's loss, absolute errors and predictions."""
+        targets = batch["targets"].float()
+        outputs = outputs.float().reshape(targets.shape)
+        self.val_loss.update(self.loss_fn(outputs, targets), weight=targets.shape[0])
+        flat = targets.shape[-1] == 1
+        self.val_mae.update(
+            outputs.squeeze(-1) if flat else outputs, targets.squeeze(-1) if flat else targets
+        )
+        self.val_r2.update(outputs.squeeze(-1) if flat else outputs, targets.squeeze(-1) if flat else targets)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """Loss, MAE and R² (MAE averaged over targets)."""
+        return {
+            "loss": self.val_loss.compute(),
+            "mae": self.val_mae.compute().mean(),
+            "r2": self.val_r2.compute(),
+        }

@@ -41,6 +41,8 @@ class Trainer(TrainerBlock):
         device_memory_gb: memory of one device in GiB, for the plan's memory estimate; null
             detects it on the planning machine (GPU memory with ``nvidia-smi``, or the host's
             memory shared by ``devices`` on CPU), which may not be the machine that trains.
+        overfit_batches: train and validate on only the first N global batches of the
+            training split (a debugging check that the model can memorize them); 0 disables.
     """
 
     max_steps: int | None = None
@@ -53,6 +55,7 @@ class Trainer(TrainerBlock):
     max_failures: int = 0
     deterministic: bool = False
     device_memory_gb: float | None = None
+    overfit_batches: int = 0
 
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""
@@ -71,6 +74,7 @@ class Trainer(TrainerBlock):
         ctx.positive("val_every", self.val_every)
         ctx.positive("max_failures", self.max_failures, allow_zero=True)
         ctx.positive("device_memory_gb", self.device_memory_gb)
+        ctx.positive("overfit_batches", self.overfit_batches, allow_zero=True)
         ctx.choice("accelerator", self.accelerator, ACCELERATORS)
         gpus = ctx.environment.gpus
         if self.accelerator == "gpu" and gpus and self.nodes == 1 and self.devices > gpus:

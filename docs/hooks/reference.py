@@ -148,6 +148,8 @@ def _recipe_presets() -> dict[str, list[tuple[str, str]]]:
 
     presets: dict[str, list[tuple[str, str]]] = {}
     for entry in RECIPES.entries():
+        if entry.pipeline() is not None:
+            continue
         for kind, block in entry.build().blocks().items():
             if block != type(block)():
                 presets.setdefault(kind, []).append((entry.name, block.block_name))
@@ -174,6 +176,10 @@ def _recipes_section() -> str:
         )
         lines += ["", f"YAML recipes are listed under [YAML presets](#yaml-presets): {listed}."]
     for entry in RECIPES.entries():
+        pipeline = entry.pipeline()
+        if pipeline is not None:
+            lines += ["", *_pipeline_lines(entry, pipeline)]
+            continue
         recipe = entry.build()
         chosen = recipe.blocks()
         lines += [
@@ -203,6 +209,27 @@ def _recipes_section() -> str:
                 f"| {_cell(settings) if settings else ''} |"
             )
     return "\n".join(lines)
+
+
+def _pipeline_lines(entry: Any, pipeline: Any) -> list[str]:
+    """A pipeline recipe: its stages in order (see the Recipes guide, Pipelines of stages)."""
+    lines = [
+        f"### `recipe={entry.name}` {{#recipe-{_slug(entry.name)}}}",
+        "",
+        _rst(entry.summary),
+        "",
+        f"Defined by `{_source(entry.fn)}`, package `{entry.package}`. A pipeline: "
+        "`blocks run` runs its stages in order ([Pipelines](../guides/recipes.md#pipelines-of-stages)).",
+        "",
+        "| stage | does | takes |",
+        "|---|---|---|",
+    ]
+    for stage in pipeline.stages:
+        kind = type(stage).__name__.lower()
+        what = " ".join(getattr(stage, "overrides", ())) or kind
+        takes = getattr(stage, "init_from", None) or getattr(stage, "source", None) or ""
+        lines.append(f"| `{stage.name}` | {kind}: {_cell(what)} | {f'`{takes}`' if takes else ''} |")
+    return lines
 
 
 def _presets_section() -> str:

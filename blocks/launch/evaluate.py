@@ -1,0 +1,77 @@
+"""``blocks eval``: the validation metrics of a trained model (run dir, checkpoint or export) on a data block."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
+from blocks.core.errors import BlocksError, Problem
+from blocks.core.plan import make_plan
+from blocks.data.base import SPLITS
+
+
+def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
+    """The run's config with *overrides*: ``data=NAME`` swaps the data block, ``data.KEY=V`` sets a field."""
+    from blocks.checkpoint.model_export import run_config
+    from blocks.core.registry import REGISTRY
+
+    config = run_config(source)
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key:
+            raise BlocksError(
+                Problem(override, "is not KEY=VALUE", "e.g. data.batch_size=256 or data=digits")
+            )
+        if "." not in key:
+            try:
+                cls = REGISTRY.get(key, value).cls
+            except BlocksError as exc:
+                raise BlocksError(
+                    Problem(key, exc.problems[0].message, f"{key}=<a registered {key} block>")
+                ) from None
+            config[key] = OmegaConf.to_container(block_node(cls()))
+        else:
+            config.merge_with(OmegaConf.from_dotlist([override]))
+    return config
+
+
+def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> dict[str, float]:
+    """Metrics ``<split>/<name>`` of the model at *source* on its run's data block (with *overrides*)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from blocks.build.init import load_into
+    from blocks.checkpoint.sources import load_weights
+    from blocks.core import catalog
+
+    catalog.load()
+    if split not in SPLITS:
+        raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
+    config = eval_config(source, overrides)
+    plan = make_plan(config_to_blocks(config))
+    plan.raise_for_errors()
+    spec = plan.data.batch_spec()
+    model = plan.model.replace(init_from=None, freeze=()).build(spec)
+    load_into(model, load_weights(source, key="source"), key="source", source=source)
+    objective = plan.task.build(spec)
+    accelerator = getattr(plan.trainer, "accelerator", "auto")
+    device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
+    model.to(device).eval()
+    objective.to(device)
+    if plan.data.num_samples(split) == 0:
+        raise BlocksError(
+            Problem(
+                "data",
+                f"the {split} split of data={config.data[BLOCK_KEY]} is empty",
+                "data.val_fraction=0.1",
+            )
+        )
+    loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
+    objective.reset()
+    with torch.no_grad():
+        for batch in loader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            objective.update(model(batch["inputs"]), batch)
+    return {f"{split}/{name}": float(value) for name, value in objective.compute().items()}

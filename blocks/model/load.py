@@ -1,0 +1,54 @@
+"""Loading an exported model (``blocks export``) back as a plain ``nn.Module``, without any training code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf
+
+from blocks.core.errors import BlocksError, Problem
+from blocks.data import base as data_base
+
+if TYPE_CHECKING:
+    from torch import nn
+
+_SPECS = {
+    cls.__name__: cls for cls in (data_base.TokenBatch, data_base.FeatureBatch, data_base.RegressionBatch)
+}
+
+
+def load_model(path: str | Path) -> nn.Module:
+    """The exported model in directory *path* (``model.json`` + ``model.safetensors``), in eval mode on the CPU.
+
+    Example::
+
+        model = blocks.load_model("export/")
+        logits = model(torch.rand(1, 64))
+    """
+    from safetensors.torch import load_file
+
+    from blocks.core.compose import node_to_block
+    from blocks.core.registry import REGISTRY
+
+    directory = Path(path)
+    meta_file = directory / "model.json"
+    if not meta_file.is_file():
+        raise BlocksError(
+            Problem(
+                "path", f"{directory} holds no model.json", "pass the directory that `blocks export` wrote"
+            )
+        )
+    meta = json.loads(meta_file.read_text())
+    node = OmegaConf.create(meta["model"])
+    if str(node["_block_"]) not in REGISTRY.names("model"):
+        from blocks.core import catalog
+
+        catalog.load()  # a block from an installed package
+    block = node_to_block("model", node)
+    spec_json = dict(meta["batch_spec"])
+    spec = _SPECS[spec_json.pop("type")](**spec_json)
+    module = block.build(spec)  # type: ignore[attr-defined]
+    module.load_state_dict(load_file(str(directory / "model.safetensors")))
+    return module.eval()

@@ -1,0 +1,179 @@
+"""Every command shown in README.md and docs/ runs, so the pages stay true.
+
+Which commands: the fenced ``bash`` and ``console`` blocks of README.md and docs/**/*.md. In a
+``bash`` block every line is a shell command (comments and ``\\`` continuations as in bash);
+in a ``console`` block the lines starting with ``$ `` are commands and the lines after one
+are its output, whose first line must appear in the real output. ``text`` blocks are not run.
+
+How they run: each block is one test, in its own empty directory, its commands in order
+(so a block can train a run, then evaluate it). ``blocks`` is ``python -m blocks`` of this
+checkout, and ``blocks run`` gets small overrides appended to stay fast
+(:data:`FAST`, only keys the command does not set itself).
+
+Markers: an HTML comment on the line right before the fence (invisible on the site):
+
+- ``<!-- doc-test: skip REASON -->``: not run; reported as skipped with REASON (it needs a GPU,
+  S3, several machines or a scheduler, or it installs the project).
+- ``<!-- doc-test: exit=N -->``: every command of the block must exit with status N (default 0).
+
+A block with a command other than ``blocks``, ``export``, ``cd``, ``mkdir`` or a variable
+assignment must be marked ``skip``; the test fails and says so otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(900)
+
+FAST = {"trainer.max_steps": "3", "trainer.max_epochs": "null"}
+INFO_FLAGS = {"--info", "-i", "--help", "-h", "--cfg", "-c", "--hydra-help", "--shell-completion", "-sc"}
+"""Hydra flags that print and exit: nothing trains, and ``--info`` would take an override as its argument."""
+SHELL_BUILTINS = ("export ", "cd ", "mkdir ")
+_FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S
+)
+_MARKER = re.compile(r"<!--\s*doc-test:\s*(?P<what>skip|exit=\d+)\s*(?P<reason>.*?)\s*-->")
+_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+@dataclass
+class DocBlock:
+    """One fenced block of commands in a page."""
+
+    page: str
+    line: int
+    lang: str
+    commands: list[str]
+    expected_output: list[str | None]
+    skip: str | None
+    exit_code: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def _logical_lines(body: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", body)
+    return [line.strip() for line in joined.splitlines()]
+
+
+def parse(page: Path) -> list[DocBlock]:
+    """The command blocks of *page*."""
+    text = page.read_text()
+    found = []
+    for match in _FENCE.finditer(text):
+        lang = match["lang"]
+        if lang not in ("bash", "console"):
+            continue
+        start = text.count("\n", 0, match.start()) + 1
+        before = text[: match.start()].rstrip().splitlines()
+        marker = _MARKER.search(before[-1]) if before else None
+        indent = match["indent"]
+        body = "\n".join(
+            line[len(indent) :] if line.startswith(indent) else line for line in match["body"].splitlines()
+        )
+        commands: list[str] = []
+        outputs: list[str | None] = []
+        if lang == "bash":
+            commands = [c for c in _logical_lines(body) if c and not c.startswith("#")]
+            outputs = [None] * len(commands)
+        else:
+            for line in _logical_lines(body):
+                if line.startswith("$ "):
+                    commands.append(line[2:])
+                    outputs.append(None)
+                elif commands and outputs[-1] is None and line and line != "...":
+                    outputs[-1] = line
+        if not commands:
+            continue
+        skip = exit_code = None
+        if marker and marker["what"] == "skip":
+            skip = marker["reason"] or "marked skip"
+        elif marker:
+            exit_code = int(marker["what"].split("=")[1])
+        rel = str(page.relative_to(REPO))
+        found.append(DocBlock(rel, start, lang, commands, outputs, skip, exit_code or 0))
+    return found
+
+
+def fast(command: str, *, append: bool = True) -> str:
+    """*command* with ``blocks`` → ``python -m blocks`` and (with *append*) FAST overrides for ``blocks run``."""
+    tokens = shlex.split(command, comments=True)
+    if not tokens or tokens[0] != "blocks":
+        return command
+    if append and len(tokens) > 1 and tokens[1] == "run" and not INFO_FLAGS & set(tokens):
+        keys = {t.split("=", 1)[0] for t in tokens}
+        tokens += [f"{k}={v}" for k, v in FAST.items() if k not in keys]
+    quoted = [t if t.startswith("$") else shlex.quote(t) for t in tokens[1:]]
+    return " ".join(['"$BLOCKS_PYTHON" -m blocks', *quoted])
+
+
+BLOCKS = [block for page in pages() for block in parse(page)]
+
+
+def _params() -> list:
+    params = []
+    for block in BLOCKS:
+        marks = [pytest.mark.slow]  # each command is a process; together they take minutes
+        params.append(pytest.param(block, id=block.id, marks=marks))
+    return params
+
+
+def test_the_pages_have_commands() -> None:
+    assert len(BLOCKS) > 20
+    assert any("blocks eval" in c for b in BLOCKS for c in b.commands)
+
+
+@pytest.mark.parametrize("block", _params())
+def test_doc_commands_run(block: DocBlock, tmp_path: Path) -> None:
+    if block.skip:
+        pytest.skip(f"{block.id}: {block.skip}")
+    for command in block.commands:
+        ok = command.startswith("blocks ") or command.startswith(SHELL_BUILTINS) or _ASSIGNMENT.match(command)
+        assert ok, (
+            f"{block.id}: '{command}' is not a blocks command; mark the block with "
+            "<!-- doc-test: skip REASON --> if it cannot run here"
+        )
+    env = {**os.environ, "BLOCKS_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    env["PYTHONUNBUFFERED"] = "1"
+    script: list[str] = []
+    for index, command in enumerate(block.commands):
+        # A command shown failing trains nothing, and its output names its own overrides.
+        script.append(fast(command, append=block.exit_code == 0) + f" > out_{index}.txt 2>&1")
+        script.append(
+            f'rc=$?; [ $rc -eq {block.exit_code} ] || {{ echo "exit $rc: {index}"; cat out_{index}.txt; exit 1; }}'
+        )
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850
+    )
+    assert proc.returncode == 0, (
+        f"{block.id}: a command did not exit {block.exit_code}:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
+    )
+    for index, expected in enumerate(block.expected_output):
+        if expected is None:
+            continue
+        actual = _normalized((tmp_path / f"out_{index}.txt").read_text())
+        assert _normalized(expected) in actual, (
+            f"{block.id}: '{block.commands[index]}' did not print: {expected}"
+        )
+
+
+def _normalized(text: str) -> str:
+    """Text without box-drawing characters and with single spaces (tables are as wide as the terminal)."""
+    return " ".join(re.sub("[\u2500-\u257f]", " ", text).split())
