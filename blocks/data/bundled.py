@@ -56,8 +56,7 @@ class BundledData(DataBlock):
                 SKLEARN_FIX,
                 check="data-extra",
             )
-        if not 0 <= self.val_fraction < 1:
-            ctx.error("val_fraction", f"must be in [0, 1), got {self.val_fraction}", "data.val_fraction=0.2")
+        ctx.within("val_fraction", self.val_fraction, 0, 1)
 
 
 @register("digits")

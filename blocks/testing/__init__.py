@@ -44,7 +44,7 @@ from blocks.core.plan import Plan
 from blocks.core.recipe import RECIPES
 from blocks.core.registry import REGISTRY, Entry
 
-BUILTIN_RECIPES = ("blobs", "charlm")
+BUILTIN_RECIPES = ("blobs", "charlm", "diabetes_mlp")
 """Minimal recipes tried, after the block's own package's recipes, to host a block."""
 
 FEW_STEPS = ("trainer.max_epochs=null", "trainer.val_every=null", "monitor.log_every_n_steps=1")
