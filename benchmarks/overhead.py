@@ -59,8 +59,8 @@ def workloads(quick: bool) -> list[Workload]:
     """The small model where overhead shows and a compute-bound one where it should vanish."""
     scale = 1 if quick else 3
     return [
-        Workload("small MLP 64-128-10, batch 64", 64, (128,), 10, 64, steps=800 * scale, warmup=100),
-        Workload("compute-bound MLP 512-2048-2048-10, batch 256", 512, (2048, 2048), 10, 256, 20 * scale, 5),
+        Workload("small MLP 64-128-10, batch 64", 64, (128,), 10, 64, steps=1500 * scale, warmup=100),
+        Workload("compute-bound MLP 512-2048-2048-10, batch 256", 512, (2048, 2048), 10, 256, 40 * scale, 5),
     ]
 
 
@@ -228,7 +228,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
                 "blocks": lambda w=workload: through_blocks(w, root),
             }
             cases["torch"]()  # warm caches and imports outside the measurement
-            samples = interleaved(cases, repeats=3 if quick else 5)
+            samples = interleaved(cases, repeats=5 if quick else 7)
             small = workload.hidden == (128,)
             detail = {f"{name}_samples_per_s": _rounded(values) for name, values in samples.items()}
             figures += [
