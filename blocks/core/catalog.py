@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from blocks.core import packages, paths
 from blocks.core.block import KINDS as REGISTRY_KINDS
 from blocks.core.compose import GROUPS, block_node, primary_node, store_option
-from blocks.core.errors import BlocksError, Problem, RegistryError
+from blocks.core.errors import Problem, RegistryError, describe_exception
 from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
@@ -127,7 +127,7 @@ def load_recipe_files(directory: Path, *, package: str = "blocks") -> list[LoadP
             _import_file(module_name, path)
         except Exception as exc:
             problem = LoadProblem(
-                path.resolve(), _describe(exc), _declared_recipes(path), _line_in(exc, path)
+                path.resolve(), describe_exception(exc), _declared_recipes(path), _line_in(exc, path)
             )
             problems.append(_record(problem))
     return problems
@@ -163,14 +163,6 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
     return line
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BlocksError):
-        text = "; ".join(problem.message for problem in exc.problems)
-    else:
-        text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def register_configs() -> None:
     """Store every block and recipe in Hydra's ConfigStore, plus the primary config."""
     from hydra.core.config_store import ConfigStore
@@ -184,7 +176,9 @@ def register_configs() -> None:
         except Exception as exc:
             source = inspect.getsourcefile(recipe_entry.fn)
             path = Path(source).resolve() if source else Path(recipe_entry.source)
-            _record(LoadProblem(path, _describe(exc), (recipe_entry.name,), _line_in(exc, path), "call"))
+            _record(
+                LoadProblem(path, describe_exception(exc), (recipe_entry.name,), _line_in(exc, path), "call")
+            )
     for package in packages.packages():
         if package.conf is not None:
             register_package_presets(store, package.namespace, package.conf)
@@ -245,4 +239,4 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
                     node = OmegaConf.merge(typed, node)
                 store_option(store, group, f"{namespace}/{path.stem}", node, package=header.get("package"))
             except Exception as exc:
-                _record(LoadProblem(path.resolve(), _describe(exc), (f"{namespace}/{path.stem}",)))
+                _record(LoadProblem(path.resolve(), describe_exception(exc), (f"{namespace}/{path.stem}",)))

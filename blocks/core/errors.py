@@ -163,3 +163,12 @@ class ProblemSink:
             f"set {self._key(name)} to a value in {interval}",
             check="range",
         )
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line for a warning: the exception's type and its first line (a ``BlocksError``'s messages)."""
+    if isinstance(exc, BlocksError):
+        text = "; ".join(problem.message for problem in exc.problems)
+    else:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

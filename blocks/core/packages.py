@@ -27,7 +27,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Literal
 
-from blocks.core.errors import BlocksError, ConfigError, Problem
+from blocks.core.errors import ConfigError, Problem, describe_exception
 from blocks.core.recipe import RECIPES
 from blocks.core.registry import REGISTRY, Entry
 
@@ -176,7 +176,7 @@ def _load(name: str, ep: EntryPoint) -> None:
             name,
             "import",
             f"package {label} (entry point '{name}' = {ep.value}) failed to import: "
-            f"{_describe(exc)}{_where(exc, ep.module)}",
+            f"{describe_exception(exc)}{_where(exc, ep.module)}",
             f"fix or reinstall {dist_name}, or uninstall it (pip uninstall {dist_name}); "
             f"runs that do not use {name}/... are not affected",
         )
@@ -196,14 +196,6 @@ def _load(name: str, ep: EntryPoint) -> None:
             f"install a release of {dist_name} made for block API {API_VERSION} "
             f"(its module {ep.module} must set BLOCKS_API = {API_VERSION})",
         )
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BlocksError):
-        text = "; ".join(problem.message for problem in exc.problems)
-    else:
-        text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _where(exc: BaseException, module: str) -> str:
