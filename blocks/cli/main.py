@@ -144,13 +144,14 @@ def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> 
 
     from blocks.cli.scaffold import new_package
 
-    target = Path(directory) if directory else Path.cwd() / name
+    target = Path(directory) if directory else Path(name)
     written = new_package(name, target, namespace)
-    stdout.print(f"created {target} ({len(written)} files):", highlight=False, markup=False)
+    shown = target if target.is_absolute() else f"./{target}"
+    stdout.print(f"created {shown} ({len(written)} files):", highlight=False, markup=False)
     for path in written:
         stdout.print(f"  {path.relative_to(target)}", highlight=False, markup=False)
     stdout.print(
-        f"next: pip install -e {target} && pytest {target / 'tests'}",
+        f"next: pip install -e {shown} && pytest {shown}/tests",
         highlight=False,
         markup=False,
         soft_wrap=True,
