@@ -195,7 +195,7 @@ def test_a_new_package_installs_and_passes_its_own_test(venv: Venv, tmp_path: Pa
     entry = next(e for e in json.loads(listing.stdout) if e["name"] == "zeta/tiny_mlp")
     assert (entry["package"], entry["version"], entry["compatible"]) == ("zeta-blocks", "0.1.0", True)
     preset = venv.blocks("plan", "--json", "recipe=zeta/demo", "model=zeta/wide", cwd=tmp_path)
-    assert json.loads(preset.stdout)["blocks"]["model"]["fields"] == {"hidden": 256}
+    assert json.loads(preset.stdout)["blocks"]["model"]["fields"]["hidden"] == 256
     tested = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=package, timeout=600)
     assert tested.returncode == 0, tested.output[-4000:]
     assert "1 passed" in tested.stdout
