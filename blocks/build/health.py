@@ -258,6 +258,7 @@ class StallWatchdog(pl.Callback):
                 self._fire(idle)
 
     def _fire(self, idle: float) -> None:
+        _STALLED.set()
         directory = self.run_dir / STACKS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"rank{self._rank}-attempt{self._attempt}.txt"
@@ -280,6 +281,14 @@ class StallWatchdog(pl.Callback):
         finally:
             logging.shutdown()
             os._exit(STALL_EXIT_CODE)
+
+
+_STALLED = threading.Event()
+
+
+def stall_detected() -> bool:
+    """Whether this process's stall watchdog fired (it writes the summary and ends the process itself)."""
+    return _STALLED.is_set()
 
 
 def _parse_injection(value: str | None) -> tuple[int, int, float] | None:

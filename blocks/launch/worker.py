@@ -29,6 +29,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     plan = load_plan(run_dir)
     plan.raise_for_errors()
 
+    from blocks.build.health import stall_detected
     from blocks.build.trainer import build_run
     from blocks.build.weights import full_state_dict, is_sharded, save_weights, state_digest
 
@@ -67,7 +68,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
                 if summary.status == "completed" and getattr(plan.checkpoint, "save_weights", False):
                     save_weights(state, run_dir / WEIGHTS_FILE)
         summary.wall_s = time.perf_counter() - started
-        if trainer.is_global_zero:
+        # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
+        if trainer.is_global_zero and not stall_detected():
             summary.write(run_dir)
             if console and getattr(plan.monitor, "progress", "auto") != "off":
                 _print_summary(summary)
