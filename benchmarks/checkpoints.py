@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Figure, interleaved, judged, median_ratio
+from benchmarks.harness import Figure, interleaved, judged, median_ratio, rounded
 
 
 def training_state(parameters: int) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
     loads = interleaved({"torch": torch_load, "blocks": blocks_load}, repeats)
     async_io.teardown()
     size_mb = (Path(last["torch"]) / "state.pt").stat().st_size / 2**20
-    detail = {f"{name}_save_s": [round(v, 3) for v in values] for name, values in saves.items()}
+    detail = rounded(saves, 3, "_save_s")
     return [
         judged(
             "checkpoints",
@@ -100,6 +100,6 @@ def run(quick: bool, root: Path) -> list[Figure]:
             "checkpoints",
             "resume: verified load (sha256 check + weights_only) / torch.load",
             median_ratio(loads["blocks"], loads["torch"]),
-            detail={f"{name}_load_s": [round(v, 3) for v in values] for name, values in loads.items()},
+            detail=rounded(loads, 3, "_load_s"),
         ),
     ]

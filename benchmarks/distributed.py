@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python
+from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python, rounded
 
 LOG_EVERY = 10
 SIZES = {"d_model": 128, "layers": 4, "heads": 4, "seq": 64, "batch": 16}
@@ -101,7 +101,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
         },
         repeats=2 if quick else 3,
     )
-    detail = {name: [round(v, 1) for v in values] for name, values in samples.items()}
+    detail = rounded(samples, 1)
     return [
         judged(
             "distributed",

@@ -59,6 +59,13 @@ def interleaved(cases: Mapping[str, Callable[[], float]], repeats: int) -> dict[
     return results
 
 
+def rounded(
+    measurements: Mapping[str, Sequence[float]], digits: int, suffix: str = ""
+) -> dict[str, list[float]]:
+    """Every case's raw measurements, rounded for the results file, keyed ``<case><suffix>``."""
+    return {f"{name}{suffix}": [round(v, digits) for v in values] for name, values in measurements.items()}
+
+
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
     """The median of per-round ratios (rounds were measured back to back, so they pair up)."""
     return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))

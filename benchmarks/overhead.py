@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Figure, interleaved, judged, median_ratio
+from benchmarks.harness import Figure, interleaved, judged, median_ratio, rounded
 
 LOG_EVERY = 10
 
@@ -230,7 +230,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
             cases["torch"]()  # warm caches and imports outside the measurement
             samples = interleaved(cases, repeats=5 if quick else 7)
             small = workload.hidden == (128,)
-            detail = {f"{name}_samples_per_s": _rounded(values) for name, values in samples.items()}
+            detail = rounded(samples, 1, "_samples_per_s")
             figures += [
                 judged(
                     "overhead",
@@ -259,7 +259,3 @@ def run(quick: bool, root: Path) -> list[Figure]:
     finally:
         torch.set_num_threads(threads)
     return figures
-
-
-def _rounded(values: list[float]) -> list[float]:
-    return [round(v, 1) for v in values]

@@ -7,7 +7,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python, timed_subprocess
+from benchmarks.harness import (
+    REPO,
+    Figure,
+    interleaved,
+    judged,
+    median_ratio,
+    python,
+    rounded,
+    timed_subprocess,
+)
 from benchmarks.overhead import blocks_overrides, workloads
 
 SCALE_OUT = [
@@ -73,8 +82,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
             "time to first step: blocks run / hand-written Lightning script",
             median_ratio(first["blocks"], first["lightning"]),
             "<= 1.2",
-            blocks_s=[round(v, 2) for v in first["blocks"]],
-            lightning_s=[round(v, 2) for v in first["lightning"]],
+            **rounded(first, 2, "_s"),
         )
     )
     return figures
