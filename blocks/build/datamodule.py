@@ -95,7 +95,11 @@ class BlocksDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Micro-batches of this rank, global batch by global batch; resumable mid-epoch."""
         assert self.train_set is not None and self.trainer is not None
-        sampler = SeededPermutation(len(self.train_set), self.seed)  # type: ignore[arg-type]
+        # A dataset may bring its own seeded order (data=stream reads a few shards at a time).
+        own_order = getattr(self.train_set, "permutation", None)
+        sampler = (
+            own_order(self.seed) if callable(own_order) else SeededPermutation(len(self.train_set), self.seed)  # type: ignore[arg-type]
+        )
         batches = GlobalBatchSampler(
             sampler,
             micro_batch=self.data.batch_size,

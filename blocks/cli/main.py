@@ -41,6 +41,7 @@ NEW_PACKAGE_HEADER = "blocks new-package: nothing was created"
 REPORT_HEADER = "blocks report: no report was written"
 EVAL_HEADER = "blocks eval: nothing was evaluated"
 EXPORT_HEADER = "blocks export: nothing was exported"
+DATA_HEADER = "blocks data: nothing was prepared"
 _HEADERS = {
     "run": RUN_HEADER,
     "plan": PLAN_HEADER,
@@ -49,6 +50,7 @@ _HEADERS = {
     "report": REPORT_HEADER,
     "eval": EVAL_HEADER,
     "export": EXPORT_HEADER,
+    "data": DATA_HEADER,
 }
 
 
@@ -422,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a model as safetensors + its model block (blocks.load_model)")
     ex.add_argument("source", help="a run dir or a committed checkpoint directory")
     ex.add_argument("out", help="the directory to write")
+    from blocks.data.shards.cli import add_data_parser
+
+    add_data_parser(sub)
     return parser
 
 
@@ -442,6 +447,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             dispatch = lambda: cmd_eval(args.source, args.overrides, split=args.split, as_json=args.json)  # noqa: E731
         elif args.command == "export":
             dispatch = lambda: cmd_export(args.source, args.out)  # noqa: E731
+        elif args.command == "data":
+            from blocks.data.shards.cli import cmd_data
+
+            dispatch = lambda: cmd_data(args)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     try:

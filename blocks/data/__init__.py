@@ -4,6 +4,7 @@ from blocks.data.adapter import LightningData
 from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, RegressionBatch, TokenBatch
 from blocks.data.blobs import Blobs
 from blocks.data.bundled import Diabetes, Digits
+from blocks.data.stream import Stream
 from blocks.data.text import Text
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "FeatureBatch",
     "LightningData",
     "RegressionBatch",
+    "Stream",
     "Text",
     "TokenBatch",
 ]

@@ -67,6 +67,9 @@ def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path)
     plan = make_plan(config_to_blocks(frozen), choices)
     write_job_files(run_dir, frozen, plan)
     plan.raise_for_errors()
+    preflight = getattr(plan.data, "preflight", None)
+    if callable(preflight):
+        preflight()  # I/O the pure plan does not do: is the data's storage reachable?
     resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
     return plan
 

@@ -1,0 +1,309 @@
+"""``blocks data prepare``: text, JSON Lines or Parquet files → token shards and a manifest.
+
+One worker process per source file at a time tokenizes it and writes its shards and a small
+``parts/NNNNN.json`` record; a rerun skips the sources whose record matches, so an interrupted
+prepare resumes. ``manifest.json`` is written last, from the records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import sysconfig
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from blocks.core.errors import BlocksError, Problem
+from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json
+
+TOKENIZER_FILE = "tokenizer.json"
+EOT = "<|endoftext|>"
+BYTE_SEPARATOR = 10
+"""At byte level documents are joined by a newline, as ``data=text`` joins its files."""
+STDLIB_PREFIX = "python:"
+"""``python:email`` names the sources of a standard-library package (no download)."""
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How ``blocks data prepare`` tokenizes and shards.
+
+    Attributes:
+        tokenizer: ``byte`` (256 ids, no tokenizer), ``bpe:VOCAB`` (a byte-level BPE trained
+            on the sources) or the path/URL of a Hugging Face ``tokenizer.json``.
+        val_fraction: share of each source's tokens, from its end, written to the val split.
+        shard_tokens: most tokens per shard file.
+        text_key: the field holding the text in JSON Lines and Parquet sources.
+        workers: worker processes.
+    """
+
+    tokenizer: str = "byte"
+    val_fraction: float = 0.1
+    shard_tokens: int = 1 << 24
+    text_key: str = "text"
+    workers: int = 2
+
+
+def source_files(source: str) -> list[str]:
+    """The files SOURCE names, sorted: a file, a directory (recursively), a glob, or ``python:PACKAGE``, as URLs."""
+    if source.startswith(STDLIB_PREFIX):
+        package = source[len(STDLIB_PREFIX) :].replace(".", "/")
+        source = str(Path(sysconfig.get_paths()["stdlib"]) / package / "**" / "*.py")
+    fs, _, paths = fsspec.get_fs_token_paths(source)
+    files: list[str] = []
+    for path in paths:
+        if fs.isdir(path):
+            files.extend(p for p in fs.find(path) if not Path(p).name.startswith("."))
+        elif fs.isfile(path):
+            files.append(path)
+    return [fs.unstrip_protocol(p) for p in sorted(set(files))]
+
+
+def read_documents(url: str, text_key: str) -> Iterator[str]:
+    """The documents of one source: the whole file, one per JSON line, or one per Parquet row."""
+    name = url.rsplit("/", 1)[-1].lower()
+    if name.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise BlocksError(
+                Problem("SOURCE", f"{url} is Parquet, which needs pyarrow", "pip install pyarrow")
+            ) from exc
+        with fsspec.open(url, "rb") as handle:
+            table = pq.read_table(handle, columns=[text_key])
+        yield from (str(v) for v in table.column(text_key).to_pylist())
+        return
+    with fsspec.open(url, "rb") as handle:
+        raw = handle.read()
+    if name.endswith((".jsonl", ".ndjson")):
+        for line in raw.splitlines():
+            if line.strip():
+                yield str(json.loads(line)[text_key])
+    else:
+        yield raw.decode("utf-8", errors="replace")
+
+
+def train_bpe(sources: Sequence[str], vocab_size: int, text_key: str) -> str:
+    """A byte-level BPE tokenizer trained on the sources, as ``tokenizer.json`` text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    docs = (doc for url in sources for doc in read_documents(url, text_key))
+    tokenizer.train_from_iterator(docs, trainer=trainer)
+    return str(tokenizer.to_str())
+
+
+def _tokenizer_json(spec: str, out: str, sources: Sequence[str], text_key: str) -> str | None:
+    """The tokenizer's JSON (``None`` at byte level): reused from OUT, trained, or read from the user's file."""
+    if spec == "byte":
+        return None
+    saved = f"{out}/{TOKENIZER_FILE}"
+    state = _read_json(f"{out}/prepare.json") or {}
+    fs, path = fsspec.core.url_to_fs(saved)
+    if state.get("tokenizer") == spec and fs.exists(path):
+        return str(fs.cat_file(path).decode())
+    if spec.startswith("bpe:"):
+        try:
+            vocab = int(spec[4:])
+        except ValueError:
+            vocab = 0
+        if vocab < 257:
+            raise BlocksError(
+                Problem("--tokenizer", f"'{spec}' needs a vocabulary above 256", "--tokenizer bpe:4096")
+            )
+        text = train_bpe(sources, vocab, text_key)
+    else:
+        try:
+            with fsspec.open(spec, "rb") as handle:
+                text = handle.read().decode()
+        except FileNotFoundError as exc:
+            raise BlocksError(
+                Problem(
+                    "--tokenizer",
+                    f"no tokenizer file '{spec}'",
+                    "--tokenizer byte, --tokenizer bpe:4096, or the path of a tokenizer.json",
+                )
+            ) from exc
+    with fsspec.open(saved, "wb") as handle:
+        handle.write(text.encode())
+    _write_json(f"{out}/prepare.json", {"tokenizer": spec})
+    return text
+
+
+def _read_json(url: str) -> Any:
+    try:
+        with fsspec.open(url, "rb") as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+def _write_json(url: str, value: Any) -> None:
+    with fsspec.open(url, "wb") as handle:
+        handle.write(json.dumps(value, indent=1).encode())
+
+
+def fingerprint(url: str) -> str:
+    """What identifies a source's version without reading it (size plus ETag or modification time)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    info = fs.info(path)
+    stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
+    return f"{info.get('size')}:{stamp}"
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    source: str
+    out: str
+    tokenizer: str | None
+    tokenizer_digest: str
+    options: PrepareOptions
+
+
+def _tokens(job: _Job) -> tuple[Any, int, str, int]:
+    """The source's tokens, its document count, content sha256 and size."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    size = 0
+    chunks: list[Any] = []
+    docs = 0
+    tokenizer = None
+    if job.tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(job.tokenizer)
+        eot = tokenizer.token_to_id(EOT)
+    for doc in read_documents(job.source, job.options.text_key):
+        data = doc.encode("utf-8")
+        digest.update(data)
+        size += len(data)
+        docs += 1
+        if tokenizer is None:
+            chunks.append(np.frombuffer(data + bytes([BYTE_SEPARATOR]), dtype=np.uint8).astype(np.uint32))
+        else:
+            ids = tokenizer.encode(doc).ids
+            chunks.append(np.asarray([*ids] + ([eot] if eot is not None else []), dtype=np.uint32))
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint32)
+    return tokens, docs, digest.hexdigest(), size
+
+
+def prepare_source(job: _Job) -> dict[str, Any]:
+    """Tokenize one source, write its shards and its ``parts`` record; returns the record."""
+    dtype = "uint16" if _vocab_size(job.tokenizer) <= 1 << 16 else "uint32"
+    tokens, docs, sha, size = _tokens(job)
+    val = int(len(tokens) * job.options.val_fraction)
+    record: dict[str, Any] = {
+        "source": job.source,
+        "fingerprint": fingerprint(job.source),
+        "tokenizer": job.tokenizer_digest,
+        "size": size,
+        "sha256": sha,
+        "documents": docs,
+        "splits": {},
+    }
+    for split, part in (("train", tokens[: len(tokens) - val]), ("val", tokens[len(tokens) - val :])):
+        shards = []
+        for n, begin in enumerate(range(0, len(part), job.options.shard_tokens)):
+            piece = part[begin : begin + job.options.shard_tokens].astype(dtype)
+            name = f"{split}-{job.index:05d}-{n:03d}.bin"
+            with fsspec.open(f"{job.out}/{name}", "wb") as handle:
+                handle.write(piece.tobytes())
+            shards.append({"file": name, "tokens": len(piece)})
+        record["splits"][split] = shards
+    _write_json(f"{job.out}/parts/{job.index:05d}.json", record)
+    return record
+
+
+def _vocab_size(tokenizer: str | None) -> int:
+    if tokenizer is None:
+        return 256
+    return int(max(_vocab_of(tokenizer), 1))
+
+
+def _vocab_of(tokenizer_json: str) -> int:
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True))
+
+
+def prepare(source: str, out: str, options: PrepareOptions, *, progress: bool = True) -> Manifest:
+    """Prepare the shards of SOURCE in OUT (resuming a previous, interrupted prepare) and return the manifest."""
+    sources = source_files(source)
+    if not sources:
+        raise BlocksError(
+            Problem(
+                "SOURCE", f"no files match '{source}'", "name a file, a directory, a glob or python:email"
+            )
+        )
+    out = out.rstrip("/")
+    fs, path = fsspec.core.url_to_fs(out)
+    fs.makedirs(path, exist_ok=True)
+    tokenizer = _tokenizer_json(options.tokenizer, out, sources, options.text_key)
+    tok_digest = "byte" if tokenizer is None else hashlib.sha256(tokenizer.encode()).hexdigest()
+    records: dict[int, dict[str, Any]] = {}
+    todo: list[_Job] = []
+    for index, url in enumerate(sources):
+        done = _read_json(f"{out}/parts/{index:05d}.json")
+        if (
+            done
+            and done["source"] == url
+            and done["tokenizer"] == tok_digest
+            and done["fingerprint"] == fingerprint(url)
+        ):
+            records[index] = done
+        else:
+            todo.append(_Job(index, url, out, tokenizer, tok_digest, options))
+    _run_jobs(todo, records, options.workers, progress=progress)
+    vocab = _vocab_size(tokenizer)
+    ordered = [records[i] for i in range(len(sources))]
+    manifest = Manifest(
+        url=out,
+        tokenizer=options.tokenizer,
+        tokenizer_file=TOKENIZER_FILE if tokenizer is not None else "",
+        vocab_size=vocab,
+        dtype="uint16" if vocab <= 1 << 16 else "uint32",
+        documents=sum(r["documents"] for r in ordered),
+        splits={
+            split: tuple(Shard(s["file"], s["tokens"]) for r in ordered for s in r["splits"][split])
+            for split in ("train", "val")
+        },
+        sources=tuple({"url": r["source"], "size": r["size"], "sha256": r["sha256"]} for r in ordered),
+    )
+    _write_json(f"{out}/{MANIFEST}", manifest_json(manifest))
+    return manifest
+
+
+def _run_jobs(todo: list[_Job], records: dict[int, dict[str, Any]], workers: int, *, progress: bool) -> None:
+    """Run the jobs in worker processes, with a progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), disable=not progress, transient=False) as bar:
+        task = bar.add_task("tokenizing sources", total=len(todo))
+        if workers <= 1 or len(todo) <= 1:
+            for job in todo:
+                records[job.index] = prepare_source(job)
+                bar.advance(task)
+            return
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = {pool.submit(prepare_source, job): job.index for job in todo}
+            for future in as_completed(futures):
+                records[futures[future]] = future.result()
+                bar.advance(task)

@@ -1,0 +1,165 @@
+"""``data=stream``: token shards made by ``blocks data prepare``, streamed from any fsspec URL."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from blocks.core.errors import BlocksError
+from blocks.core.registry import register
+from blocks.data.base import DataBlock, TokenBatch
+from blocks.data.shards.cache import default_cache_dir, is_local
+from blocks.data.shards.manifest import Manifest, read_manifest
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from blocks.core.plan import CheckContext
+
+GB = 10**9
+
+
+@register("stream")
+@dataclass(frozen=True, kw_only=True)
+class Stream(DataBlock):
+    """Next-token data from prepared token shards on any fsspec URL (local, ``s3://``), read as needed.
+
+    The plan sizes the job from the shard directory's ``manifest.json`` alone. Training reads
+    the shards through a local cache of at most ``cache_limit_gb``, fetching the next
+    ``prefetch`` shards in the background. The order of an epoch comes from the seed: the
+    shards are shuffled, then the samples within each group of ``shuffle_shards`` shards,
+    so every sample is seen once per epoch at any world size and a resume continues at the
+    exact sample.
+
+    Attributes:
+        path: the shard directory ``blocks data prepare`` wrote (fsspec URL).
+        seq_len: tokens per sample; each sample predicts its tokens shifted by one.
+        shuffle_shards: shards whose samples are shuffled together (more mixes better, needs more cache).
+        prefetch: shards fetched ahead in the background.
+        cache_dir: where remote shards are cached (empty: ``$BLOCKS_CACHE_DIR`` or ``~/.cache/blocks/shards``).
+        cache_limit_gb: most disk the cache may use.
+    """
+
+    path: str = ""
+    seq_len: int = 128
+    shuffle_shards: int = 4
+    prefetch: int = 2
+    cache_dir: str = ""
+    cache_limit_gb: float = 10.0
+
+    def manifest(self) -> Manifest:
+        """The shard directory's manifest (the only file planning reads)."""
+        return read_manifest(self.path)
+
+    def batch_spec(self) -> TokenBatch:
+        """Token windows of ``seq_len`` over the tokenizer's vocabulary."""
+        return TokenBatch(vocab_size=self.manifest().vocab_size, seq_len=self.seq_len)
+
+    def num_samples(self, split: str) -> int:
+        """Windows of ``seq_len + 1`` tokens inside the shards of *split*."""
+        return self.manifest().num_samples(split, self.seq_len)
+
+    def resolved_cache_dir(self) -> str:
+        """The cache directory in use."""
+        return self.cache_dir or default_cache_dir()
+
+    def build(self, split: str) -> Dataset:
+        """The windows of *split*, read through the cache."""
+        from blocks.data.shards.cache import ShardCache
+        from blocks.data.shards.dataset import ShardWindows
+
+        cache = ShardCache(
+            self.path,
+            self.resolved_cache_dir(),
+            int(self.cache_limit_gb * GB),
+            prefetch=self.prefetch,
+        )
+        return ShardWindows(self.manifest(), split, self.seq_len, cache, shuffle_shards=self.shuffle_shards)
+
+    def preflight(self) -> None:
+        """Before any process starts: every shard of the manifest exists on the storage (raises otherwise)."""
+        import fsspec
+
+        from blocks.core.errors import Problem
+
+        manifest = self.manifest()
+        fs, root = fsspec.core.url_to_fs(self.path)
+        try:
+            present = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
+        except Exception as exc:
+            raise BlocksError(
+                Problem("data.path", f"cannot list '{self.path}': {exc}", "check the URL and credentials")
+            ) from exc
+        missing = [s.file for name in manifest.splits for s in manifest.shards(name) if s.file not in present]
+        if missing:
+            raise BlocksError(
+                Problem(
+                    "data.path",
+                    f"{len(missing)} shard file(s) of the manifest are missing from '{self.path}', e.g. {missing[0]}",
+                    "rerun blocks data prepare SOURCE " + self.path,
+                    check="shard-files",
+                )
+            )
+
+    def check(self, ctx: CheckContext) -> None:
+        """The manifest must exist; the cache must be writable and hold the shards read at once."""
+        super().check(ctx)
+        ctx.positive("seq_len", self.seq_len)
+        ctx.positive("shuffle_shards", self.shuffle_shards)
+        ctx.positive("prefetch", self.prefetch, allow_zero=True)
+        ctx.positive("cache_limit_gb", self.cache_limit_gb)
+        if not self.path:
+            ctx.error(
+                "path",
+                "names no shard directory",
+                "data.path=<the OUT of blocks data prepare SOURCE OUT>",
+                check="shard-manifest",
+            )
+            return
+        try:
+            manifest = self.manifest()
+        except BlocksError as exc:
+            for problem in exc.problems:
+                ctx.error("path", problem.message, problem.fix, check=problem.check)
+            return
+        if not manifest.shards("train"):
+            ctx.error(
+                "path", f"'{self.path}' has no training shards", "prepare more data", check="shard-manifest"
+            )
+        if is_local(self.path):
+            return
+        self._check_cache(ctx, manifest)
+
+    def _check_cache(self, ctx: CheckContext, manifest: Manifest) -> None:
+        """The cache directory is writable and its limit (and the free disk) holds the shards in use at once."""
+        needed = (self.shuffle_shards + self.prefetch + 1) * manifest.largest_shard_bytes()
+        if needed > self.cache_limit_gb * GB:
+            ctx.error(
+                "cache_limit_gb",
+                f"{self.cache_limit_gb} GB cannot hold the {self.shuffle_shards + self.prefetch + 1} shards "
+                f"read at once ({needed / GB:.3g} GB)",
+                f"data.cache_limit_gb={needed / GB * 1.5:.3g} or lower data.shuffle_shards / data.prefetch",
+                check="cache-room",
+                related=("data.shuffle_shards", "data.prefetch"),
+            )
+        cache = Path(self.resolved_cache_dir())
+        existing = next((p for p in (cache, *cache.parents) if p.exists()), None)
+        if existing is None or not os.access(existing, os.W_OK):
+            ctx.error(
+                "cache_dir",
+                f"cannot write the shard cache at '{cache}'",
+                "data.cache_dir=<a writable directory>",
+                check="cache-writable",
+            )
+            return
+        free = shutil.disk_usage(existing).free
+        if free < needed:
+            ctx.error(
+                "cache_dir",
+                f"'{existing}' has {free / GB:.3g} GB free, fewer than the {needed / GB:.3g} GB the cache needs",
+                "data.cache_dir=<a disk with room>",
+                check="cache-room",
+            )
