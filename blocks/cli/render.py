@@ -26,6 +26,7 @@ _DERIVED_LABELS = {
     "val_samples": "val samples",
     "steps_per_epoch": "steps per epoch",
     "total_steps": "total steps",
+    "total_tokens": "total tokens (steps × global batch × seq_len)",
     "epochs": "epochs",
     "warmup_steps": "warmup steps",
     "lr": "LR (optim.lr)",

@@ -52,6 +52,8 @@ class Derived:
         steps_per_epoch: optimizer steps per pass over the training split (partial global
             batches are dropped).
         total_steps: optimizer steps the job will take.
+        total_tokens: tokens the job trains on (steps × global batch × ``seq_len``; 0 unless the
+            data yields tokens).
         epochs: passes over the training split that makes.
         warmup_steps: optimizer steps of LR warmup.
         lr: the peak learning rate as configured.
@@ -72,6 +74,7 @@ class Derived:
     val_samples: int = 0
     steps_per_epoch: int = 0
     total_steps: int = 0
+    total_tokens: int = 0
     epochs: float = 0.0
     warmup_steps: int = 0
     lr: float = 0.0
@@ -364,6 +367,7 @@ def _derive(state: _State) -> None:
         val_samples=val,
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
+        total_tokens=total * global_batch * getattr(state.batch_spec, "seq_len", 0),
         epochs=round(total / steps_per_epoch, 3) if steps_per_epoch else 0.0,
         warmup_steps=optim.warmup_steps,
         lr=optim.lr,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ class Stream(DataBlock):
 
     Attributes:
         path: the shard directory ``blocks data prepare`` wrote (fsspec URL).
+        source: with ``path`` empty: files to prepare on first use (as ``blocks data prepare
+            SOURCE``, e.g. ``python:email``) into the cache directory; later plans reuse them.
+        tokenizer: with ``source``: ``byte``, ``bpe:VOCAB`` or a ``tokenizer.json`` path.
         seq_len: tokens per sample; each sample predicts its tokens shifted by one.
         shuffle_shards: shards whose samples are shuffled together (more mixes better, needs more cache).
         prefetch: shards fetched ahead in the background.
@@ -44,14 +48,27 @@ class Stream(DataBlock):
     """
 
     path: str = ""
+    source: str = ""
+    tokenizer: str = "byte"
     seq_len: int = 128
     shuffle_shards: int = 4
     prefetch: int = 2
     cache_dir: str = ""
     cache_limit_gb: float = 10.0
 
+    def shard_url(self) -> str:
+        """The shard directory: ``path``, or where ``source`` is prepared in the cache directory."""
+        if self.path:
+            return self.path
+        key = hashlib.sha256(f"{self.source}|{self.tokenizer}".encode()).hexdigest()[:16]
+        return str(Path(self.resolved_cache_dir()) / "prepared" / key)
+
     def manifest(self) -> Manifest:
-        """The shard directory's manifest (the only file planning reads)."""
+        """The shard directory's manifest (the only file planning reads; prepared first from ``source``)."""
+        if not self.path and self.source:
+            from blocks.data.shards.prepare import ensure_prepared
+
+            return ensure_prepared(self.source, self.shard_url(), self.tokenizer)
         return read_manifest(self.path)
 
     def batch_spec(self) -> TokenBatch:
@@ -72,7 +89,7 @@ class Stream(DataBlock):
         from blocks.data.shards.dataset import ShardWindows
 
         cache = ShardCache(
-            self.path,
+            self.shard_url(),
             self.resolved_cache_dir(),
             int(self.cache_limit_gb * GB),
             prefetch=self.prefetch,
@@ -86,20 +103,21 @@ class Stream(DataBlock):
         from blocks.core.errors import Problem
 
         manifest = self.manifest()
-        fs, root = fsspec.core.url_to_fs(self.path)
+        url = self.shard_url()
+        fs, root = fsspec.core.url_to_fs(url)
         try:
             present = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
         except Exception as exc:
             raise BlocksError(
-                Problem("data.path", f"cannot list '{self.path}': {exc}", "check the URL and credentials")
+                Problem("data.path", f"cannot list '{url}': {exc}", "check the URL and credentials")
             ) from exc
         missing = [s.file for name in manifest.splits for s in manifest.shards(name) if s.file not in present]
         if missing:
             raise BlocksError(
                 Problem(
                     "data.path",
-                    f"{len(missing)} shard file(s) of the manifest are missing from '{self.path}', e.g. {missing[0]}",
-                    "rerun blocks data prepare SOURCE " + self.path,
+                    f"{len(missing)} shard file(s) of the manifest are missing from '{url}', e.g. {missing[0]}",
+                    f"rerun blocks data prepare SOURCE {url}",
                     check="shard-files",
                 )
             )
@@ -111,10 +129,10 @@ class Stream(DataBlock):
         ctx.positive("shuffle_shards", self.shuffle_shards)
         ctx.positive("prefetch", self.prefetch, allow_zero=True)
         ctx.positive("cache_limit_gb", self.cache_limit_gb)
-        if not self.path:
+        if not self.path and not self.source:
             ctx.error(
                 "path",
-                "names no shard directory",
+                "names no shard directory (and data.source names nothing to prepare)",
                 "data.path=<the OUT of blocks data prepare SOURCE OUT>",
                 check="shard-manifest",
             )
@@ -129,7 +147,7 @@ class Stream(DataBlock):
             ctx.error(
                 "path", f"'{self.path}' has no training shards", "prepare more data", check="shard-manifest"
             )
-        if is_local(self.path):
+        if is_local(self.shard_url()):
             return
         self._check_cache(ctx, manifest)
 

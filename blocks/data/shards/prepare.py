@@ -7,6 +7,7 @@ prepare resumes. ``manifest.json`` is written last, from the records.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -20,7 +21,7 @@ from typing import Any
 import fsspec
 
 from blocks.core.errors import BlocksError, Problem
-from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json
+from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
 
 TOKENIZER_FILE = "tokenizer.json"
 EOT = "<|endoftext|>"
@@ -307,3 +308,25 @@ def _run_jobs(todo: list[_Job], records: dict[int, dict[str, Any]], workers: int
             for future in as_completed(futures):
                 records[futures[future]] = future.result()
                 bar.advance(task)
+
+
+@functools.lru_cache(maxsize=8)
+def ensure_prepared(source: str, out: str, tokenizer: str) -> Manifest:
+    """The manifest in local directory *out*, preparing *source* there first if it has none.
+
+    A file lock keeps concurrent planners from preparing the same directory twice.
+    """
+    import fcntl
+
+    try:
+        return read_manifest(out)
+    except BlocksError:
+        pass
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with open(Path(out) / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return read_manifest(out)
+        except BlocksError:
+            pass
+        return prepare(source, out, PrepareOptions(tokenizer=tokenizer), progress=False)
