@@ -52,8 +52,7 @@ class ShardWindows(Dataset[Sample]):
     def _tokens(self, shard: int) -> np.ndarray:
         tokens = self._open.get(shard)
         if tokens is None:
-            path = self.cache.path(self.shards[shard].file)
-            tokens = np.memmap(path, dtype=self.dtype, mode="r")
+            tokens = self._map(self.shards[shard].file)
             self._open[shard] = tokens
             if len(self._open) > self.open_shards:
                 self._open.popitem(last=False)
@@ -62,6 +61,16 @@ class ShardWindows(Dataset[Sample]):
         else:
             self._open.move_to_end(shard)
         return tokens
+
+    def _map(self, name: str) -> np.ndarray:
+        """Memory-map a shard; fetch it again if another process evicted it between fetch and open."""
+        for attempt in range(3):
+            try:
+                return np.memmap(self.cache.path(name), dtype=self.dtype, mode="r")
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def window(self, index: int) -> np.ndarray:
         """The ``seq_len + 1`` tokens of sample *index*."""

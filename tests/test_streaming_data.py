@@ -1,0 +1,329 @@
+"""data=stream and ``blocks data prepare``: token shards on local disk and on an S3-protocol server.
+
+Exactly-once per epoch at 1, 2 and 3 ranks, resumable prepare, a torch-free plan of a
+10-billion-token manifest, plan-time checks, and a 2-process DDP run from ``s3://`` killed
+with SIGKILL and rerun to the uninterrupted run's digest and metrics.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import random
+import signal
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blocks.build.sampler import GlobalBatchSampler
+from blocks.core import jobs
+from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
+from blocks.data.shards.prepare import PrepareOptions, prepare
+from blocks.data.stream import Stream
+from tests.conftest import blocks_run_until_step, read_summary, run_cli
+
+pytestmark = pytest.mark.timeout(600)
+
+SEQ_LEN = 4
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_corpus(root: Path, files: int = 6, chars: int = 64) -> Path:
+    """*files* text files of random letters: every window of the corpus is distinct."""
+    picker = random.Random(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        (root / f"doc{i}.txt").write_text("".join(picker.choices(string.ascii_letters, k=chars)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def byte_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Byte-level shards of 25 tokens: each 65-token source (64 letters + separator) gives 15 samples, 90 in all."""
+    root = tmp_path_factory.mktemp("byte")
+    out = root / "shards"
+    prepare(str(write_corpus(root / "corpus")), str(out), PrepareOptions(val_fraction=0, shard_tokens=25, workers=2))
+    return out
+
+
+def epoch_global_batches(dataset, world_size: int, global_batch: int, seed: int = 7) -> list[list[int]]:
+    """Each optimizer step's global batch, assembled from every rank's micro-batches of one epoch."""
+    ranks = []
+    for rank in range(world_size):
+        batches = GlobalBatchSampler(
+            dataset.permutation(seed),
+            micro_batch=global_batch // world_size,
+            accumulate=1,
+            rank=rank,
+            world_size=world_size,
+        )
+        ranks.append(list(batches))
+    return [sum((ranks[r][step] for r in range(world_size)), []) for step in range(len(ranks[0]))]
+
+
+def test_one_epoch_reads_every_sample_once_on_1_2_and_3_ranks(byte_shards: Path) -> None:
+    block = Stream(path=str(byte_shards), seq_len=SEQ_LEN, shuffle_shards=2)
+    dataset = block.build("train")
+    assert len(dataset) == block.num_samples("train") == 90
+    streams = {world: epoch_global_batches(dataset, world, global_batch=6) for world in (1, 2, 3)}
+    for world, steps in streams.items():
+        seen = [i for step in steps for i in step]
+        assert sorted(seen) == list(range(90)), f"world size {world}"
+    assert streams[1] == streams[2] == streams[3], "the global batch stream depends on the world size"
+    # The ids are the corpus's windows: every window of every source, each read once.
+    corpus = sorted((byte_shards.parent / "corpus").iterdir())
+    expected = []
+    for path in corpus:
+        tokens = path.read_bytes() + b"\n"
+        for begin in range(0, len(tokens), 25):
+            shard = tokens[begin : begin + 25]
+            expected += [shard[s : s + SEQ_LEN + 1] for s in range(0, len(shard) - SEQ_LEN, SEQ_LEN)]
+    read = [bytes(dataset.gather(step)["inputs"][k].tolist()) for step in streams[2] for k in range(6)]
+    assert sorted(read) == sorted(w[:-1] for w in expected)
+
+
+def test_the_order_changes_per_epoch_and_mixes_only_a_window_of_shards(byte_shards: Path) -> None:
+    dataset = Stream(path=str(byte_shards), seq_len=SEQ_LEN, shuffle_shards=2).build("train")
+    order = dataset.permutation(3)
+    first = order.indices()
+    order.set_epoch(1)
+    assert order.indices() != first and sorted(order.indices()) == sorted(first)
+    # Shards hold 3 or 6 samples: the first 6 of the epoch come from the first window of two shards.
+    shards = {next(s for s in range(len(dataset.offsets) - 1) if dataset.offsets[s + 1] > i) for i in first[:6]}
+    assert len(shards) <= 2
+
+
+def test_prepare_is_resumable_and_records_the_sources(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus", files=4, chars=300)
+    (corpus / "more.jsonl").write_text("".join(json.dumps({"body": f"document {i} " * 20}) + "\n" for i in range(5)))
+    out = tmp_path / "shards"
+    options = PrepareOptions(tokenizer="bpe:300", shard_tokens=64, text_key="body", workers=2)
+    first = prepare(str(corpus), str(out), options, progress=False)
+    assert first.vocab_size == 300 and first.documents == 4 + 5
+    by_url = {Path(s["url"]).name: s for s in first.sources}
+    assert by_url["doc0.txt"]["sha256"] == hashlib.sha256((corpus / "doc0.txt").read_bytes()).hexdigest()
+    raw = json.loads((out / MANIFEST).read_text())
+    assert raw["tokens"] == first.tokens() > 0 and raw["tokenizer"] == "bpe:300"
+    # An interrupted prepare: one source's record and a shard are gone; the rerun redoes that source only.
+    (out / "parts" / "00001.json").unlink()
+    (out / "train-00001-000.bin").unlink()
+    kept = (out / "train-00002-000.bin").stat().st_mtime_ns
+    again = prepare(str(corpus), str(out), options, progress=False)
+    assert (out / "train-00002-000.bin").stat().st_mtime_ns == kept
+    assert (out / "train-00001-000.bin").exists()
+    assert manifest_json(again) == manifest_json(first)
+    # A tokenizer file from the user's project tokenizes the same way.
+    reused = prepare(
+        str(corpus),
+        str(tmp_path / "reused"),
+        PrepareOptions(tokenizer=str(out / "tokenizer.json"), shard_tokens=64, text_key="body", workers=1),
+        progress=False,
+    )
+    assert reused.splits == first.splits and reused.vocab_size == 300
+
+
+def test_prepare_command_and_its_mistakes(cli, tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus", files=2)
+    done = cli("data", "prepare", str(corpus), str(tmp_path / "out"), "--workers", "1")
+    assert done.returncode == 0, done.output[-3000:]
+    assert "prepared" in done.stdout and (tmp_path / "out" / MANIFEST).exists()
+    bad = cli("data", "prepare", str(corpus), str(tmp_path / "bad"), "--tokenizer", "missing.json")
+    assert bad.returncode == 2 and "Traceback" not in bad.output
+    assert "--tokenizer" in bad.stderr and "no tokenizer file" in bad.stderr
+    empty = cli("data", "prepare", str(tmp_path / "nothing-here"), str(tmp_path / "bad"))
+    assert empty.returncode == 2 and "no files match" in empty.stderr
+
+
+def big_manifest(root: Path, *, shards: int = 10_000, tokens: int = 1_000_000, vocab: int = 50_257) -> Path:
+    """A manifest of 10 billion tokens, and no data."""
+    manifest = Manifest(
+        url=str(root),
+        tokenizer="gpt2.json",
+        tokenizer_file="tokenizer.json",
+        vocab_size=vocab,
+        dtype="uint16",
+        documents=shards,
+        splits={
+            "train": tuple(Shard(f"train-{i:05d}.bin", tokens) for i in range(shards)),
+            "val": (Shard("val-00000.bin", tokens),),
+        },
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MANIFEST).write_text(json.dumps(manifest_json(manifest)))
+    return root
+
+
+BIG = ["recipe=tiny_lm", "data=stream", "data.seq_len=1024", "model.context=1024", "trainer.max_epochs=1"]
+
+
+def test_a_10_billion_token_manifest_plans_torch_free(tmp_path: Path) -> None:
+    root = big_manifest(tmp_path / "big")
+    overrides = [*BIG, f"data.path={root}", "trainer.max_steps=null"]
+    script = (
+        "import json, sys\n"
+        "from blocks.core import jobs\n"
+        f"plan = jobs.plan({overrides!r})\n"
+        "d = plan.derived\n"
+        "print(json.dumps({'ok': plan.ok, 'problems': [p.render() for p in plan.problems], 'steps': d.steps_per_epoch,"
+        " 'tokens': d.total_tokens, 'samples': d.train_samples, 'torch': 'torch' in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    samples = 10_000 * ((1_000_000 - 1) // 1024)
+    assert result["ok"], result["problems"]
+    assert result["samples"] == samples and result["steps"] == samples // 16
+    assert result["tokens"] == samples // 16 * 16 * 1024
+    assert result["torch"] is False
+    shown = run_cli(["plan", *overrides], cwd=tmp_path)
+    assert shown.returncode == 0, shown.output[-2000:]
+    assert f"{samples // 16:,}" in shown.stdout and f"{samples // 16 * 16 * 1024:,}" in shown.stdout
+
+
+def test_plan_checks_vocabulary_context_batch_and_manifest(tmp_path: Path) -> None:
+    root = big_manifest(tmp_path / "small", shards=2, tokens=5000)
+    checks = {
+        "vocab-size": [*BIG, f"data.path={root}", "model.vocab_size=1000"],
+        "seq-len-context": [*BIG, f"data.path={root}", "model.context=512"],
+        "global-batch-fits-data": [*BIG, f"data.path={root}", "data.batch_size=16"],
+        "shard-manifest": [*BIG, f"data.path={tmp_path / 'absent'}"],
+    }
+    for check, overrides in checks.items():
+        plan = jobs.plan(overrides)
+        assert check in {p.check for p in plan.errors}, (check, [p.render() for p in plan.problems])
+    missing = run_cli(["plan", *checks["shard-manifest"]], cwd=tmp_path)
+    assert missing.returncode == 2 and "data.path" in missing.output and "blocks data prepare" in missing.output
+
+
+# --- against an S3-protocol server -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """moto's standalone S3 server for this module, with the environment that points s3fs (and children) at it."""
+    import fsspec
+
+    from tests.conftest import spawned
+
+    port = free_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        patch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
+        with spawned(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ):
+            import socket
+            import time
+
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with socket.socket() as sock:
+                    if sock.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.2)
+            import s3fs
+
+            fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])
+            fs.mkdir("stream")
+            url = "s3://stream/email"
+            prepare(
+                "python:email",
+                url,
+                PrepareOptions(tokenizer="bpe:512", shard_tokens=2048, workers=2),
+                progress=False,
+            )
+            yield fs, url, tmp_path_factory.mktemp("s3work")
+
+
+def test_s3_shards_read_through_a_small_cache_equal_a_local_copy(s3, tmp_path: Path) -> None:
+    fs, url, _ = s3
+    local = tmp_path / "local"
+    fs.get(url.removeprefix("s3://"), str(local), recursive=True)
+    manifest = read_manifest(url)
+    assert manifest.vocab_size == 512 and len(manifest.shards("train")) > 10
+    limit = 6 * manifest.largest_shard_bytes()
+    cache = tmp_path / "cache"
+    remote = Stream(path=url, seq_len=32, shuffle_shards=2, cache_dir=str(cache), cache_limit_gb=limit / 1e9)
+    assert jobs.plan(["recipe=tiny_lm", "data=stream", f"data.path={url}", f"data.cache_dir={cache}"]).ok
+    streamed = remote.build("train")
+    copied = Stream(path=str(local), seq_len=32).build("train")
+    order = streamed.permutation(0).indices()
+    for begin in range(0, len(order), 64):
+        batch = order[begin : begin + 64]
+        assert streamed.gather(batch)["inputs"].equal(copied.gather(batch)["inputs"])
+    cached = [p for p in cache.rglob("*.bin")]
+    assert sum(p.stat().st_size for p in cached) <= limit
+    too_small = jobs.plan(["recipe=tiny_lm", "data=stream", f"data.path={url}", "data.cache_limit_gb=1e-6"])
+    assert "cache-room" in {p.check for p in too_small.errors}
+
+
+def test_run_refuses_shards_missing_from_storage_before_starting(s3) -> None:
+    fs, url, work = s3
+    fs.copy(f"{url.removeprefix('s3://')}/{MANIFEST}", f"stream/manifest-only/{MANIFEST}")
+    result = run_cli(
+        ["run", "recipe=tiny_lm", "data=stream", "data.path=s3://stream/manifest-only", f"hydra.run.dir={work / 'x'}"],
+        cwd=work,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.output
+    assert "shard file(s) of the manifest are missing" in result.stderr
+
+
+def metric_rows(run_dir: Path) -> list[tuple[str, ...]]:
+    """The step and loss columns of ``metrics.csv`` (timings differ between runs)."""
+    rows = list(csv.DictReader(io.StringIO((run_dir / "metrics.csv").read_text())))
+    return [(r["step"], r.get("train/loss", ""), r.get("val/loss", "")) for r in rows]
+
+
+def test_ddp_from_s3_killed_and_rerun_matches_the_uninterrupted_run(s3) -> None:
+    _, url, work = s3
+    args = [
+        "recipe=tiny_lm",
+        "data=stream",
+        f"data.path={url}",
+        f"data.cache_dir={work / 'cache'}",
+        "data.cache_limit_gb=0.0001",
+        "data.shuffle_shards=2",
+        "data.batch_size=8",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.max_steps=14",
+        "trainer.val_every=7",
+        "monitor.log_every_n_steps=1",
+        "checkpoint.every_n_steps=3",
+        "model.dropout=0.1",
+    ]
+    whole = work / "uninterrupted"
+    done = run_cli(["run", *args, f"hydra.run.dir={whole}"], cwd=work)
+    assert done.returncode == 0, done.output[-3000:]
+    killed = work / "killed"
+    with blocks_run_until_step([*args, f"hydra.run.dir={killed}"], cwd=work, step=8) as proc:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not (killed / "summary.json").exists() or read_summary(killed)["status"] != "completed"
+    rerun = run_cli(["run", *args, f"hydra.run.dir={killed}"], cwd=work)
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    summary = read_summary(killed)
+    assert summary["resumed_from"]
+    assert summary["state_digest"] == read_summary(whole)["state_digest"]
+    assert metric_rows(killed) == metric_rows(whole)
