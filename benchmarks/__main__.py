@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks import checkpoints, distributed, overhead, plan_latency, sweeps
+from benchmarks import checkpoints, distributed, overhead, plan_latency, streaming, sweeps
 from benchmarks.harness import REPO, Figure
 from benchmarks.report import markdown
 
@@ -22,6 +22,7 @@ SUITES: dict[str, Callable[[bool, Path], list[Figure]]] = {
     "distributed": distributed.run,
     "checkpoints": checkpoints.run,
     "sweeps": sweeps.run,
+    "streaming": streaming.run,
 }
 
 

@@ -56,7 +56,11 @@ def byte_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Byte-level shards of 25 tokens: each 65-token source (64 letters + separator) gives 15 samples, 90 in all."""
     root = tmp_path_factory.mktemp("byte")
     out = root / "shards"
-    prepare(str(write_corpus(root / "corpus")), str(out), PrepareOptions(val_fraction=0, shard_tokens=25, workers=2))
+    prepare(
+        str(write_corpus(root / "corpus")),
+        str(out),
+        PrepareOptions(val_fraction=0, shard_tokens=25, workers=2),
+    )
     return out
 
 
@@ -72,7 +76,7 @@ def epoch_global_batches(dataset, world_size: int, global_batch: int, seed: int 
             world_size=world_size,
         )
         ranks.append(list(batches))
-    return [sum((ranks[r][step] for r in range(world_size)), []) for step in range(len(ranks[0]))]
+    return [[i for r in range(world_size) for i in ranks[r][step]] for step in range(len(ranks[0]))]
 
 
 def test_one_epoch_reads_every_sample_once_on_1_2_and_3_ranks(byte_shards: Path) -> None:
@@ -103,13 +107,17 @@ def test_the_order_changes_per_epoch_and_mixes_only_a_window_of_shards(byte_shar
     order.set_epoch(1)
     assert order.indices() != first and sorted(order.indices()) == sorted(first)
     # Shards hold 3 or 6 samples: the first 6 of the epoch come from the first window of two shards.
-    shards = {next(s for s in range(len(dataset.offsets) - 1) if dataset.offsets[s + 1] > i) for i in first[:6]}
+    shards = {
+        next(s for s in range(len(dataset.offsets) - 1) if dataset.offsets[s + 1] > i) for i in first[:6]
+    }
     assert len(shards) <= 2
 
 
 def test_prepare_is_resumable_and_records_the_sources(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus", files=4, chars=300)
-    (corpus / "more.jsonl").write_text("".join(json.dumps({"body": f"document {i} " * 20}) + "\n" for i in range(5)))
+    (corpus / "more.jsonl").write_text(
+        "".join(json.dumps({"body": f"document {i} " * 20}) + "\n" for i in range(5))
+    )
     out = tmp_path / "shards"
     options = PrepareOptions(tokenizer="bpe:300", shard_tokens=64, text_key="body", workers=2)
     first = prepare(str(corpus), str(out), options, progress=False)
@@ -181,7 +189,9 @@ def test_a_10_billion_token_manifest_plans_torch_free(tmp_path: Path) -> None:
         "print(json.dumps({'ok': plan.ok, 'problems': [p.render() for p in plan.problems], 'steps': d.steps_per_epoch,"
         " 'tokens': d.total_tokens, 'samples': d.train_samples, 'torch': 'torch' in sys.modules}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     samples = 10_000 * ((1_000_000 - 1) // 1024)
     assert result["ok"], result["problems"]
@@ -205,7 +215,9 @@ def test_plan_checks_vocabulary_context_batch_and_manifest(tmp_path: Path) -> No
         plan = jobs.plan(overrides)
         assert check in {p.check for p in plan.errors}, (check, [p.render() for p in plan.problems])
     missing = run_cli(["plan", *checks["shard-manifest"]], cwd=tmp_path)
-    assert missing.returncode == 2 and "data.path" in missing.output and "blocks data prepare" in missing.output
+    assert (
+        missing.returncode == 2 and "data.path" in missing.output and "blocks data prepare" in missing.output
+    )
 
 
 # --- against an S3-protocol server -------------------------------------------------------------
@@ -245,7 +257,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
                 time.sleep(0.2)
             import s3fs
 
-            fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])
+            fs = s3fs.S3FileSystem(
+                key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"]
+            )
             fs.mkdir("stream")
             url = "s3://stream/email"
             prepare(
@@ -283,7 +297,13 @@ def test_run_refuses_shards_missing_from_storage_before_starting(s3) -> None:
     fs, url, work = s3
     fs.copy(f"{url.removeprefix('s3://')}/{MANIFEST}", f"stream/manifest-only/{MANIFEST}")
     result = run_cli(
-        ["run", "recipe=tiny_lm", "data=stream", "data.path=s3://stream/manifest-only", f"hydra.run.dir={work / 'x'}"],
+        [
+            "run",
+            "recipe=tiny_lm",
+            "data=stream",
+            "data.path=s3://stream/manifest-only",
+            f"hydra.run.dir={work / 'x'}",
+        ],
         cwd=work,
     )
     assert result.returncode == 2 and "Traceback" not in result.output

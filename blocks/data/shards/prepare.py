@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import multiprocessing
 import sysconfig
@@ -112,6 +113,14 @@ def _tokenizer_json(spec: str, out: str, sources: Sequence[str], text_key: str) 
     """The tokenizer's JSON (``None`` at byte level): reused from OUT, trained, or read from the user's file."""
     if spec == "byte":
         return None
+    if importlib.util.find_spec("tokenizers") is None:
+        raise BlocksError(
+            Problem(
+                "--tokenizer",
+                f"'{spec}' needs Hugging Face tokenizers, which is not installed",
+                "pip install 'blocks[stream]', or --tokenizer byte",
+            )
+        )
     saved = f"{out}/{TOKENIZER_FILE}"
     state = _read_json(f"{out}/prepare.json") or {}
     fs, path = fsspec.core.url_to_fs(saved)
