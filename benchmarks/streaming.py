@@ -61,7 +61,8 @@ def s3_server() -> Iterator[dict[str, str]]:
 def wait_share(extra: list[str], steps: int, root: Path, env: dict[str, str]) -> dict[str, float]:
     """Median data wait, step time and their ratio of one ``blocks run``."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    args = python("-m", "blocks", "run", *blocks_overrides(steps), *extra, f"hydra.run.dir={run_dir}")
+    base = [o for o in blocks_overrides(steps) if not o.startswith("data.level=")]
+    args = python("-m", "blocks", "run", *base, *extra, f"hydra.run.dir={run_dir}")
     proc = subprocess.run(
         args, cwd=root, capture_output=True, text=True, env={**os.environ, **THREADS, **env}
     )

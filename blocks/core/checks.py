@@ -33,6 +33,24 @@ def write_full_checkpoint() -> None:
     store.commit(FULL_CHECKPOINT, manifest)
 
 
+SHARDS = "memory://blocks-checks/shards"
+"""A shard directory with only a manifest that :func:`write_shard_manifest` creates (not local, so cached)."""
+
+
+def write_shard_manifest() -> None:
+    """Write the manifest of a 2-shard, 1M-token data set at :data:`SHARDS` (in memory; no shard data)."""
+    import json
+
+    import fsspec
+
+    from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json
+
+    shards = tuple(Shard(f"train-{i}.bin", 500_000) for i in range(2))
+    manifest = Manifest(SHARDS, "byte", "", 256, "uint16", 2, splits={"train": shards})
+    with fsspec.open(f"{SHARDS}/{MANIFEST}", "w") as handle:
+        handle.write(json.dumps(manifest_json(manifest)))
+
+
 @dataclass(frozen=True)
 class Check:
     """One named check.
@@ -242,6 +260,29 @@ CHECKS: tuple[Check, ...] = (
         "data.path",
         "`data.path` names readable files",
         ("data.path=/nonexistent/*.txt",),
+    ),
+    Check(
+        "shard-manifest",
+        ("data",),
+        "data.path",
+        "`data=stream`'s `data.path` holds the `manifest.json` of `blocks data prepare`",
+        ("recipe=tiny_lm", "data=stream", "data.path=/nonexistent/shards"),
+    ),
+    Check(
+        "cache-room",
+        ("data",),
+        "data.cache_limit_gb",
+        "the shard cache holds the shards `data=stream` reads at once",
+        ("recipe=tiny_lm", "data=stream", f"data.path={SHARDS}", "data.cache_limit_gb=0.001"),
+        setup=write_shard_manifest,
+    ),
+    Check(
+        "cache-writable",
+        ("data",),
+        "data.cache_dir",
+        "the shard cache directory can be written",
+        ("recipe=tiny_lm", "data=stream", f"data.path={SHARDS}", "data.cache_dir=/dev/null/cache"),
+        setup=write_shard_manifest,
     ),
     Check(
         "heads-divide-width",

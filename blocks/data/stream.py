@@ -118,7 +118,6 @@ class Stream(DataBlock):
                     "data.path",
                     f"{len(missing)} shard file(s) of the manifest are missing from '{url}', e.g. {missing[0]}",
                     f"rerun blocks data prepare SOURCE {url}",
-                    check="shard-files",
                 )
             )
 
@@ -165,7 +164,7 @@ class Stream(DataBlock):
             )
         cache = Path(self.resolved_cache_dir())
         existing = next((p for p in (cache, *cache.parents) if p.exists()), None)
-        if existing is None or not os.access(existing, os.W_OK):
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK):
             ctx.error(
                 "cache_dir",
                 f"cannot write the shard cache at '{cache}'",

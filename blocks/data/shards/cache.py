@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import tempfile
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fsspec
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 
 def default_cache_dir() -> str:
@@ -69,6 +71,8 @@ class ShardCache:
             return
         with self._lock:
             if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="blocks-shards")
             for name in names[: self.prefetch]:
                 if name not in self._pending and not self._cached(name):
@@ -91,6 +95,8 @@ class ShardCache:
         self.root.mkdir(parents=True, exist_ok=True)
         fs, remote = fsspec.core.url_to_fs(f"{self.url}/{name}")
         self._evict(int(fs.size(remote)), keep=name)
+        import tempfile
+
         handle, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.")
         os.close(handle)
         try:
