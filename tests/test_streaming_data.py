@@ -69,7 +69,7 @@ def epoch_global_batches(dataset, world_size: int, global_batch: int, seed: int 
     ranks = []
     for rank in range(world_size):
         batches = GlobalBatchSampler(
-            dataset.permutation(seed),
+            dataset.epoch_order(seed),
             micro_batch=global_batch // world_size,
             accumulate=1,
             rank=rank,
@@ -102,7 +102,7 @@ def test_one_epoch_reads_every_sample_once_on_1_2_and_3_ranks(byte_shards: Path)
 
 def test_the_order_changes_per_epoch_and_mixes_only_a_window_of_shards(byte_shards: Path) -> None:
     dataset = Stream(path=str(byte_shards), seq_len=SEQ_LEN, shuffle_shards=2).build("train")
-    order = dataset.permutation(3)
+    order = dataset.epoch_order(3)
     first = order.indices()
     order.set_epoch(1)
     assert order.indices() != first and sorted(order.indices()) == sorted(first)
@@ -283,7 +283,7 @@ def test_s3_shards_read_through_a_small_cache_equal_a_local_copy(s3, tmp_path: P
     assert jobs.plan(["recipe=tiny_lm", "data=stream", f"data.path={url}", f"data.cache_dir={cache}"]).ok
     streamed = remote.build("train")
     copied = Stream(path=str(local), seq_len=32).build("train")
-    order = streamed.permutation(0).indices()
+    order = streamed.epoch_order(0).indices()
     for begin in range(0, len(order), 64):
         batch = order[begin : begin + 64]
         assert streamed.gather(batch)["inputs"].equal(copied.gather(batch)["inputs"])

@@ -96,7 +96,7 @@ class BlocksDataModule(pl.LightningDataModule):
         """Micro-batches of this rank, global batch by global batch; resumable mid-epoch."""
         assert self.train_set is not None and self.trainer is not None
         # A dataset may bring its own seeded order (data=stream reads a few shards at a time).
-        own_order = getattr(self.train_set, "permutation", None)
+        own_order = getattr(self.train_set, "epoch_order", None)
         sampler = (
             own_order(self.seed) if callable(own_order) else SeededPermutation(len(self.train_set), self.seed)  # type: ignore[arg-type]
         )

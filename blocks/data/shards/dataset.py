@@ -87,7 +87,7 @@ class ShardWindows(Dataset[Sample]):
         windows = torch.from_numpy(np.stack([self.window(i) for i in indices]).astype(np.int64))
         return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
-    def permutation(self, seed: int) -> ShardedPermutation:
+    def epoch_order(self, seed: int) -> ShardedPermutation:
         """The training order: shards shuffled, then samples shuffled within groups of ``shuffle_shards``."""
         return ShardedPermutation(self, seed, window=self.shuffle_shards)
 
