@@ -7,6 +7,8 @@ traceback. ``plan``, ``list`` and ``report`` never import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 from collections.abc import Sequence
@@ -360,8 +362,9 @@ def cmd_run(args: Sequence[str]) -> int:
     import hydra
 
     from blocks.core.compose import PRIMARY_CONFIG
+    from blocks.core.overrides import keep_shipped_searchpath
 
-    sys.argv = ["blocks", *args]
+    sys.argv = ["blocks", *keep_shipped_searchpath(args)]
     hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_and_say_where)()
     return 0
 
@@ -423,6 +426,29 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("source", help="a run dir or a committed checkpoint directory")
     ex.add_argument("out", help="the directory to write")
     return parser
+
+
+def run_captured(argv: Sequence[str]) -> tuple[int, str]:
+    """Run the CLI in this process with its output captured: (exit status, everything it printed).
+
+    What ``python -m blocks ARGV`` would do, without a process per call (tests, tools that
+    plan many command lines). An exception that is not a :class:`BlocksError` propagates, as
+    it would end the real command with a traceback.
+    """
+    global stdout, stderr
+    buffer = io.StringIO()
+    saved = stdout, stderr
+    stdout = Console(file=buffer, width=200, soft_wrap=False)
+    stderr = Console(file=buffer, width=200)
+    code: int = 0
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        stdout, stderr = saved
+    return code, buffer.getvalue()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -96,7 +96,7 @@ def memory_table(memory: MemoryEstimate) -> Table:
     activations = "unknown" if memory.activations is None else format_bytes(memory.activations)
     table.add_row(f"  activations (one micro-batch{checkpointing})", activations)
     table.add_row("  total", format_bytes(memory.total))
-    if memory.device is None:
+    if not memory.device:
         table.add_row("  device memory", "unknown (set trainer.device_memory_gb)")
     else:
         share = f"{memory.total / memory.device:.0%}"

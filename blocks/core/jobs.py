@@ -21,6 +21,7 @@ from blocks.core.compose import (
 )
 from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError, ConfigError, Problem
+from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan
 from blocks.core.recipe import RECIPES
 from blocks.core.registry import REGISTRY
@@ -33,7 +34,7 @@ def _compose_raw(overrides: Sequence[str]) -> DictConfig:
     catalog.load()
     GlobalHydra.instance().clear()
     with initialize(version_base="1.3", config_path=None, job_name="blocks"):
-        return compose(PRIMARY_CONFIG, overrides=list(overrides), return_hydra_config=True)
+        return compose(PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
 
 
 MAX_COMPOSE_ROUNDS = 8
@@ -74,8 +75,8 @@ T = TypeVar("T")
 
 def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tuple[T | None, list[Problem]]:
     """*step*'s result for the overrides that apply, and the problems of those that do not."""
-    remaining = list(overrides)
-    problems: list[Problem] = []
+    catalog.load()
+    remaining, problems = check_overrides(overrides)
     for _ in range(MAX_COMPOSE_ROUNDS):
         try:
             return step(remaining), problems

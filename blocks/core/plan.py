@@ -7,12 +7,13 @@ Planning is torch-free and fast, so ``blocks plan`` can check a 128-GPU job on a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.core.block import KINDS, Block
+from blocks.core.block import KINDS, Block, non_finite_fields
 from blocks.core.environment import Environment
 from blocks.core.errors import PlanError, Problem, ProblemSink, problem_list
 from blocks.data.base import BatchSpec, DataBlock
@@ -302,6 +303,7 @@ def make_plan(
             raise TypeError(f"plan needs a {KIND_BASES[kind].__name__} for '{kind}', got {block!r}")
     state = _State(blocks=blocks, environment=environment or Environment.detect())
     _derive(state)
+    _check_finite(state)
     for kind in KINDS:
         blocks[kind].check(CheckContext(state, kind))
     _check_batch_arithmetic(state)
@@ -313,6 +315,20 @@ def make_plan(
         derived=state.derived,
         problems=tuple(problem_list(state.problems)),
     )
+
+
+def _check_finite(state: _State) -> None:
+    """NaN and infinities in any block's float field are errors (they pass every range check)."""
+    for kind in KINDS:
+        for name, value in non_finite_fields(state.blocks[kind]):
+            state.problems.append(
+                Problem(
+                    key=f"{kind}.{name}",
+                    message=f"must be a finite number, got {value}",
+                    fix=f"set {kind}.{name} to a finite number (see `blocks list {kind}`)",
+                    check="finite",
+                )
+            )
 
 
 def _derive(state: _State) -> None:
@@ -433,11 +449,15 @@ def _device_memory(state: _State) -> tuple[int | None, str]:
     trainer = state.blocks["trainer"]
     configured = getattr(trainer, "device_memory_gb", None)
     if configured:
-        return int(configured * GIB), "trainer.device_memory_gb"
+        in_bytes = configured * GIB
+        # NaN, inf, 1e308 and values <= 0 are the trainer's errors; the estimate has no device then
+        if not math.isfinite(in_bytes) or in_bytes < 1:
+            return None, ""
+        return int(in_bytes), "trainer.device_memory_gb"
     env = state.environment
     if state.derived.accelerator == "gpu":
         return (env.gpu_memory_bytes, "detected GPU") if env.gpu_memory_bytes else (None, "")
-    if env.host_memory_bytes:
+    if env.host_memory_bytes and env.host_memory_bytes >= state.derived.devices:
         return env.host_memory_bytes // max(1, state.derived.devices), "host memory / devices"
     return None, ""
 
