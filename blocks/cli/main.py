@@ -164,6 +164,7 @@ def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> 
 def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool) -> int:
     """Print the metrics of the model at *source* on its data block (with *overrides*)."""
     from rich.table import Table
+    from rich.text import Text
 
     from blocks.launch.evaluate import evaluate
 
@@ -171,11 +172,11 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
     if as_json:
         print(json.dumps(metrics, indent=2))
         return 0
-    table = Table(title=f"{escape(source)} on the {split} split", title_justify="left")
+    table = Table(title=f"{escape(source)} on the {escape(split)} split", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metrics.items():
-        table.add_row(name, f"{value:.6g}")
+        table.add_row(Text(name), f"{value:.6g}")
     stdout.print(table)
     return 0
 

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -78,7 +79,7 @@ def plan_panel(plan: Plan) -> Panel:
     if plan.problems:
         parts += [Text(""), problems_text(plan.problems)]
     status = "[green]valid[/]" if plan.ok else f"[red]{len(plan.errors)} error(s)[/]"
-    title = f"plan: recipe [bold]{plan.choices.get('recipe', '-')}[/] — {status}"
+    title = f"plan: recipe [bold]{escape(plan.choices.get('recipe', '-'))}[/] — {status}"
     return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
 
 

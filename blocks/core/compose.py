@@ -330,7 +330,7 @@ def translate_compose_error(
             Problem(
                 key,
                 f"config '{source}' sets {key}, which the chosen {key.split('.')[0]} block does not accept ({detail})",
-                f"choose a {key.split('.')[0]} block that has this field, or give the new block its own preset "
+                f"choose {_article(key.split('.')[0])} block that has this field, or give the new block its own preset "
                 f"(Python recipes do this for you)",
                 check="unknown-key",
             )
@@ -367,6 +367,14 @@ def _failing_override(message: str, overrides: Sequence[str]) -> str:
 
 def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> Problem:
     group, _, field = key.partition(".")
+    if not field and group in GROUPS:
+        return Problem(
+            group,
+            f"config group '{group}' has no options on the config search path",
+            f"keep blocks' own presets on the search path: hydra.searchpath=[<your dirs>] adds to them "
+            f"(see `blocks list {group}`)" if group in KINDS else "check hydra.searchpath and the conf dirs it names",
+            check="unknown-group",
+        )
     if not field:
         hint = did_you_mean(group, GROUPS)
         return Problem(
@@ -381,7 +389,7 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
     if hint:
         fix = f"{group}.{hint.split(chr(39))[1]}=..."
     elif having:
-        fix = f"choose a {group} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
+        fix = f"choose {_article(group)} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
     elif keys:
         fix = f"keys of {group}: {', '.join(keys)}"
     else:
@@ -389,6 +397,11 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
     return Problem(
         key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix, check="unknown-key"
     )
+
+
+def _article(word: str) -> str:
+    """``an optim``, ``a model``."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def _blocks_with_field(kind: str, field: str) -> list[str]:

@@ -21,6 +21,7 @@ from blocks.core.compose import (
 )
 from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError, ConfigError, Problem
+from blocks.core.launcher import launcher_problems
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan
 from blocks.core.recipe import RECIPES
@@ -62,7 +63,11 @@ def _compose_once(overrides: Sequence[str]) -> Composed:
     catalog.load()
     packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
-        return split_hydra(_compose_raw(overrides))
+        raw = _compose_raw(overrides)
+        launcher = launcher_problems(raw)
+        if launcher:
+            raise ConfigError(launcher)
+        return split_hydra(raw)
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -81,7 +86,9 @@ def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tup
         try:
             return step(remaining), problems
         except ConfigError as error:
-            problems += [p for p in error.problems if p not in problems]
+            # a key already reported had its override dropped: a later round's problem with it is about the default
+            reported = {p.key for p in problems}
+            problems += [p for p in error.problems if p not in problems and p.key not in reported]
             dropped = _without_failing(remaining, error.problems)
             if dropped is None:
                 return None, problems
