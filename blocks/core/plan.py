@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.block import KINDS, Block, non_finite_fields
 from blocks.core.environment import Environment
-from blocks.core.errors import PlanError, Problem, ProblemSink, problem_list
-from blocks.data.base import BatchSpec, DataBlock
+from blocks.core.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
+from blocks.data.base import BatchSpec, DataBlock, TokenBatch
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
@@ -148,6 +148,61 @@ class CheckContext:
         self.positive = self._sink.positive
         self.choice = self._sink.choice
         self.within = self._sink.within
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Every metric name the job logs: ``val/<name>`` for each of the task's metrics, then the training ones."""
+        task: TaskBlock = self._state.blocks["task"]  # type: ignore[assignment]
+        monitor: MonitorBlock = self._state.blocks["monitor"]  # type: ignore[assignment]
+        names = [f"val/{name}" for name in task.metric_names()]
+        names += ["train/loss", "lr", "samples_per_s"]
+        if monitor.grad_norm:
+            names.append("grad_norm")
+        if isinstance(self._state.batch_spec, TokenBatch):
+            names.append("tokens_per_s")
+        if monitor.peak_flops or self._state.derived.accelerator == "gpu":
+            names.append("mfu")
+        return tuple(names)
+
+    def monitored_metric(
+        self,
+        name: str,
+        metric: str,
+        *,
+        check: str,
+        validation_check: str,
+        validation_severity: Severity = "error",
+        fallback: str = "",
+    ) -> None:
+        """Report field *name* if the metric it names is never logged (with a did-you-mean).
+
+        A ``val/`` metric also needs a validation split. *fallback* says what happens instead
+        (for a warning). Every field that names a metric (``checkpoint.monitor``,
+        ``monitor.objective``) is checked here, against :attr:`metrics`.
+        """
+        key = self._sink._key(name)
+        logged = self.metrics
+        if metric not in logged:
+            hint = did_you_mean(metric, logged)
+            task = self._state.blocks["task"]
+            self.error(
+                name,
+                f"'{metric}' is not a metric this job logs (task={task.block_name} logs {', '.join(logged)})"
+                + (f"; {hint}" if hint else ""),
+                f"{key}={hint.split(chr(39))[1] if hint else logged[0]}",
+                check=check,
+                related=("task",),
+            )
+        elif metric.startswith("val/") and self.derived.train_samples and not self.derived.val_samples:
+            report = self.error if validation_severity == "error" else self.warning
+            report(
+                name,
+                f"'{metric}' is never logged: data={self.data.block_name} has no validation split"
+                + (f"; {fallback}" if fallback else ""),
+                f"{key}=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
+                check=validation_check,
+                related=("data",),
+            )
 
     def block(self, kind: str) -> Block:
         """The block of *kind* in this job."""

@@ -86,6 +86,14 @@ class Monitor(MonitorBlock):
         ctx.positive("grad_spike_factor", self.grad_spike_factor, allow_zero=True)
         ctx.positive("stall_timeout_s", self.stall_timeout_s, allow_zero=True)
         ctx.choice("objective_mode", self.objective_mode, OBJECTIVE_MODES)
+        ctx.monitored_metric(
+            "objective",
+            self.objective,
+            check="objective-metric",
+            validation_check="objective-validation",
+            validation_severity="warning",
+            fallback="a sweeper gets train/loss instead",
+        )
         ctx.positive("peak_flops", self.peak_flops, allow_zero=True)
         lightning = [name for name in self.loggers if name not in BUILTIN_LOGGERS]
         for name in lightning:
