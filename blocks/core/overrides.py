@@ -36,8 +36,15 @@ def _quoted(key: str, value: str) -> str:
 
 def _parse_problem(override: str, exc: Exception) -> Problem:
     """A grammar error of one override: it names the override, its key, and how to quote the value."""
-    lines = [line for line in str(exc).splitlines() if line and not line.startswith("See https://")]
-    detail = lines[-1] if lines else type(exc).__name__
+    text = str(getattr(exc, "message", "") or exc)
+    lines = [
+        line
+        for line in text.splitlines()
+        if line.strip() not in ("", "^") and not line.startswith(("See https://", "Error parsing override"))
+    ]
+    detail = lines[0] if lines else type(exc).__name__
+    if detail.startswith("LexerNoViableAltException"):
+        detail = "a character the override grammar cannot read (an unclosed quote or a stray symbol)"
     key, sep, value = override.partition("=")
     key = key.lstrip("+~")
     if sep and key:
@@ -57,7 +64,7 @@ def _root_key_problem(key: str) -> Problem:
     kinds = [kind for kind in KINDS if any(key in _field_names(e.cls) for e in REGISTRY.entries(kind))]
     if kinds:
         hint = " or ".join(f"'{kind}.{key}'" for kind in kinds)
-        fix = f"{kinds[0]}.{key}=..."
+        fix = " or ".join(f"{kind}.{key}=..." for kind in kinds)
     else:
         fields = {f"{kind}.{name}" for kind in KINDS for e in REGISTRY.entries(kind) for name in _field_names(e.cls)}
         by_name = {candidate.split(".", 1)[1]: candidate for candidate in sorted(fields)}
