@@ -338,7 +338,12 @@ def translate_compose_error(
     match = re.search(r"Could not override '([\w./]+)'", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
-    return ConfigError(Problem(override.split("=", 1)[0].lstrip("+~") if override else "", message))
+    key = _key_of(override) if override else ""
+    if override.startswith("~") and key.split(".", 1)[0] in KINDS and "." in key:
+        return ConfigError(_unknown_key_problem(key, known_keys))  # ~key deletes a key the block does not have
+    group = key.replace("/", ".").split(".", 1)[0]
+    fix = f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
+    return ConfigError(Problem(key, message, fix if key else ""))
 
 
 _SWEEP_WITHOUT_MULTIRUN = re.compile(r"Ambiguous value for argument|Sweep parameters .* requires --multirun")
