@@ -19,7 +19,6 @@ from blocks.cli.main import run_captured
 from blocks.core import jobs
 from blocks.core.checks import CPU
 from blocks.core.errors import BlocksError, Problem
-
 from tests.conftest import run_cli
 
 
@@ -72,7 +71,7 @@ def test_a_huge_device_count_is_an_error_not_a_division_by_zero() -> None:
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
 def test_a_non_finite_device_memory_is_an_error(value: str) -> None:
-    code, output = plan_cli(f"trainer.device_memory_gb={value}")
+    code, _ = plan_cli(f"trainer.device_memory_gb={value}")
     assert code == 2
     assert problem_on("trainer.device_memory_gb", f"trainer.device_memory_gb={value}").check == "finite"
 
@@ -83,7 +82,7 @@ def test_a_device_memory_that_overflows_bytes_plans() -> None:
 
 
 def test_a_list_for_a_config_group_is_an_error_naming_the_group() -> None:
-    code, output = plan_cli("strategy=[1,2]")
+    code, _ = plan_cli("strategy=[1,2]")
     assert code == 2
     problem = problem_on("strategy", "strategy=[1,2]")
     assert "one name" in problem.message
@@ -160,7 +159,7 @@ def test_hydra_own_additions_still_work() -> None:
     ],
 )
 def test_a_parse_error_names_the_override_and_how_to_quote(override: str, key: str) -> None:
-    code, output = plan_cli(override)
+    code, _ = plan_cli(override)
     assert code == 2
     problem = problem_on(key, override)
     assert f"'{override}'" in problem.message
@@ -184,7 +183,8 @@ def test_a_user_searchpath_keeps_the_shipped_presets() -> None:
 
 def test_blocks_run_keeps_the_shipped_presets_with_a_user_searchpath(tmp_path: Path) -> None:
     result = run_cli(
-        ["run", "--cfg", "job", "hydra.searchpath=[file:///nonexistent-blocks-conf]", "debug=fast"], cwd=tmp_path
+        ["run", "--cfg", "job", "hydra.searchpath=[file:///nonexistent-blocks-conf]", "debug=fast"],
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.output
     assert "max_steps" in result.stdout

@@ -47,4 +47,6 @@ def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
     """
     from safetensors.torch import save
 
-    path.write_bytes(save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()}))
+    path.write_bytes(
+        save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()})
+    )

@@ -81,7 +81,9 @@ def non_finite_fields(block: Block) -> list[tuple[str, float]]:
 def _is_float_type(annotation: Any) -> bool:
     if annotation is float:
         return True
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and float in typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and float in typing.get_args(
+        annotation
+    )
 
 
 @dataclass(frozen=True)

@@ -340,9 +340,12 @@ def translate_compose_error(
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
     key = _key_of(override) if override else ""
     if override.startswith("~") and key.split(".", 1)[0] in KINDS and "." in key:
-        return ConfigError(_unknown_key_problem(key, known_keys))  # ~key deletes a key the block does not have
+        # ~key deletes a key; this one the chosen block does not have
+        return ConfigError(_unknown_key_problem(key, known_keys))
     group = key.replace("/", ".").split(".", 1)[0]
-    fix = f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
+    fix = (
+        f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
+    )
     return ConfigError(Problem(key, message, fix if key else ""))
 
 
@@ -377,7 +380,9 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
             group,
             f"config group '{group}' has no options on the config search path",
             f"keep blocks' own presets on the search path: hydra.searchpath=[<your dirs>] adds to them "
-            f"(see `blocks list {group}`)" if group in KINDS else "check hydra.searchpath and the conf dirs it names",
+            f"(see `blocks list {group}`)"
+            if group in KINDS
+            else "check hydra.searchpath and the conf dirs it names",
             check="unknown-group",
         )
     if not field:
@@ -394,7 +399,9 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
     if hint:
         fix = f"{group}.{hint.split(chr(39))[1]}=..."
     elif having:
-        fix = f"choose {_article(group)} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
+        fix = (
+            f"choose {_article(group)} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
+        )
     elif keys:
         fix = f"keys of {group}: {', '.join(keys)}"
     else:

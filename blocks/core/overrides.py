@@ -66,15 +66,22 @@ def _root_key_problem(key: str) -> Problem:
         hint = " or ".join(f"'{kind}.{key}'" for kind in kinds)
         fix = " or ".join(f"{kind}.{key}=..." for kind in kinds)
     else:
-        fields = {f"{kind}.{name}" for kind in KINDS for e in REGISTRY.entries(kind) for name in _field_names(e.cls)}
+        fields = {
+            f"{kind}.{name}" for kind in KINDS for e in REGISTRY.entries(kind) for name in _field_names(e.cls)
+        }
         by_name = {candidate.split(".", 1)[1]: candidate for candidate in sorted(fields)}
         close = did_you_mean(key, [*_GROUPS, *by_name])
         names = [name for name in close.split("'")[1::2]]
         hint = " or ".join(f"'{by_name.get(name, name)}'" for name in names)
-        fix = f"{by_name.get(names[0], names[0])}=..." if names else "set a key of a config group: <group>.<key>=..."
+        fix = (
+            f"{by_name.get(names[0], names[0])}=..."
+            if names
+            else "set a key of a config group: <group>.<key>=..."
+        )
     return Problem(
         key,
-        f"'{key}' is not a config group or a key of one; nothing reads it" + (f"; did you mean {hint}?" if hint else ""),
+        f"'{key}' is not a config group or a key of one; nothing reads it"
+        + (f"; did you mean {hint}?" if hint else ""),
         fix + f" (config groups: {', '.join(_GROUPS)})",
         check="unknown-group",
     )

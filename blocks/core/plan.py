@@ -155,13 +155,9 @@ class CheckContext:
         task: TaskBlock = self._state.blocks["task"]  # type: ignore[assignment]
         monitor: MonitorBlock = self._state.blocks["monitor"]  # type: ignore[assignment]
         names = [f"val/{name}" for name in task.metric_names()]
-        names += ["train/loss", "lr", "samples_per_s"]
-        if monitor.grad_norm:
-            names.append("grad_norm")
+        names += monitor.metric_names(gpu=self._state.derived.accelerator == "gpu")
         if isinstance(self._state.batch_spec, TokenBatch):
-            names.append("tokens_per_s")
-        if monitor.peak_flops or self._state.derived.accelerator == "gpu":
-            names.append("mfu")
+            names.append("tokens_per_s")  # the data yields tokens: throughput is also counted in them
         return tuple(names)
 
     def monitored_metric(
