@@ -168,6 +168,17 @@ def test_a_parse_error_names_the_override_and_how_to_quote(override: str, key: s
         assert "quote" in problem.fix
 
 
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_parse_error_in_a_sweep_names_the_override(command: str) -> None:
+    with hang_guard():
+        code, output = run_captured(
+            [command, "-m", "recipe=blobs", "optim.lr=a=b", "optim.weight_decay=0,0.1"]
+        )
+    assert code == 2
+    assert "Traceback" not in output
+    assert "error optim.lr: cannot parse the override 'optim.lr=a=b'" in output
+
+
 def test_other_overrides_are_still_checked_next_to_a_parse_error() -> None:
     found = problems("optim.lr=a=b", "optim.schedule=cosin")
     assert {p.key for p in found if p.is_error} >= {"optim.lr", "optim.schedule"}

@@ -89,21 +89,16 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
             stdout.print(f"[bold]stage:[/] {escape(name)}", highlight=False)
             stdout.print(plan_panel(plan))
         return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
-    job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
     plans = []
+    try:
+        job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
+    except BlocksError as exc:
+        return _invalid_plan(exc, list(overrides), as_json=as_json)
     for one in job_overrides:
         try:
             plans.append((one, jobs.plan(one)))
         except BlocksError as exc:
-            if as_json:
-                print(
-                    json.dumps(
-                        {"valid": False, "overrides": one, "problems": [p.to_json() for p in exc.problems]},
-                        indent=2,
-                    )
-                )
-                return EXIT_INVALID
-            return _fail(exc, header=PLAN_HEADER)
+            return _invalid_plan(exc, one, as_json=as_json)
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         print(json.dumps(payload if multirun else payload[0], indent=2))
@@ -113,6 +108,15 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
                 stdout.print(f"[bold]job:[/] {escape(' '.join(one)) or '(no overrides)'}", highlight=False)
             stdout.print(plan_panel(plan))
     return 0 if all(plan.ok for _, plan in plans) else EXIT_INVALID
+
+
+def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
+    """Print the problems of a command line that does not compose (as JSON with ``--json``); 2."""
+    if not as_json:
+        return _fail(error, header=PLAN_HEADER)
+    problems = [p.to_json() for p in error.problems]
+    print(json.dumps({"valid": False, "overrides": overrides, "problems": problems}, indent=2))
+    return EXIT_INVALID
 
 
 def cmd_list(kind: str | None, *, as_json: bool) -> int:

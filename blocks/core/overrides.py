@@ -91,6 +91,33 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def syntax_problems(overrides: Sequence[str]) -> list[Problem]:
+    """A problem for each override Hydra's grammar cannot parse, or that has no key, naming it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    problems = []
+    for override in overrides:
+        try:
+            parsed = parser.parse_overrides([override])[0]
+        except HydraException as exc:
+            problems.append(_parse_problem(override, exc))
+            continue
+        if not parsed.key_or_group:
+            problems.append(_keyless_problem(override))
+    return problems
+
+
+def _keyless_problem(override: str) -> Problem:
+    return Problem(
+        override,
+        f"the override '{override}' has no key",
+        "write an override as key=value, e.g. optim.lr=3e-4",
+        check="override-syntax",
+    )
+
+
 def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[Problem]]:
     """The overrides that parse and make sense on their own, and a problem for each of the others.
 
@@ -113,14 +140,7 @@ def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[Problem]]
         key = parsed.key_or_group
         root = key.replace("/", ".").split(".", 1)[0]
         if not key:
-            problems.append(
-                Problem(
-                    override,
-                    f"the override '{override}' has no key",
-                    "write an override as key=value, e.g. optim.lr=3e-4",
-                    check="override-syntax",
-                )
-            )
+            problems.append(_keyless_problem(override))
         elif root == "hydra" or parsed.is_delete():
             kept.append(override)
         elif key in _GROUPS and not parsed.is_sweep_override() and not _is_option_name(parsed.value()):
