@@ -34,7 +34,7 @@ def assert_clean_failure(result, key: str, *fragments: str) -> None:
         (["precision=16-mixed"], "precision", ["gpu", "bf16-mixed"]),
         (["model=mlp"], "model", ["TokenBatch"]),
         (["+optim.foo=1"], "optim.foo", ["no field 'foo'"]),
-        (["optim.lr=="], "optim.lr", ["Error parsing override"]),
+        (["optim.lr=="], "optim.lr", ["cannot parse the override 'optim.lr=='", "quote"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_key(cli, tmp_path, args, key, fragments) -> None:

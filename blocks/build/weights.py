@@ -40,7 +40,13 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Write *state* as safetensors (shared tensors, like tied embeddings, are stored once each)."""
-    from safetensors.torch import save_file
+    """Write *state* as safetensors (shared tensors, like tied embeddings, are stored once each).
 
-    save_file({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()}, str(path))
+    Written through Python's ``open`` so the file's mode follows the umask like every other file
+    blocks writes (``safetensors.torch.save_file`` creates it 0600).
+    """
+    from safetensors.torch import save
+
+    path.write_bytes(
+        save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()})
+    )

@@ -94,27 +94,12 @@ class Checkpoint(CheckpointBlock):
                 related=("checkpoint.keep_best",),
             )
         if self.monitor:
-            task = ctx.block("task")
-            logged = [f"val/{name}" for name in task.metric_names()]  # type: ignore[attr-defined]
-            logged += ["train/loss"]
-            if self.monitor not in logged:
-                ctx.error(
-                    "monitor",
-                    f"'{self.monitor}' is not a metric task={task.block_name} logs ({', '.join(logged)})",
-                    f"checkpoint.monitor={logged[0]}",
-                    check="checkpoint-monitor-metric",
-                    related=("task",),
-                )
-            elif (
-                self.monitor.startswith("val/") and ctx.derived.train_samples and not ctx.derived.val_samples
-            ):
-                ctx.error(
-                    "monitor",
-                    f"'{self.monitor}' is never logged: data={ctx.data.block_name} has no validation split",
-                    "checkpoint.monitor=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
-                    check="checkpoint-monitor-validation",
-                    related=("data",),
-                )
+            ctx.monitored_metric(
+                "monitor",
+                self.monitor,
+                check="checkpoint-monitor-metric",
+                validation_check="checkpoint-monitor-validation",
+            )
 
     def _check_resume_url(self, ctx: CheckContext) -> None:
         """An explicit resume URL must name a committed checkpoint (its files are verified at run time)."""

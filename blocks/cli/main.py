@@ -7,6 +7,8 @@ traceback. ``plan``, ``list`` and ``report`` never import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 from collections.abc import Sequence
@@ -89,21 +91,16 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
             stdout.print(f"[bold]stage:[/] {escape(name)}", highlight=False)
             stdout.print(plan_panel(plan))
         return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
-    job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
     plans = []
+    try:
+        job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
+    except BlocksError as exc:
+        return _invalid_plan(exc, list(overrides), as_json=as_json)
     for one in job_overrides:
         try:
             plans.append((one, jobs.plan(one)))
         except BlocksError as exc:
-            if as_json:
-                print(
-                    json.dumps(
-                        {"valid": False, "overrides": one, "problems": [p.to_json() for p in exc.problems]},
-                        indent=2,
-                    )
-                )
-                return EXIT_INVALID
-            return _fail(exc, header=PLAN_HEADER)
+            return _invalid_plan(exc, one, as_json=as_json)
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         print(json.dumps(payload if multirun else payload[0], indent=2))
@@ -113,6 +110,15 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
                 stdout.print(f"[bold]job:[/] {escape(' '.join(one)) or '(no overrides)'}", highlight=False)
             stdout.print(plan_panel(plan))
     return 0 if all(plan.ok for _, plan in plans) else EXIT_INVALID
+
+
+def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
+    """Print the problems of a command line that does not compose (as JSON with ``--json``); 2."""
+    if not as_json:
+        return _fail(error, header=PLAN_HEADER)
+    problems = [p.to_json() for p in error.problems]
+    print(json.dumps({"valid": False, "overrides": overrides, "problems": problems}, indent=2))
+    return EXIT_INVALID
 
 
 def cmd_list(kind: str | None, *, as_json: bool) -> int:
@@ -164,6 +170,7 @@ def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> 
 def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool) -> int:
     """Print the metrics of the model at *source* on its data block (with *overrides*)."""
     from rich.table import Table
+    from rich.text import Text
 
     from blocks.launch.evaluate import evaluate
 
@@ -171,11 +178,11 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
     if as_json:
         print(json.dumps(metrics, indent=2))
         return 0
-    table = Table(title=f"{escape(source)} on the {split} split", title_justify="left")
+    table = Table(title=f"{escape(source)} on the {escape(split)} split", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metrics.items():
-        table.add_row(name, f"{value:.6g}")
+        table.add_row(Text(name), f"{value:.6g}")
     stdout.print(table)
     return 0
 
@@ -362,8 +369,9 @@ def cmd_run(args: Sequence[str]) -> int:
     import hydra
 
     from blocks.core.compose import PRIMARY_CONFIG
+    from blocks.core.overrides import keep_shipped_searchpath
 
-    sys.argv = ["blocks", *args]
+    sys.argv = ["blocks", *keep_shipped_searchpath(args)]
     hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_and_say_where)()
     return 0
 
@@ -428,6 +436,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_parser(sub)
     return parser
+
+
+def run_captured(argv: Sequence[str]) -> tuple[int, str]:
+    """Run the CLI in this process with its output captured: (exit status, everything it printed).
+
+    What ``python -m blocks ARGV`` would do, without a process per call (tests, tools that
+    plan many command lines). An exception that is not a :class:`BlocksError` propagates, as
+    it would end the real command with a traceback.
+    """
+    global stdout, stderr
+    buffer = io.StringIO()
+    saved = stdout, stderr
+    stdout = Console(file=buffer, width=200, soft_wrap=False)
+    stderr = Console(file=buffer, width=200)
+    code: int = 0
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        stdout, stderr = saved
+    return code, buffer.getvalue()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

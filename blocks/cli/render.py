@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -79,7 +80,7 @@ def plan_panel(plan: Plan) -> Panel:
     if plan.problems:
         parts += [Text(""), problems_text(plan.problems)]
     status = "[green]valid[/]" if plan.ok else f"[red]{len(plan.errors)} error(s)[/]"
-    title = f"plan: recipe [bold]{plan.choices.get('recipe', '-')}[/] — {status}"
+    title = f"plan: recipe [bold]{escape(plan.choices.get('recipe', '-'))}[/] — {status}"
     return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
 
 
@@ -97,7 +98,7 @@ def memory_table(memory: MemoryEstimate) -> Table:
     activations = "unknown" if memory.activations is None else format_bytes(memory.activations)
     table.add_row(f"  activations (one micro-batch{checkpointing})", activations)
     table.add_row("  total", format_bytes(memory.total))
-    if memory.device is None:
+    if not memory.device:
         table.add_row("  device memory", "unknown (set trainer.device_memory_gb)")
     else:
         share = f"{memory.total / memory.device:.0%}"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -60,6 +62,28 @@ class Block:
         """The first line of the block's docstring."""
         doc = (cls.__doc__ or "").strip()
         return doc.splitlines()[0] if doc else ""
+
+
+def non_finite_fields(block: Block) -> list[tuple[str, float]]:
+    """The float fields of *block* that hold NaN or an infinity, which pass every ``<``/``>`` check.
+
+    Read from the field types, so every block of every kind gets this check without code of its own.
+    """
+    hints = typing.get_type_hints(type(block))
+    out = []
+    for f in dataclasses.fields(block):
+        value = getattr(block, f.name)
+        if _is_float_type(hints.get(f.name)) and isinstance(value, float) and not math.isfinite(value):
+            out.append((f.name, value))
+    return out
+
+
+def _is_float_type(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and float in typing.get_args(
+        annotation
+    )
 
 
 @dataclass(frozen=True)

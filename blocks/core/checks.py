@@ -158,7 +158,7 @@ CHECKS: tuple[Check, ...] = (
         "checkpoint-monitor-metric",
         ("checkpoint", "task"),
         "checkpoint.monitor",
-        "the monitored metric is one the task logs",
+        "the monitored metric is one the job logs (with a did-you-mean)",
         ("checkpoint.monitor=val/accuracy",),
     ),
     Check(
@@ -167,6 +167,27 @@ CHECKS: tuple[Check, ...] = (
         "checkpoint.monitor",
         "a monitored validation metric has a validation split to come from",
         ("recipe=blobs", "data.val_fraction=0", "checkpoint.monitor=val/loss"),
+    ),
+    Check(
+        "objective-metric",
+        ("monitor", "task"),
+        "monitor.objective",
+        "the metric a sweeper optimizes is one the job logs (with a did-you-mean)",
+        ("recipe=digits_mlp", "monitor.objective=val/acuracy"),
+    ),
+    Check(
+        "objective-validation",
+        ("monitor", "data"),
+        "monitor.objective",
+        "a validation objective has a validation split to come from (a warning: sweepers get train/loss)",
+        ("recipe=blobs", "data.val_fraction=0", "monitor.objective=val/loss"),
+    ),
+    Check(
+        "launcher-devices",
+        ("launcher", "trainer"),
+        "hydra.launcher.tasks_per_node",
+        "a submitit launcher runs one task per job and gives it `trainer.devices` GPUs",
+        ("hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2"),
     ),
     Check(
         "validation-split",
@@ -320,6 +341,13 @@ CHECKS: tuple[Check, ...] = (
         ("trainer.max_steps=null", "trainer.max_epochs=null"),
     ),
     Check("range", ("any",), "optim.lr", "a number is within its field's range", ("optim.lr=-1",)),
+    Check(
+        "finite",
+        ("any",),
+        "optim.lr",
+        "a float field is a finite number: NaN and infinities pass no range check",
+        ("optim.lr=nan",),
+    ),
     Check(
         "choice",
         ("any",),

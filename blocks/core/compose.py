@@ -330,7 +330,7 @@ def translate_compose_error(
             Problem(
                 key,
                 f"config '{source}' sets {key}, which the chosen {key.split('.')[0]} block does not accept ({detail})",
-                f"choose a {key.split('.')[0]} block that has this field, or give the new block its own preset "
+                f"choose {_article(key.split('.')[0])} block that has this field, or give the new block its own preset "
                 f"(Python recipes do this for you)",
                 check="unknown-key",
             )
@@ -338,7 +338,15 @@ def translate_compose_error(
     match = re.search(r"Could not override '([\w./]+)'", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
-    return ConfigError(Problem(override.split("=", 1)[0].lstrip("+~") if override else "", message))
+    key = _key_of(override) if override else ""
+    if override.startswith("~") and key.split(".", 1)[0] in KINDS and "." in key:
+        # ~key deletes a key; this one the chosen block does not have
+        return ConfigError(_unknown_key_problem(key, known_keys))
+    group = key.replace("/", ".").split(".", 1)[0]
+    fix = (
+        f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
+    )
+    return ConfigError(Problem(key, message, fix if key else ""))
 
 
 _SWEEP_WITHOUT_MULTIRUN = re.compile(r"Ambiguous value for argument|Sweep parameters .* requires --multirun")
@@ -367,6 +375,16 @@ def _failing_override(message: str, overrides: Sequence[str]) -> str:
 
 def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> Problem:
     group, _, field = key.partition(".")
+    if not field and group in GROUPS:
+        return Problem(
+            group,
+            f"config group '{group}' has no options on the config search path",
+            f"keep blocks' own presets on the search path: hydra.searchpath=[<your dirs>] adds to them "
+            f"(see `blocks list {group}`)"
+            if group in KINDS
+            else "check hydra.searchpath and the conf dirs it names",
+            check="unknown-group",
+        )
     if not field:
         hint = did_you_mean(group, GROUPS)
         return Problem(
@@ -381,7 +399,9 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
     if hint:
         fix = f"{group}.{hint.split(chr(39))[1]}=..."
     elif having:
-        fix = f"choose a {group} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
+        fix = (
+            f"choose {_article(group)} block that has '{field}': {', '.join(f'{group}={n}' for n in having)}"
+        )
     elif keys:
         fix = f"keys of {group}: {', '.join(keys)}"
     else:
@@ -389,6 +409,11 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
     return Problem(
         key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix, check="unknown-key"
     )
+
+
+def _article(word: str) -> str:
+    """``an optim``, ``a model``."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def _blocks_with_field(kind: str, field: str) -> list[str]:

@@ -21,6 +21,8 @@ from blocks.core.compose import (
 )
 from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError, ConfigError, Problem
+from blocks.core.launcher import launcher_problems
+from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan
 from blocks.core.recipe import RECIPES
 from blocks.core.registry import REGISTRY
@@ -33,7 +35,7 @@ def _compose_raw(overrides: Sequence[str]) -> DictConfig:
     catalog.load()
     GlobalHydra.instance().clear()
     with initialize(version_base="1.3", config_path=None, job_name="blocks"):
-        return compose(PRIMARY_CONFIG, overrides=list(overrides), return_hydra_config=True)
+        return compose(PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
 
 
 MAX_COMPOSE_ROUNDS = 8
@@ -61,7 +63,11 @@ def _compose_once(overrides: Sequence[str]) -> Composed:
     catalog.load()
     packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
-        return split_hydra(_compose_raw(overrides))
+        raw = _compose_raw(overrides)
+        launcher = launcher_problems(raw)
+        if launcher:
+            raise ConfigError(launcher)
+        return split_hydra(raw)
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -74,13 +80,15 @@ T = TypeVar("T")
 
 def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tuple[T | None, list[Problem]]:
     """*step*'s result for the overrides that apply, and the problems of those that do not."""
-    remaining = list(overrides)
-    problems: list[Problem] = []
+    catalog.load()
+    remaining, problems = check_overrides(overrides)
     for _ in range(MAX_COMPOSE_ROUNDS):
         try:
             return step(remaining), problems
         except ConfigError as error:
-            problems += [p for p in error.problems if p not in problems]
+            # a key already reported had its override dropped: a later round's problem with it is about the default
+            reported = {p.key for p in problems}
+            problems += [p for p in error.problems if p not in problems and p.key not in reported]
             dropped = _without_failing(remaining, error.problems)
             if dropped is None:
                 return None, problems

@@ -23,3 +23,9 @@ def recipes_dir() -> Path | None:
 def conf_dir() -> Path | None:
     """The directory of the shipped YAML presets (``conf/``)."""
     return _shipped("_conf", "conf")
+
+
+def shipped_searchpath() -> list[str]:
+    """The Hydra search path entries of the shipped presets (``file://<conf>``)."""
+    conf = conf_dir()
+    return [f"file://{conf}"] if conf is not None else []

@@ -7,15 +7,16 @@ Planning is torch-free and fast, so ``blocks plan`` can check a 128-GPU job on a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.core.block import KINDS, Block
+from blocks.core.block import KINDS, Block, non_finite_fields
 from blocks.core.environment import Environment
-from blocks.core.errors import PlanError, Problem, ProblemSink, problem_list
-from blocks.data.base import BatchSpec, DataBlock
+from blocks.core.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
+from blocks.data.base import BatchSpec, DataBlock, TokenBatch
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
@@ -150,6 +151,57 @@ class CheckContext:
         self.positive = self._sink.positive
         self.choice = self._sink.choice
         self.within = self._sink.within
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Every metric name the job logs: ``val/<name>`` for each of the task's metrics, then the training ones."""
+        task: TaskBlock = self._state.blocks["task"]  # type: ignore[assignment]
+        monitor: MonitorBlock = self._state.blocks["monitor"]  # type: ignore[assignment]
+        names = [f"val/{name}" for name in task.metric_names()]
+        names += monitor.metric_names(gpu=self._state.derived.accelerator == "gpu")
+        if isinstance(self._state.batch_spec, TokenBatch):
+            names.append("tokens_per_s")  # the data yields tokens: throughput is also counted in them
+        return tuple(names)
+
+    def monitored_metric(
+        self,
+        name: str,
+        metric: str,
+        *,
+        check: str,
+        validation_check: str,
+        validation_severity: Severity = "error",
+        fallback: str = "",
+    ) -> None:
+        """Report field *name* if the metric it names is never logged (with a did-you-mean).
+
+        A ``val/`` metric also needs a validation split. *fallback* says what happens instead
+        (for a warning). Every field that names a metric (``checkpoint.monitor``,
+        ``monitor.objective``) is checked here, against :attr:`metrics`.
+        """
+        key = self._sink._key(name)
+        logged = self.metrics
+        if metric not in logged:
+            hint = did_you_mean(metric, logged)
+            task = self._state.blocks["task"]
+            self.error(
+                name,
+                f"'{metric}' is not a metric this job logs (task={task.block_name} logs {', '.join(logged)})"
+                + (f"; {hint}" if hint else ""),
+                f"{key}={hint.split(chr(39))[1] if hint else logged[0]}",
+                check=check,
+                related=("task",),
+            )
+        elif metric.startswith("val/") and self.derived.train_samples and not self.derived.val_samples:
+            report = self.error if validation_severity == "error" else self.warning
+            report(
+                name,
+                f"'{metric}' is never logged: data={self.data.block_name} has no validation split"
+                + (f"; {fallback}" if fallback else ""),
+                f"{key}=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
+                check=validation_check,
+                related=("data",),
+            )
 
     def block(self, kind: str) -> Block:
         """The block of *kind* in this job."""
@@ -305,6 +357,7 @@ def make_plan(
             raise TypeError(f"plan needs a {KIND_BASES[kind].__name__} for '{kind}', got {block!r}")
     state = _State(blocks=blocks, environment=environment or Environment.detect())
     _derive(state)
+    _check_finite(state)
     for kind in KINDS:
         blocks[kind].check(CheckContext(state, kind))
     _check_batch_arithmetic(state)
@@ -316,6 +369,20 @@ def make_plan(
         derived=state.derived,
         problems=tuple(problem_list(state.problems)),
     )
+
+
+def _check_finite(state: _State) -> None:
+    """NaN and infinities in any block's float field are errors (they pass every range check)."""
+    for kind in KINDS:
+        for name, value in non_finite_fields(state.blocks[kind]):
+            state.problems.append(
+                Problem(
+                    key=f"{kind}.{name}",
+                    message=f"must be a finite number, got {value}",
+                    fix=f"set {kind}.{name} to a finite number (see `blocks list {kind}`)",
+                    check="finite",
+                )
+            )
 
 
 def _derive(state: _State) -> None:
@@ -437,11 +504,15 @@ def _device_memory(state: _State) -> tuple[int | None, str]:
     trainer = state.blocks["trainer"]
     configured = getattr(trainer, "device_memory_gb", None)
     if configured:
-        return int(configured * GIB), "trainer.device_memory_gb"
+        in_bytes = configured * GIB
+        # NaN, inf, 1e308 and values <= 0 are the trainer's errors; the estimate has no device then
+        if not math.isfinite(in_bytes) or in_bytes < 1:
+            return None, ""
+        return int(in_bytes), "trainer.device_memory_gb"
     env = state.environment
     if state.derived.accelerator == "gpu":
         return (env.gpu_memory_bytes, "detected GPU") if env.gpu_memory_bytes else (None, "")
-    if env.host_memory_bytes:
+    if env.host_memory_bytes and env.host_memory_bytes >= state.derived.devices:
         return env.host_memory_bytes // max(1, state.derived.devices), "host memory / devices"
     return None, ""
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
 from blocks.core.errors import ConfigError, Problem
+from blocks.core.overrides import syntax_problems
 
 _GROUP_GLOB = re.compile(r"^([+~]?)([\w/]+)=glob\((.*)\)$")
 
@@ -68,6 +69,9 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     if conf is not None:
         search_path.append("blocks", f"file://{conf}")
     parser = OverridesParser.create(config_loader=ConfigLoaderImpl(config_search_path=search_path))
+    malformed = syntax_problems(overrides)
+    if malformed:
+        raise ConfigError(malformed)
     try:
         parsed = parser.parse_overrides(list(overrides))
         batches = BasicSweeper.split_arguments(parsed, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -139,6 +140,16 @@ class Transformer(ModelBlock):
 
 
 def _divisor_near(n: int, target: int) -> int:
-    """The divisor of *n* closest to *target*."""
-    divisors = [k for k in range(1, n + 1) if n % k == 0] or [1]
-    return min(divisors, key=lambda k: (abs(k - target), k))
+    """A divisor of *n* close to *target*: the closest among the divisor pairs up to a bounded sqrt(n).
+
+    Bounded so that a huge or prime width (``model.d_model=1000000007``, ``2**63``) plans at once.
+    """
+    limit = min(math.isqrt(max(n, 1)), _DIVISOR_SEARCH_LIMIT)
+    divisors = {1}
+    for k in range(1, limit + 1):
+        if n % k == 0:
+            divisors.update((k, n // k))
+    return min(divisors, key=lambda d: (abs(d - target), d))
+
+
+_DIVISOR_SEARCH_LIMIT = 100_000

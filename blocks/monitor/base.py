@@ -23,6 +23,14 @@ class MonitorBlock(Block):
 
     kind: ClassVar[str] = "monitor"
 
+    def metric_names(self, *, gpu: bool) -> tuple[str, ...]:
+        """The training metrics this monitor logs (``metrics.csv`` columns besides the task's ``val/...``).
+
+        *gpu*: the job trains on GPUs (MFU needs a known peak). The plan checks every metric a
+        block names (``monitor.objective``, ``checkpoint.monitor``) against these and the task's.
+        """
+        return ("train/loss", "lr", "samples_per_s")
+
 
 @register("default")
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +84,15 @@ class Monitor(MonitorBlock):
     objective_mode: str = "min"
     peak_flops: float = 0.0
 
+    def metric_names(self, *, gpu: bool) -> tuple[str, ...]:
+        """Loss, LR and throughput, the gradient norm when ``grad_norm``, MFU with a peak to divide by."""
+        names = list(super().metric_names(gpu=gpu))
+        if self.grad_norm:
+            names.append("grad_norm")
+        if self.peak_flops or gpu:
+            names.append("mfu")
+        return tuple(names)
+
     def check(self, ctx: CheckContext) -> None:
         """Positive interval, known modes and policies, importable-looking logger names."""
         ctx.positive("log_every_n_steps", self.log_every_n_steps)
@@ -86,6 +103,14 @@ class Monitor(MonitorBlock):
         ctx.positive("grad_spike_factor", self.grad_spike_factor, allow_zero=True)
         ctx.positive("stall_timeout_s", self.stall_timeout_s, allow_zero=True)
         ctx.choice("objective_mode", self.objective_mode, OBJECTIVE_MODES)
+        ctx.monitored_metric(
+            "objective",
+            self.objective,
+            check="objective-metric",
+            validation_check="objective-validation",
+            validation_severity="warning",
+            fallback="a sweeper gets train/loss instead",
+        )
         ctx.positive("peak_flops", self.peak_flops, allow_zero=True)
         lightning = [name for name in self.loggers if name not in BUILTIN_LOGGERS]
         for name in lightning:

@@ -169,25 +169,34 @@ _LABELS = {"train/loss": "loss", "samples_per_s": "samples/s", "tokens_per_s": "
 
 
 def summary_table(summary: dict[str, Any]) -> Any:
-    """A rich table of how a run ended: status (and reason), steps, time, throughput, last metrics."""
+    """A rich table of how a run ended: status (and reason), steps, time, throughput, last metrics.
+
+    Every value is plain text, never markup: a failure reason quotes user input and exception
+    messages, which may hold ``[/...]``.
+    """
     from rich.table import Table
+    from rich.text import Text
 
     status = str(summary.get("status"))
     style = "green" if status == "completed" else "red"
     table = Table(title="run summary", show_header=False, title_justify="left")
     table.add_column("key", style="bold")
     table.add_column("value")
-    table.add_row("status", f"[{style}]{status}[/]")
+
+    def row(key: str, value: str, value_style: str = "") -> None:
+        table.add_row(Text(key), Text(value, style=value_style))
+
+    row("status", status, style)
     if summary.get("reason"):
-        table.add_row("reason", str(summary["reason"]))
-    table.add_row("steps", str(summary.get("global_step", 0)))
-    table.add_row("wall time", f"{summary.get('wall_s', 0.0):.1f}s")
+        row("reason", str(summary["reason"]))
+    row("steps", str(summary.get("global_step", 0)))
+    row("wall time", f"{summary.get('wall_s', 0.0):.1f}s")
     if summary.get("samples_per_s"):
-        table.add_row("samples/s", _fmt(summary["samples_per_s"]))
+        row("samples/s", _fmt(summary["samples_per_s"]))
     if summary.get("resumed_from"):
-        table.add_row("resumed from", str(summary["resumed_from"]))
+        row("resumed from", str(summary["resumed_from"]))
     for name, value in summary.get("metrics", {}).items():
         if name.startswith(("train/loss_rank",)):
             continue
-        table.add_row(name, _fmt(value))
+        row(str(name), _fmt(value))
     return table

@@ -88,7 +88,13 @@ class OptimBlock(Block):
         ctx.positive("warmup_steps", self.warmup_steps, allow_zero=True)
         ctx.choice("schedule", self.schedule, SCHEDULES)
         ctx.within("min_lr_ratio", self.min_lr_ratio, 0, 1, high_open=False)
-        ctx.positive("grad_clip", self.grad_clip)
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            ctx.error(
+                "grad_clip",
+                f"must be > 0, got {self.grad_clip}; a clip of 0 would zero every gradient",
+                "optim.grad_clip=null turns clipping off; or set a norm > 0 (e.g. optim.grad_clip=1.0)",
+                check="range",
+            )
         ctx.choice("lr_scaling", self.lr_scaling, LR_SCALING)
         ctx.positive("reference_batch", self.reference_batch)
         total = ctx.derived.total_steps

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 ACCELERATORS = ("auto", "cpu", "gpu")
 
 
+MAX_SEED = 2**32 - 1
+"""The largest seed NumPy and Lightning accept (seeds are unsigned 32-bit)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainerBlock(Block):
     """Base of trainer settings blocks."""
@@ -75,6 +79,13 @@ class Trainer(TrainerBlock):
         ctx.positive("max_failures", self.max_failures, allow_zero=True)
         ctx.positive("device_memory_gb", self.device_memory_gb)
         ctx.positive("overfit_batches", self.overfit_batches, allow_zero=True)
+        if not 0 <= self.seed <= MAX_SEED:
+            ctx.error(
+                "seed",
+                f"must be in [0, {MAX_SEED}] (seeds are unsigned 32-bit), got {self.seed}",
+                f"trainer.seed={self.seed % (MAX_SEED + 1)}",
+                check="range",
+            )
         ctx.choice("accelerator", self.accelerator, ACCELERATORS)
         gpus = ctx.environment.gpus
         if self.accelerator == "gpu" and gpus and self.nodes == 1 and self.devices > gpus:

@@ -1,0 +1,71 @@
+"""Hydra launcher settings checked against the job they launch (submitit's tasks and GPUs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from blocks.core.errors import Problem
+
+SUBMITIT = "hydra_submitit_launcher"
+
+
+def launcher_problems(cfg: DictConfig) -> list[Problem]:
+    """Problems of a composed config (with its ``hydra`` node) whose submitit launcher cannot run the job.
+
+    The driver runs once per submitit task and starts ``trainer.devices`` processes itself, so
+    a job needs exactly one task per node, and a GPU job needs ``gpus_per_node`` equal to
+    ``trainer.devices``.
+    """
+    launcher = _get(cfg, "hydra", "launcher")
+    if not isinstance(launcher, DictConfig) or SUBMITIT not in str(launcher.get("_target_", "")):
+        return []
+    devices = _get(cfg, "trainer", "devices")
+    accelerator = str(_get(cfg, "trainer", "accelerator") or "auto")
+    tasks = launcher.get("tasks_per_node")
+    gpus = launcher.get("gpus_per_node")
+    problems = []
+    if tasks is not None and tasks != 1:
+        problems.append(
+            Problem(
+                "hydra.launcher.tasks_per_node",
+                f"is {tasks}, but a blocks job is one driver per node that starts the trainer.devices "
+                f"processes itself; {tasks} tasks would start {tasks} copies of the job",
+                "hydra.launcher.tasks_per_node=1",
+                check="launcher-devices",
+                related=("trainer.devices",),
+            )
+        )
+    if gpus and isinstance(devices, int) and gpus != devices:
+        problems.append(
+            Problem(
+                "hydra.launcher.gpus_per_node",
+                f"is {gpus}, but trainer.devices={devices}: each job's processes need one GPU each",
+                f"hydra.launcher.gpus_per_node={devices} (or trainer.devices={gpus})",
+                check="launcher-devices",
+                related=("trainer.devices",),
+            )
+        )
+    elif not gpus and accelerator == "gpu" and "Slurm" in str(launcher.get("_target_", "")):
+        problems.append(
+            Problem(
+                "hydra.launcher.gpus_per_node",
+                f"is not set, so SLURM gives the job no GPUs, but trainer.accelerator=gpu and trainer.devices={devices}",
+                f"hydra.launcher.gpus_per_node={devices}",
+                check="launcher-devices",
+                related=("trainer.devices", "trainer.accelerator"),
+            )
+        )
+    return problems
+
+
+def _get(cfg: DictConfig, *keys: str) -> Any:
+    """``cfg[k1][k2]...`` without resolving interpolations that fail (None then)."""
+    node: Any = cfg
+    for key in keys:
+        try:
+            node = node.get(key) if isinstance(node, DictConfig) else None
+        except Exception:
+            return None
+    return node
