@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING
 
 from blocks.core.errors import ConfigError, Problem
-from blocks.core.imports import instantiate, resolve
+from blocks.core.imports import Kind, instantiate, resolve
 from blocks.core.registry import register
 from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
 
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 BATCHES = ("features", "tokens")
+
+
+DATAMODULE_CLASS = Kind(
+    "a LightningDataModule class",
+    # pytorch_lightning and lightning.pytorch have distinct base classes: check the protocol.
+    lambda cls: all(hasattr(cls, m) for m in ("setup", "train_dataloader")),
+)
+"""What ``data.target`` must name."""
 
 
 @register("lightning_data")
@@ -68,16 +76,7 @@ class LightningData(DataBlock):
         """The datamodule's dataset for *split*, as ``{inputs, targets}`` samples."""
         from blocks.data.foreign import DictSamples
 
-        cls = resolve(self.target, "data.target")
-        # pytorch_lightning and lightning.pytorch have distinct base classes: check the protocol.
-        if not (isinstance(cls, type) and all(hasattr(cls, m) for m in ("setup", "train_dataloader"))):
-            raise ConfigError(
-                Problem(
-                    "data.target",
-                    f"'{self.target}' is not a LightningDataModule class (no setup/train_dataloader)",
-                    "name your LightningDataModule subclass",
-                )
-            )
+        cls = resolve(self.target, "data.target", kind=DATAMODULE_CLASS)
         datamodule = cls(**instantiate(dict(self.kwargs), "data.kwargs"))
         datamodule.prepare_data()
         datamodule.setup("fit")
