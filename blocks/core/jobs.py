@@ -36,7 +36,9 @@ def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> Dic
     catalog.load()
     GlobalHydra.instance().clear()
     context = (
-        initialize_config_dir(version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks")
+        initialize_config_dir(
+            version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
+        )
         if config_dir
         else initialize(version_base="1.3", config_path=None, job_name="blocks")
     )
@@ -117,7 +119,9 @@ def _compose_collecting(
     return _collecting(overrides, functools.partial(_compose_once, config_dir=config_dir))
 
 
-def _blocks_once(overrides: Sequence[str], config_dir: str | None = None) -> tuple[Composed, dict[str, Block]]:
+def _blocks_once(
+    overrides: Sequence[str], config_dir: str | None = None
+) -> tuple[Composed, dict[str, Block]]:
     composed = _compose_once(overrides, config_dir)
     return composed, config_to_blocks(composed.config)
 
