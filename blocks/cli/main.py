@@ -210,6 +210,7 @@ def _precheck(args: Sequence[str]) -> int | None:
 
     from blocks.cli.render import plan_panel, print_problems
     from blocks.core import jobs
+    from blocks.core.imports import refuse_objects
     from blocks.launch.sweep import expand_sweep
 
     parsed = get_args_parser().parse_args(list(args))
@@ -262,6 +263,12 @@ def _precheck(args: Sequence[str]) -> int | None:
             stdout.print(plan_panel(plan))
         if not plan.ok:
             print_problems(stderr, plan.errors, header=header)
+            failed += 1
+            continue
+        try:
+            refuse_objects(plan.blocks.values())
+        except BlocksError as exc:
+            _fail(exc, header)
             failed += 1
     if failed:
         return EXIT_INVALID

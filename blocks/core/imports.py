@@ -30,7 +30,7 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -399,3 +399,21 @@ def instantiate(value: Any, key: str, allowed: Sequence[str] | None = None) -> A
     if isinstance(value, (list, tuple)):
         return [instantiate(v, f"{key}[{i}]", allowed) for i, v in enumerate(value)]
     return value
+
+
+def refuse_objects(blocks: Iterable[Any]) -> None:
+    """Import every path the *blocks* name (:meth:`Block.import_paths`) and check what each really is.
+
+    Nothing is called. ``blocks run`` does this before it starts anything, so an alias such as
+    ``mylab.run = os.system`` or an allowed function that wraps ``subprocess`` is refused
+    before a run dir exists; raises one :class:`ConfigError` with every refusal.
+    """
+    problems: list[Problem] = []
+    for block in blocks:
+        for key, path, kind in block.import_paths():
+            try:
+                resolve(path, key, kind=kind)
+            except ConfigError as exc:
+                problems += exc.problems
+    if problems:
+        raise ConfigError(problems)

@@ -72,6 +72,12 @@ class LightningData(DataBlock):
         """The declared size of *split*."""
         return self.val_samples if split == "val" else self.train_samples
 
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The datamodule class and every nested ``_target_`` (a class)."""
+        from blocks.model.adapter import nested_paths
+
+        return [("data.target", self.target, DATAMODULE_CLASS), *nested_paths(self.kwargs, "data.kwargs")]
+
     def build(self, split: str) -> Dataset:
         """The datamodule's dataset for *split*, as ``{inputs, targets}`` samples."""
         from blocks.data.foreign import DictSamples

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from blocks.core.imports import Kind, instantiate, path_problem, resolve, subclass_of, targets_in
+from blocks.core.imports import ANY_CLASS, Kind, instantiate, path_problem, resolve, subclass_of, targets_in
 from blocks.core.registry import register
 from blocks.data.base import BatchSpec, FeatureBatch, TokenBatch
 from blocks.model.base import ModelBlock
@@ -58,6 +58,10 @@ class TorchModule(ModelBlock):
         """The ``shard`` attribute, if given."""
         return self.shard or None
 
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The class (an ``nn.Module``) and every nested ``_target_`` (a class)."""
+        return [("model.target", self.target, MODULE_CLASS), *nested_paths(self.kwargs, "model.kwargs")]
+
     def constructor_args(self, spec: BatchSpec) -> dict[str, Any]:
         """``kwargs`` (objects built) plus the ``spec_args`` read from *spec*."""
         args = dict(instantiate(dict(self.kwargs), "model.kwargs"))
@@ -84,6 +88,11 @@ class TorchModule(ModelBlock):
                         f"'{attr}' is not a field of the data's {type(spec).__name__}",
                         f"one of: {', '.join(known)}",
                     )
+
+
+def nested_paths(kwargs: Any, key: str) -> list[tuple[str, str, Kind]]:
+    """Every nested ``_target_`` of constructor arguments *kwargs* (read at *key*): each must name a class."""
+    return [(where, path, ANY_CLASS) for where, path in targets_in(kwargs, key)]
 
 
 def check_import_paths(ctx: CheckContext, kind: str, target: str, kwargs: Any) -> None:

@@ -83,6 +83,10 @@ class Monitor(MonitorBlock):
     objective_mode: str = "min"
     peak_flops: float = 0.0
 
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The Lightning logger classes of ``loggers`` (names with a dot)."""
+        return [("monitor.loggers", name, LOGGER_CLASS) for name in self.loggers if "." in name]
+
     def check(self, ctx: CheckContext) -> None:
         """Positive interval, known modes and policies, importable-looking logger names."""
         ctx.positive("log_every_n_steps", self.log_every_n_steps)
