@@ -110,8 +110,15 @@ BASE = [
     SPEC_ARGS,
     "model.target=tests.legacy_team.TinyNet",
     *DATAMODULE,
+    "data.target=tests.legacy_team.ClustersDM",
 ]
 """A job whose model and data are adapters of legitimate user code (tests.legacy_team)."""
+
+
+def base_for(fields: list[str]) -> list[str]:
+    """:data:`BASE` without the overrides of *fields* (each is set once, by the case)."""
+    return [o for o in BASE if o.split("=", 1)[0] not in fields]
+
 
 FIELDS = {
     "model.target": "model.target",
@@ -152,7 +159,7 @@ def test_every_gadget_is_refused_in_every_import_path_field(
 ) -> None:
     """One command puts the gadget in every field at once; each field's refusal is reported."""
     marker, run_dir = project / "pwned", project / "run"
-    args = [*BASE, *(o for field in FIELDS for o in field_overrides(field, gadget, marker))]
+    args = [*base_for(list(FIELDS)), *(o for field in FIELDS for o in field_overrides(field, gadget, marker))]
     code, output = run_in_process([*args, f"hydra.run.dir={run_dir}"], capsys)
     assert_refused(code, output, marker, run_dir)
     flat = " ".join(output.split())
@@ -166,9 +173,8 @@ def test_an_alias_in_a_user_module_is_refused_in_every_field(
     field: str, gadget: str, project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     marker, run_dir = project / "pwned", project / "run"
-    code, output = run_in_process(
-        [*BASE, *field_overrides(field, gadget, marker), f"hydra.run.dir={run_dir}"], capsys
-    )
+    args = [*base_for([field]), *field_overrides(field, gadget, marker)]
+    code, output = run_in_process([*args, f"hydra.run.dir={run_dir}"], capsys)
     assert_refused(code, output, marker, run_dir)
     flat = " ".join(output.split())
     assert f"error {FIELDS[field]}:" in flat and "is really" in flat, output[-3000:]
@@ -349,13 +355,19 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def train(tmp_path: Path, name: str, *extra: str) -> Path:
-    run_dir = tmp_path / name
+LAYOUTS = {
+    "full": ["recipe=blobs", "data.samples=256"],
+    "sharded": ["recipe=tiny_lm", "trainer.val_every=null", "strategy=fsdp", "data.batch_size=8"],
+}
+"""The job of each checkpoint layout (FSDP needs a model with repeated units)."""
+
+
+def train(tmp_path: Path, layout: str, *extra: str) -> Path:
+    run_dir = tmp_path / layout
     result = blocks_cli(
         [
             "run",
-            "recipe=blobs",
-            "data.samples=256",
+            *LAYOUTS[layout],
             "trainer.max_steps=4",
             "checkpoint.every_n_steps=2",
             "monitor.progress=off",
@@ -373,7 +385,7 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A full and a sharded (FSDP, two processes) checkpoint that blocks wrote itself."""
     root = tmp_path_factory.mktemp("honest")
     full = train(root, "full")
-    sharded = train(root, "sharded", "strategy=fsdp", "trainer.devices=2", "data.batch_size=8")
+    sharded = train(root, "sharded", "trainer.devices=2")
     return {"full": full, "sharded": sharded, "root": root}
 
 
@@ -435,10 +447,10 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
     marker = tmp_path / "pwned"
     run = tmp_path / "evil_run"
     url = crafted(honest[layout], run, marker, where)
-    sharded = ["strategy=fsdp", "data.batch_size=8"] if layout == "sharded" else []
-
+    job = LAYOUTS[layout]
+    single = [a for a in job if a != "strategy=fsdp"]
     init = blocks_cli(
-        ["run", "recipe=blobs", "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"],
+        ["run", *single, "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"],
         tmp_path,
     )
     assert init.returncode != 0 and "refusing to load" in init.stderr, init.stderr[-3000:]
@@ -447,10 +459,8 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
         resume = blocks_cli(
             [
                 "run",
-                "recipe=blobs",
-                "data.samples=256",
+                *job,
                 "trainer.max_steps=8",
-                *sharded,
                 f"trainer.devices={devices}",
                 f"checkpoint.resume={url}",
                 f"hydra.run.dir={tmp_path / f'resume{devices}'}",
@@ -485,12 +495,9 @@ def test_honest_checkpoints_still_load(honest: dict[str, Path], tmp_path: Path) 
     resumed = blocks_cli(
         [
             "run",
-            "recipe=blobs",
-            "data.samples=256",
+            *LAYOUTS["sharded"],
             "trainer.max_steps=6",
-            "strategy=fsdp",
             "trainer.devices=2",
-            "data.batch_size=8",
             f"checkpoint.resume={newest(honest['sharded'])}",
             f"hydra.run.dir={tmp_path / 'resumed'}",
         ],

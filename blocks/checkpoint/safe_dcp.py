@@ -15,7 +15,7 @@ import dataclasses
 import enum
 import io
 import pickle
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
@@ -141,10 +141,10 @@ class SafeFsspecReader(FsspecReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's metadata through :class:`MetadataUnpickler`, then what torch's reader sets on it."""
         with self.fs.create_stream(metadata_path(self, kwargs.get("rank")), "rb") as stream:
-            metadata = load_metadata(stream, str(self.path))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+            metadata = load_metadata(cast(IO[bytes], stream), str(self.path))
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:

@@ -44,7 +44,7 @@ def _kind_of(key: str) -> Kind:
     return ANY_CLASS
 
 
-def hydra_problems(hydra: Mapping[str, Any]) -> list[Problem]:
+def hydra_problems(hydra: Mapping[Any, Any]) -> list[Problem]:
     """Every import path in the ``hydra`` node (unresolved, as a plain mapping) that may not be used."""
     problems = []
     for key, path in targets_in(hydra, "hydra"):

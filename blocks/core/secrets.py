@@ -12,30 +12,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 
 ENV_RESOLVER = "${oc.env:"
 
-Path = tuple[str | int, ...]
+KeyPath = tuple[str | int, ...]
 
 
-def env_interpolations(cfg: DictConfig | ListConfig) -> dict[Path, str]:
+def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
     """Every value of *cfg* (unresolved) that reads the environment, by path, as its interpolation text."""
-    found: dict[Path, str] = {}
+    found: dict[KeyPath, str] = {}
 
-    def walk(node: DictConfig | ListConfig, path: Path) -> None:
+    def walk(node: DictConfig | ListConfig, path: KeyPath) -> None:
         keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
         for key in keys:
             child = node._get_node(key)
-            raw = child._value() if child is not None else None
+            raw = child._value() if isinstance(child, Node) else None
+            here: KeyPath = (*path, key)
             if isinstance(raw, str) and ENV_RESOLVER in raw:
-                found[(*path, key)] = raw
+                found[here] = raw
             elif (
                 isinstance(child, (DictConfig, ListConfig))
                 and not child._is_none()
                 and not child._is_missing()
             ):
-                walk(child, (*path, key))
+                walk(child, here)
 
     walk(cfg, ())
     return found
