@@ -357,7 +357,7 @@ class Payload:
 
 LAYOUTS = {
     "full": ["recipe=blobs", "data.samples=256"],
-    "sharded": ["recipe=tiny_lm", "trainer.val_every=null", "strategy=fsdp", "data.batch_size=8"],
+    "sharded": ["recipe=tiny_lm", "trainer.val_every=null", "strategy=fsdp"],
 }
 """The job of each checkpoint layout (FSDP needs a model with repeated units)."""
 
@@ -385,7 +385,7 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A full and a sharded (FSDP, two processes) checkpoint that blocks wrote itself."""
     root = tmp_path_factory.mktemp("honest")
     full = train(root, "full")
-    sharded = train(root, "sharded", "trainer.devices=2")
+    sharded = train(root, "sharded", "trainer.devices=2", "data.batch_size=8")
     return {"full": full, "sharded": sharded, "root": root}
 
 
@@ -460,6 +460,7 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
             [
                 "run",
                 *job,
+                *([f"data.batch_size={16 // devices}"] if layout == "sharded" else []),
                 "trainer.max_steps=8",
                 f"trainer.devices={devices}",
                 f"checkpoint.resume={url}",
@@ -498,6 +499,7 @@ def test_honest_checkpoints_still_load(honest: dict[str, Path], tmp_path: Path) 
             *LAYOUTS["sharded"],
             "trainer.max_steps=6",
             "trainer.devices=2",
+            "data.batch_size=8",
             f"checkpoint.resume={newest(honest['sharded'])}",
             f"hydra.run.dir={tmp_path / 'resumed'}",
         ],
