@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from fsspec.core import url_to_fs
 
 from blocks.build.weights import save_weights
 from blocks.checkpoint import store
-from blocks.checkpoint.io import STATE_FILE
+from blocks.checkpoint.io import load_state
 
 MODEL_PREFIX = "model."
 
@@ -20,26 +19,25 @@ def checkpoint_weights(url: str) -> dict[str, torch.Tensor]:
     Runs in one process without a process group: DCP shards are read and stitched together.
     """
     manifest = store.verify(url)
-    fs, root = url_to_fs(url)
     if manifest.sharded:
         # The same call as torch's dcp_to_torch_save, with a reader for any fsspec URL.
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
         from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+        from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
         from blocks.checkpoint.sharded import SHARDS_DIR
 
+        check_sharded(url)
         loaded: dict = {}
         _load_state_dict(
             loaded,
-            storage_reader=FsspecReader(store.join(url, SHARDS_DIR)),
+            storage_reader=SafeFsspecReader(store.join(url, SHARDS_DIR)),
             planner=_EmptyStateDictLoadPlanner(),
             no_dist=True,
         )
         state = loaded["model"]
     else:
-        with fs.open(store.join(root, STATE_FILE), "rb") as fh:
-            state = torch.load(fh, map_location="cpu", weights_only=True)["state_dict"]
+        state = load_state(url)["state_dict"]
     return {
         name[len(MODEL_PREFIX) :]: tensor
         for name, tensor in state.items()

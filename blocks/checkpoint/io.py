@@ -144,16 +144,31 @@ class FsspecCheckpointIO(CheckpointIO):
         """Verify the checkpoint and load it with ``weights_only=True``."""
         url = str(path)
         store.verify(url)
-        fs, root = url_to_fs(url)
-        with fs.open(store.join(root, STATE_FILE), "rb") as fh:
-            try:
-                return torch.load(fh, map_location=map_location or "cpu", weights_only=True)
-            except pickle.UnpicklingError as exc:
-                raise UnsafeCheckpointError(
-                    f"{url} holds pickled objects that are not tensors or plain data; refusing to load it "
-                    f"({str(exc).splitlines()[0]})"
-                ) from None
+        return load_state(url, map_location)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the checkpoint directory."""
         store.remove(str(path))
+
+
+def load_state(url: str, map_location: Any | None = None, *, mmap: bool = False) -> dict[str, Any]:
+    """The ``state.pt`` of checkpoint *url*, loaded with ``weights_only=True``: the one loader of every full state.
+
+    A state that holds pickled objects other than tensors and plain data is refused with
+    :class:`UnsafeCheckpointError` (sharded shards go through :mod:`blocks.checkpoint.safe_dcp`).
+    *mmap* maps a local file's tensors instead of reading them (to check a state cheaply).
+    """
+    fs, root = url_to_fs(url)
+    path = store.join(root, STATE_FILE)
+    try:
+        if mmap and "file" in fs.protocol:
+            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            with fs.open(path, "rb") as fh:
+                state = torch.load(fh, map_location=map_location or "cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpointError(
+            f"{url} holds pickled objects that are not tensors or plain data; refusing to load it "
+            f"({str(exc).splitlines()[0]})"
+        ) from None
+    return state

@@ -54,6 +54,7 @@ def resolve_resume(plan: Plan, directory: str) -> str | None:
         found = _newest(directory)
         if found is not None:
             _check_compatible(plan, found.url, found.manifest)
+            _check_loadable(found.url, found.manifest)
             return found.url
         if block.resume == "auto":
             return None
@@ -70,7 +71,29 @@ def resolve_resume(plan: Plan, directory: str) -> str | None:
             )
         ) from None
     _check_compatible(plan, block.resume, manifest)
+    _check_loadable(block.resume, manifest)
     return block.resume
+
+
+def _check_loadable(url: str, manifest: store.Manifest) -> None:
+    """Refuse, before any process starts, a checkpoint whose loading would unpickle anything but data."""
+    from blocks.checkpoint.io import UnsafeCheckpointError, load_state
+
+    try:
+        if manifest.sharded:
+            from blocks.checkpoint.safe_dcp import check_sharded
+
+            check_sharded(url)
+        load_state(url, mmap=True)
+    except UnsafeCheckpointError as exc:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                str(exc),
+                "resume only from checkpoints blocks wrote (tensors and plain data); never from an untrusted one",
+                check="checkpoint-unsafe",
+            )
+        ) from None
 
 
 def _newest(directory: str) -> store.Committed | None:

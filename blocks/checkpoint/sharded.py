@@ -16,12 +16,11 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from fsspec.core import url_to_fs
 from pytorch_lightning.strategies import ModelParallelStrategy
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -31,7 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from blocks.checkpoint import store
-from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, write_state
+from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, load_state, write_state
+from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
 
 SHARDS_DIR = "dcp"
 
@@ -105,15 +105,14 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         """Load shards into the sharded model and optimizer (resharding as needed), return the rest."""
         url = str(self.broadcast(str(checkpoint_path)))
         store.verify(url)
+        check_sharded(url)
         assert self.model is not None
         options = StateDictOptions(full_state_dict=False)
         shards: dict[str, Any] = {"model": get_model_state_dict(self.model, options=options)}
         for index, optimizer in enumerate(self.optimizers):
             shards[f"optimizer_{index}"] = get_optimizer_state_dict(self.model, optimizer, options=options)
-        dcp.load(shards, storage_reader=FsspecReader(store.join(url, SHARDS_DIR)))
+        dcp.load(shards, storage_reader=SafeFsspecReader(store.join(url, SHARDS_DIR)))
         set_model_state_dict(self.model, shards["model"], options=options)
         for index, optimizer in enumerate(self.optimizers):
             set_optimizer_state_dict(self.model, optimizer, shards[f"optimizer_{index}"], options=options)
-        fs, root = url_to_fs(url)
-        with fs.open(store.join(root, STATE_FILE), "rb") as fh:
-            return torch.load(fh, map_location="cpu", weights_only=True)
+        return load_state(url)

@@ -219,11 +219,30 @@ def _precheck(args: Sequence[str]) -> int | None:
 
     from blocks.cli.render import plan_panel, print_problems
     from blocks.core import jobs
+    from blocks.core.imports import refuse_objects
     from blocks.launch.sweep import expand_sweep
 
     parsed = get_args_parser().parse_args(list(args))
     _refuse_combined_modes(parsed)
-    if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS) or parsed.config_dir:
+    for flag, value in (("--config-name", parsed.config_name), ("--config-path", parsed.config_path)):
+        if value:
+            raise BlocksError(
+                Problem(
+                    flag,
+                    "blocks composes its own primary config; another one would skip its checks",
+                    "add your presets with --config-dir DIR (or hydra.searchpath) and choose them with overrides",
+                )
+            )
+    if parsed.experimental_rerun:
+        raise BlocksError(
+            Problem(
+                "--experimental-rerun",
+                "Hydra's rerun unpickles the file it is given, which can run any code",
+                "rerun with the overrides in the run dir's .hydra/overrides.yaml instead",
+                check="import-denied",
+            )
+        )
+    if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS):
         return None
     overrides = list(parsed.overrides)
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
@@ -244,7 +263,7 @@ def _precheck(args: Sequence[str]) -> int | None:
         if len(job_overrides) > 1:
             header = f"blocks: job [{' '.join(one)}] has problems; no job of the sweep was started"
         try:
-            plan = jobs.plan(one)
+            plan = jobs.plan(one, config_dir=parsed.config_dir)
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1
@@ -253,6 +272,12 @@ def _precheck(args: Sequence[str]) -> int | None:
             stdout.print(plan_panel(plan))
         if not plan.ok:
             print_problems(stderr, plan.errors, header=header)
+            failed += 1
+            continue
+        try:
+            refuse_objects(plan.blocks.values())
+        except BlocksError as exc:
+            _fail(exc, header)
             failed += 1
     if failed:
         return EXIT_INVALID

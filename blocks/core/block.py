@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from blocks.core.imports import Kind
     from blocks.core.plan import CheckContext
 
 KINDS: tuple[str, ...] = (
@@ -52,6 +53,15 @@ class Block:
         Use ``ctx.error(field, message, fix)`` and ``ctx.warning(...)``; read the other
         blocks and the derived numbers from ``ctx``. The default checks nothing.
         """
+
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """Every import path this block's fields name, as ``(config key, path, kind it must be)``.
+
+        Blocks that name code by path (adapters, loggers) list it here, so that ``blocks run``
+        imports and checks each one through :mod:`blocks.core.imports` before anything starts.
+        The default names none.
+        """
+        return []
 
     def replace(self: BlockT, **changes: Any) -> BlockT:
         """A copy with some fields changed (``dataclasses.replace``)."""

@@ -24,6 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from blocks.core.block import KINDS, Block
 from blocks.core.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.core.registry import REGISTRY
+from blocks.core.secrets import resolve_keeping_env
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
@@ -445,7 +446,7 @@ def split_hydra(cfg: DictConfig) -> Composed:
     }
     job = OmegaConf.create({k: v for k, v in cfg.items() if k != "hydra"})
     try:
-        OmegaConf.resolve(job)
+        job = resolve_keeping_env(job)  # environment values (secrets) stay interpolations
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc)) from None
     return Composed(config=job, choices=choices)

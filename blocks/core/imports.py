@@ -1,8 +1,13 @@
-"""Safe imports by path: the only way a config may name Python code outside the registry.
+"""Safe imports by path: the one seam through which a config may name Python code.
 
-Configs create registered blocks only. An adapter's import path (``model=module
-model.target=mylab.nets.ResNet``) or a ``_target_`` inside its arguments is honoured only when
-the user allows its module prefix in their *own* settings, never in the config itself:
+Configs create registered blocks only. Every import path a config names (an adapter's
+``model.target``, a ``_target_`` inside its arguments, a ``monitor.loggers`` class, a
+``_target_`` in the ``hydra`` node: callbacks, launcher, sweeper) goes through :func:`resolve`
+(at build time) and :func:`path_problem` (at plan time). The rule is default-deny: a path is
+honoured only inside blocks' own modules, the modules installed block packages declare, the
+few library modules a field names itself (Lightning's loggers for ``monitor.loggers``,
+Hydra's plugins for ``hydra.launcher``), and the prefixes the user allows in their *own*
+settings, never in the config itself:
 
 * the environment variable ``BLOCKS_ALLOW_IMPORTS`` (comma-separated prefixes), and/or
 * ``[tool.blocks] allow_imports = ["mylab"]`` in the ``pyproject.toml`` of the project the
@@ -12,7 +17,10 @@ Whatever is allowed, paths into modules that run commands, evaluate code or touc
 (``os``, ``subprocess``, ``builtins``, ``importlib``, ``pickle``, ...) are always refused. The
 check runs twice: on the string before anything is imported (torch-free, at plan time), and on
 the object the path resolves to (its real ``__module__`` and ``__qualname__``), so an alias
-such as ``mylab.run = os.system`` is refused too.
+such as ``mylab.run = os.system`` is refused too; and the object must be of the :class:`Kind` the
+field expects (an ``nn.Module`` class, a Lightning logger class, a Hydra ``Callback`` class, at
+least a class) before anything calls it, so a function that wraps ``subprocess`` in an allowed
+package is refused as well.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +74,61 @@ DENIED_MODULES = (
     "torch.hub",
     "torch.serialization",
     "torch.utils.cpp_extension",
+    "torch.utils.collect_env",
+    "torch.load",
+    "torch.save",
+    "torch.jit",
+    "torch.package",
+    "torch.distributed.run",
+    "torch.distributed.elastic",
+    "torch.multiprocessing",
+    "numpy.load",
+    "hydra.utils",
+    "hydra.main",
+    "hydra._internal.utils",
+    "hydra._internal.instantiate",
+    "omegaconf",
+    "blocks.core.imports",
+    "functools",
+    "operator",
+    "inspect",
+    "types",
+    "gc",
+    "atexit",
+    "threading",
+    "_thread",
+    "concurrent",
+    "timeit",
+    "trace",
+    "profile",
+    "cProfile",
+    "pydoc",
+    "doctest",
+    "unittest",
+    "pkgutil",
+    "zipimport",
+    "site",
+    "sysconfig",
+    "platform",
+    "distutils",
+    "setuptools",
+    "pip",
+    "urllib",
+    "http",
+    "ftplib",
+    "smtplib",
+    "xmlrpc",
+    "yaml",
+    "jsonpickle",
+    "joblib",
+    "copyreg",
+    "sqlite3",
+    "dbm",
+    "glob",
+    "fileinput",
+    "zipfile",
+    "tarfile",
+    "logging.config",
 )
 """Modules never reachable from a config, even when a user's prefix covers them."""
 
@@ -75,6 +139,52 @@ DENIED_NAMES = frozenset(
 
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
+OWN_PREFIXES = ("blocks",)
+"""blocks' own modules: always importable (their classes are what configs are made of)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a config field expects an import path to name, checked on the imported object before any call.
+
+    Attributes:
+        what: how the refusal names it ("a torch.nn.Module class").
+        accepts: whether an imported object is of this kind (only called on classes).
+        also_allowed: module prefixes this field may always name (a library's own plugins).
+    """
+
+    what: str
+    accepts: Callable[[type], bool] = lambda cls: True
+    also_allowed: tuple[str, ...] = ()
+
+    def admits(self, obj: Any) -> bool:
+        """True when *obj* is a class of this kind (functions never are: they could wrap anything)."""
+        return inspect.isclass(obj) and self.accepts(obj)
+
+
+def subclass_of(*bases: str) -> Callable[[type], bool]:
+    """A :attr:`Kind.accepts` test: a subclass of any of the classes at the import paths *bases*.
+
+    The bases are imported when an object is checked (never at plan time); an uninstalled one is skipped.
+    """
+
+    def accepts(cls: type) -> bool:
+        for base in bases:
+            module, _, name = base.rpartition(".")
+            try:
+                base_cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                continue
+            if issubclass(cls, base_cls):
+                return True
+        return False
+
+    return accepts
+
+
+ANY_CLASS = Kind("a class")
+"""The least a config may name: a class (a function could wrap ``subprocess``; a class is built with its arguments)."""
+
 
 def allowed_prefixes(cwd: Path | None = None) -> tuple[str, ...]:
     """The module prefixes the user allows: ``BLOCKS_ALLOW_IMPORTS`` plus the project's pyproject."""
@@ -83,6 +193,13 @@ def allowed_prefixes(cwd: Path | None = None) -> tuple[str, ...]:
     if pyproject is not None:
         prefixes += _pyproject_prefixes(pyproject)
     return tuple(dict.fromkeys(prefixes))
+
+
+def implicit_prefixes() -> tuple[str, ...]:
+    """Always importable: blocks' own modules and the module of every loaded block package."""
+    from blocks.core import packages
+
+    return (*OWN_PREFIXES, *(package.module for package in packages.packages()))
 
 
 def _nearest_pyproject(start: Path) -> Path | None:
@@ -132,7 +249,7 @@ def _allow_fix(path: str) -> str:
     )
 
 
-def _refusal(path: str, allowed: Sequence[str]) -> tuple[str, str, str] | None:
+def _refusal(path: str, allowed: Sequence[str], kind: Kind = ANY_CLASS) -> tuple[str, str, str] | None:
     """``(check, why, fix)`` when *path* may not be imported, else None (string checks only)."""
     if not isinstance(path, str) or not _PATH.match(path) or "__" in path:
         return "import-path", "is not an import path of a class or function", "package.module.ClassName"
@@ -143,9 +260,9 @@ def _refusal(path: str, allowed: Sequence[str]) -> tuple[str, str, str] | None:
         return (
             "import-denied",
             f"is refused: configs may never reach {reached} (it can run commands or code)",
-            "name a model or data class; a config can never call the standard library's process, file or eval functions",
+            "name the kind of class this key expects; a config can never reach modules that run commands, code or pickles",
         )
-    if _under(path, allowed) is None:
+    if _under(path, (*implicit_prefixes(), *kind.also_allowed, *allowed)) is None:
         return (
             "import-not-allowed",
             f"is not in a module prefix you allow for imports (allowed: {', '.join(allowed) or 'none'})",
@@ -154,12 +271,14 @@ def _refusal(path: str, allowed: Sequence[str]) -> tuple[str, str, str] | None:
     return None
 
 
-def path_problem(path: str, key: str, allowed: Sequence[str] | None = None) -> Problem | None:
+def path_problem(
+    path: str, key: str, allowed: Sequence[str] | None = None, *, kind: Kind = ANY_CLASS
+) -> Problem | None:
     """What is wrong with import path *path* (read at config key *key*), checking the string only.
 
     Torch-free and imports nothing: the plan runs it. None when the path may be imported.
     """
-    refusal = _refusal(path, allowed_prefixes() if allowed is None else allowed)
+    refusal = _refusal(path, allowed_prefixes() if allowed is None else allowed, kind)
     if refusal is None:
         return None
     check, why, fix = refusal
@@ -183,14 +302,15 @@ def targets_in(value: Any, key: str) -> list[tuple[str, str]]:
     return found
 
 
-def resolve(path: str, key: str, allowed: Sequence[str] | None = None) -> Any:
+def resolve(path: str, key: str, allowed: Sequence[str] | None = None, *, kind: Kind = ANY_CLASS) -> Any:
     """Import the object at *path* after checking the string, then check what it really is.
 
-    Raises :class:`ConfigError` naming *key* when the path is refused, cannot be imported, or
-    resolves (through an alias) to something outside the allowed prefixes or in a refused module.
+    Raises :class:`ConfigError` naming *key* when the path is refused, cannot be imported,
+    resolves (through an alias) to something outside the allowed prefixes or in a refused
+    module, or is not of the *kind* the field expects. Nothing is called before all passed.
     """
     allowed = allowed_prefixes() if allowed is None else allowed
-    problem = path_problem(path, key, allowed)
+    problem = path_problem(path, key, allowed, kind=kind)
     if problem is not None:
         raise ConfigError(problem)
     obj = _import(path, key)
@@ -205,11 +325,26 @@ def resolve(path: str, key: str, allowed: Sequence[str] | None = None) -> Any:
             )
         )
     if real != path:
-        refusal = _refusal(real, allowed)
+        refusal = _refusal(real, allowed, kind)
         if refusal is not None:
             check, why, fix = refusal
             raise ConfigError(Problem(key, f"'{path}' is really {real}, which {why}", fix, check=check))
+    if not kind.admits(obj):
+        raise ConfigError(
+            Problem(
+                key,
+                f"'{path}' is {_describe(obj)}, not {kind.what}",
+                f"name {kind.what} here",
+                check="import-kind",
+            )
+        )
     return obj
+
+
+def _describe(obj: Any) -> str:
+    if inspect.isclass(obj):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__name__}"
 
 
 def _import(path: str, key: str) -> Any:
@@ -255,7 +390,7 @@ def _real_name(obj: Any) -> str | None:
 
 
 def instantiate(value: Any, key: str, allowed: Sequence[str] | None = None) -> Any:
-    """Build the objects a nested argument structure names with ``_target_`` (each one checked)."""
+    """Build the objects a nested argument structure names with ``_target_`` (each checked to be a class)."""
     if isinstance(value, Mapping):
         args = {str(k): instantiate(v, f"{key}.{k}", allowed) for k, v in value.items() if k != TARGET_KEY}
         if TARGET_KEY not in value:
@@ -264,3 +399,21 @@ def instantiate(value: Any, key: str, allowed: Sequence[str] | None = None) -> A
     if isinstance(value, (list, tuple)):
         return [instantiate(v, f"{key}[{i}]", allowed) for i, v in enumerate(value)]
     return value
+
+
+def refuse_objects(blocks: Iterable[Any]) -> None:
+    """Import every path the *blocks* name (:meth:`Block.import_paths`) and check what each really is.
+
+    Nothing is called. ``blocks run`` does this before it starts anything, so an alias such as
+    ``mylab.run = os.system`` or an allowed function that wraps ``subprocess`` is refused
+    before a run dir exists; raises one :class:`ConfigError` with every refusal.
+    """
+    problems: list[Problem] = []
+    for block in blocks:
+        for key, path, kind in block.import_paths():
+            try:
+                resolve(path, key, kind=kind)
+            except ConfigError as exc:
+                problems += exc.problems
+    if problems:
+        raise ConfigError(problems)

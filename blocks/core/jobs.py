@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from omegaconf import DictConfig
@@ -21,6 +22,7 @@ from blocks.core.compose import (
 )
 from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError, ConfigError, Problem
+from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan
@@ -28,42 +30,63 @@ from blocks.core.recipe import RECIPES
 from blocks.core.registry import REGISTRY
 
 
-def _compose_raw(overrides: Sequence[str]) -> DictConfig:
-    from hydra import compose, initialize
+def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
+    """Hydra's composition; *config_dir* is ``--config-dir`` (searched first, as Hydra does)."""
+    from hydra import compose, initialize, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     catalog.load()
     GlobalHydra.instance().clear()
-    with initialize(version_base="1.3", config_path=None, job_name="blocks"):
+    context = (
+        initialize_config_dir(
+            version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
+        )
+        if config_dir
+        else initialize(version_base="1.3", config_path=None, job_name="blocks")
+    )
+    with context:
         return compose(PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
+
+
+def _refuse_hydra_targets(cfg: DictConfig) -> None:
+    """Every import path Hydra itself would use (callbacks, launcher, sweeper, logging) passes the import seam."""
+    from omegaconf import OmegaConf
+
+    hydra = OmegaConf.to_container(cfg.hydra, resolve=False)
+    assert isinstance(hydra, dict)
+    problems = hydra_problems(hydra)
+    if problems:
+        raise ConfigError(problems)
 
 
 MAX_COMPOSE_ROUNDS = 8
 """How many failing overrides composition looks past to report them together."""
 
 
-def compose(overrides: Sequence[str] = ()) -> Composed:
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> Composed:
     """Compose the job config for *overrides* with Hydra; mistakes become one ``ConfigError`` with all of them.
 
     Hydra stops at the first override it cannot apply; this composes again without each
     failing override (and without the keys of a group whose option failed) to find the
-    others, so the user sees every problem at once.
+    others, so the user sees every problem at once. Import paths in the ``hydra`` node are
+    checked here too (see :mod:`blocks.core.hydra_node`).
     """
-    composed, problems = _compose_collecting(overrides)
+    composed, problems = _compose_collecting(overrides, config_dir)
     if problems:
         raise ConfigError(problems)
     assert composed is not None
     return composed
 
 
-def _compose_once(overrides: Sequence[str]) -> Composed:
+def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Composed:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     catalog.load()
     packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
-        raw = _compose_raw(overrides)
+        raw = _compose_raw(overrides, config_dir)
+        _refuse_hydra_targets(raw)
         launcher = launcher_problems(raw)
         if launcher:
             raise ConfigError(launcher)
@@ -96,13 +119,17 @@ def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tup
     return None, problems
 
 
-def _compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[Problem]]:
+def _compose_collecting(
+    overrides: Sequence[str], config_dir: str | None = None
+) -> tuple[Composed | None, list[Problem]]:
     """The composition of the overrides that apply, and the problems of those that do not."""
-    return _collecting(overrides, _compose_once)
+    return _collecting(overrides, functools.partial(_compose_once, config_dir=config_dir))
 
 
-def _blocks_once(overrides: Sequence[str]) -> tuple[Composed, dict[str, Block]]:
-    composed = _compose_once(overrides)
+def _blocks_once(
+    overrides: Sequence[str], config_dir: str | None = None
+) -> tuple[Composed, dict[str, Block]]:
+    composed = _compose_once(overrides, config_dir)
     return composed, config_to_blocks(composed.config)
 
 
@@ -192,13 +219,15 @@ def plan_config(composed: Composed, environment: Environment | None = None) -> P
     return make_plan(blocks, composed.choices, environment)
 
 
-def plan(overrides: Sequence[str] = (), environment: Environment | None = None) -> Plan:
-    """Compose *overrides* and plan the result (torch-free).
+def plan(
+    overrides: Sequence[str] = (), environment: Environment | None = None, config_dir: str | None = None
+) -> Plan:
+    """Compose *overrides* (with ``--config-dir`` *config_dir*) and plan the result (torch-free).
 
     When some overrides do not compose, the ``ConfigError`` also carries the plan errors of
     the job without them, so one run shows every problem.
     """
-    built, problems = _collecting(overrides, _blocks_once)
+    built, problems = _collecting(overrides, functools.partial(_blocks_once, config_dir=config_dir))
     if not problems:
         assert built is not None
         return make_plan(built[1], built[0].choices, environment)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import MISSING
 
 from blocks.core.errors import ConfigError, Problem
-from blocks.core.imports import instantiate, resolve
+from blocks.core.imports import Kind, instantiate, resolve
 from blocks.core.registry import register
 from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
 
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 BATCHES = ("features", "tokens")
+
+
+DATAMODULE_CLASS = Kind(
+    "a LightningDataModule class",
+    # pytorch_lightning and lightning.pytorch have distinct base classes: check the protocol.
+    lambda cls: all(hasattr(cls, m) for m in ("setup", "train_dataloader")),
+)
+"""What ``data.target`` must name."""
 
 
 @register("lightning_data")
@@ -64,20 +72,17 @@ class LightningData(DataBlock):
         """The declared size of *split*."""
         return self.val_samples if split == "val" else self.train_samples
 
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The datamodule class and every nested ``_target_`` (a class)."""
+        from blocks.model.adapter import nested_paths
+
+        return [("data.target", self.target, DATAMODULE_CLASS), *nested_paths(self.kwargs, "data.kwargs")]
+
     def build(self, split: str) -> Dataset:
         """The datamodule's dataset for *split*, as ``{inputs, targets}`` samples."""
         from blocks.data.foreign import DictSamples
 
-        cls = resolve(self.target, "data.target")
-        # pytorch_lightning and lightning.pytorch have distinct base classes: check the protocol.
-        if not (isinstance(cls, type) and all(hasattr(cls, m) for m in ("setup", "train_dataloader"))):
-            raise ConfigError(
-                Problem(
-                    "data.target",
-                    f"'{self.target}' is not a LightningDataModule class (no setup/train_dataloader)",
-                    "name your LightningDataModule subclass",
-                )
-            )
+        cls = resolve(self.target, "data.target", kind=DATAMODULE_CLASS)
         datamodule = cls(**instantiate(dict(self.kwargs), "data.kwargs"))
         datamodule.prepare_data()
         datamodule.setup("fit")

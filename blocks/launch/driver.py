@@ -17,6 +17,7 @@ from blocks.checkpoint.resume import checkpoint_dir, resolve_resume
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
 from blocks.core.errors import BlocksError
+from blocks.core.imports import refuse_objects
 from blocks.core.jobs import compose
 from blocks.core.plan import Plan, make_plan
 from blocks.launch.run_dir import (
@@ -65,6 +66,8 @@ def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path)
     """Freeze and write the job files, then refuse a broken plan or an unusable resume before any process starts."""
     frozen = freeze_config(config, run_dir)
     plan = make_plan(config_to_blocks(frozen), choices)
+    if plan.ok:
+        refuse_objects(plan.blocks.values())  # before the run dir is written
     write_job_files(run_dir, frozen, plan)
     plan.raise_for_errors()
     preflight = getattr(plan.data, "preflight", None)

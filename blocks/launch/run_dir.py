@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import config_to_blocks
 from blocks.core.plan import Plan, make_plan
+from blocks.core.secrets import keep_env_in_plan, resolve_keeping_env
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -23,9 +24,8 @@ Status = Literal["completed", "failed", "interrupted"]
 
 
 def freeze_config(config: DictConfig, run_dir: Path) -> DictConfig:
-    """The config as the run will use it: resolved, with run-dir defaults filled in."""
-    frozen = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
-    assert isinstance(frozen, DictConfig)
+    """The config as the run will use it: resolved (values from the environment stay ``${oc.env:...}``), with run-dir defaults filled in."""
+    frozen = resolve_keeping_env(config)
     if frozen.checkpoint.get("dir", None) is None and "dir" in frozen.checkpoint:
         frozen.checkpoint.dir = str((run_dir / CHECKPOINTS_DIR).resolve())
     return frozen
@@ -35,7 +35,7 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     """Write ``config.yaml`` and ``plan.json``: enough for any worker to rebuild the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
-    (run_dir / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    (run_dir / PLAN_FILE).write_text(json.dumps(keep_env_in_plan(plan.to_json(), config), indent=2) + "\n")
 
 
 def load_plan(run_dir: Path) -> Plan:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from blocks.core.imports import instantiate, path_problem, resolve, targets_in
+from blocks.core.imports import ANY_CLASS, Kind, instantiate, path_problem, resolve, subclass_of, targets_in
 from blocks.core.registry import register
 from blocks.data.base import BatchSpec, FeatureBatch, TokenBatch
 from blocks.model.base import ModelBlock
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from torch import nn
 
     from blocks.core.plan import CheckContext
+
+
+MODULE_CLASS = Kind("a torch.nn.Module class", subclass_of("torch.nn.Module"))
+"""What ``model.target`` must name."""
 
 
 @register("torch_module")
@@ -54,6 +58,10 @@ class TorchModule(ModelBlock):
         """The ``shard`` attribute, if given."""
         return self.shard or None
 
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The class (an ``nn.Module``) and every nested ``_target_`` (a class)."""
+        return [("model.target", self.target, MODULE_CLASS), *nested_paths(self.kwargs, "model.kwargs")]
+
     def constructor_args(self, spec: BatchSpec) -> dict[str, Any]:
         """``kwargs`` (objects built) plus the ``spec_args`` read from *spec*."""
         args = dict(instantiate(dict(self.kwargs), "model.kwargs"))
@@ -61,21 +69,10 @@ class TorchModule(ModelBlock):
         return args
 
     def build(self, spec: BatchSpec) -> nn.Module:
-        """Import the class (checked), then construct it."""
-        from torch import nn
-
-        from blocks.core.errors import ConfigError, Problem
-
-        cls = resolve(self.target, "model.target")
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise ConfigError(
-                Problem(
-                    "model.target",
-                    f"'{self.target}' is not a torch.nn.Module class",
-                    "name an nn.Module class",
-                )
-            )
-        return cls(**self.constructor_args(spec))
+        """Import the class (checked to be an ``nn.Module`` class), then construct it."""
+        cls = resolve(self.target, "model.target", kind=MODULE_CLASS)
+        module: nn.Module = cls(**self.constructor_args(spec))
+        return module
 
     def check(self, ctx: CheckContext) -> None:
         """The import path must be allowed; ``spec_args`` must name fields of the batch spec."""
@@ -91,6 +88,11 @@ class TorchModule(ModelBlock):
                         f"'{attr}' is not a field of the data's {type(spec).__name__}",
                         f"one of: {', '.join(known)}",
                     )
+
+
+def nested_paths(kwargs: Any, key: str) -> list[tuple[str, str, Kind]]:
+    """Every nested ``_target_`` of constructor arguments *kwargs* (read at *key*): each must name a class."""
+    return [(where, path, ANY_CLASS) for where, path in targets_in(kwargs, key)]
 
 
 def check_import_paths(ctx: CheckContext, kind: str, target: str, kwargs: Any) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from blocks.core.block import Block
+from blocks.core.imports import Kind, path_problem, subclass_of, targets_in
 from blocks.core.registry import register
 
 if TYPE_CHECKING:
@@ -15,6 +16,12 @@ PROGRESS = ("auto", "bar", "lines", "off")
 NONFINITE_POLICIES = ("stop", "skip", "rollback")
 BUILTIN_LOGGERS = ("csv", "tensorboard")
 OBJECTIVE_MODES = ("min", "max")
+LOGGER_CLASS = Kind(
+    "a Lightning logger class",
+    subclass_of("pytorch_lightning.loggers.logger.Logger", "lightning.pytorch.loggers.logger.Logger"),
+    also_allowed=("pytorch_lightning.loggers", "lightning.pytorch.loggers"),
+)
+"""What a ``monitor.loggers`` import path must name (Lightning's own loggers need no permission)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +100,10 @@ class Monitor(MonitorBlock):
             names.append("mfu")
         return tuple(names)
 
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The Lightning logger classes of ``loggers`` (names with a dot)."""
+        return [("monitor.loggers", name, LOGGER_CLASS) for name in self.loggers if "." in name]
+
     def check(self, ctx: CheckContext) -> None:
         """Positive interval, known modes and policies, importable-looking logger names."""
         ctx.positive("log_every_n_steps", self.log_every_n_steps)
@@ -121,6 +132,17 @@ class Monitor(MonitorBlock):
                     f"use {', '.join(BUILTIN_LOGGERS)} or the import path of a Lightning logger class, "
                     "e.g. pytorch_lightning.loggers.MLFlowLogger",
                 )
+                continue
+            problem = path_problem(name, "monitor.loggers", kind=LOGGER_CLASS)
+            if problem is not None:
+                ctx.error("loggers", problem.message, problem.fix, check=problem.check)
+        for key, _ in targets_in(self.logger_args, "monitor.logger_args"):
+            ctx.error(
+                key.removeprefix("monitor."),
+                "logger arguments are plain values; they build no objects",
+                "remove the _target_ (name the logger class in monitor.loggers)",
+                check="import-denied",
+            )
         if len(lightning) > 1:
             ctx.error(
                 "loggers",

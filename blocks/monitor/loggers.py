@@ -6,12 +6,13 @@ the same rows as ``metrics.csv``. They import their libraries only when a run us
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import Any
 
 from blocks.core.errors import BlocksError, Problem
+from blocks.core.imports import resolve
+from blocks.monitor.base import LOGGER_CLASS
 from blocks.monitor.sinks import Row
 
 log = logging.getLogger(__name__)
@@ -71,18 +72,8 @@ class LightningLoggerSink:
     """
 
     def __init__(self, class_path: str, args: dict[str, Any]) -> None:
-        module_name, _, class_name = class_path.rpartition(".")
-        try:
-            self.cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as exc:
-            raise BlocksError(
-                Problem(
-                    "monitor.loggers",
-                    f"cannot import the logger class {class_path}: {exc}",
-                    "install the logger's package, or fix the import path "
-                    "(e.g. pytorch_lightning.loggers.MLFlowLogger)",
-                )
-            ) from None
+        # The import seam checks the path (allowed, never a denied module) and that it is a Lightning logger class.
+        self.cls = resolve(class_path, "monitor.loggers", kind=LOGGER_CLASS)
         self.args = dict(args)
         self.logger: Any = None
         self.resume_id: int | str | None = None

@@ -1,0 +1,77 @@
+"""Values that come from the environment (``${oc.env:VAR}``) stay out of the files a run writes.
+
+A token passed as ``monitor.logger_args.api_key='${oc.env:WANDB_API_KEY}'`` must not end up in
+``config.yaml`` or ``plan.json``, which are shared with the run dir. Configs are resolved with
+:func:`resolve_keeping_env`: every other interpolation is frozen, but a value that reads the
+environment keeps its interpolation, and each process (driver and workers, which inherit the
+environment) resolves it again when it builds the blocks. :func:`keep_env_in_plan` puts the
+same interpolations back into the JSON view of a plan in place of the resolved values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
+
+ENV_RESOLVER = "${oc.env:"
+
+KeyPath = tuple[str | int, ...]
+
+
+def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
+    """Every value of *cfg* (unresolved) that reads the environment, by path, as its interpolation text."""
+    found: dict[KeyPath, str] = {}
+
+    def walk(node: DictConfig | ListConfig, path: KeyPath) -> None:
+        keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+        for key in keys:
+            child = node._get_node(key)
+            raw = child._value() if isinstance(child, Node) else None
+            here: KeyPath = (*path, key)
+            if isinstance(raw, str) and ENV_RESOLVER in raw:
+                found[here] = raw
+            elif (
+                isinstance(child, (DictConfig, ListConfig))
+                and not child._is_none()
+                and not child._is_missing()
+            ):
+                walk(child, here)
+
+    walk(cfg, ())
+    return found
+
+
+def resolve_keeping_env(cfg: DictConfig) -> DictConfig:
+    """A resolved copy of *cfg* in which values read from the environment keep their ``${oc.env:...}``."""
+    kept = env_interpolations(cfg)
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    assert isinstance(resolved, DictConfig)
+    for path, raw in kept.items():
+        parent: Any = resolved
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = raw
+    return resolved
+
+
+def keep_env_in_plan(plan_json: dict[str, Any], config: DictConfig) -> dict[str, Any]:
+    """*plan_json* (a :meth:`Plan.to_json`) with each environment value of *config* shown as its interpolation."""
+    for path, raw in env_interpolations(config).items():
+        if len(path) < 2:
+            continue
+        block = plan_json.get("blocks", {}).get(path[0])
+        node: Any = block.get("fields") if isinstance(block, dict) else None
+        for key in path[1:-1]:
+            node = _child(node, key)
+        if _child(node, path[-1]) is not None:
+            node[path[-1]] = raw
+    return plan_json
+
+
+def _child(node: Any, key: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(key)
+    if isinstance(node, list) and isinstance(key, int) and key < len(node):
+        return node[key]
+    return None

@@ -1,0 +1,583 @@
+"""Nothing a config, a preset or a checkpoint says can run code (issue 13).
+
+A corpus of gadget paths (functions and classes that run commands, code or pickles, and
+aliases of them in a user module) is driven through every field that names code by import
+path, through a YAML preset and through Hydra's own ``hydra.callbacks``: ``blocks run`` exits
+2 before a run dir exists, with no traceback, and the marker file the gadget would write is
+never written. Most cases run ``blocks run`` in this process (its real entry point, refused
+before Hydra starts); a handful run as subprocesses. Crafted full and sharded checkpoints
+(a ``__reduce__`` payload) are refused by every loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blocks.cli.main import main
+from blocks.core.errors import ConfigError
+from blocks.core.imports import resolve
+
+pytestmark = pytest.mark.timeout(900)
+
+GADGETS = [
+    "os.system",
+    "os.popen",
+    "os.execv",
+    "posix.system",
+    "subprocess.Popen",
+    "subprocess.run",
+    "subprocess.check_output",
+    "subprocess.getoutput",
+    "pty.spawn",
+    "torch.utils.collect_env.run",
+    "torch.utils.collect_env.run_and_read_all",
+    "torch.hub.load",
+    "torch.load",
+    "torch.jit.load",
+    "pickle.loads",
+    "builtins.exec",
+    "builtins.eval",
+    "builtins.__import__",
+    "builtins.open",
+    "importlib.import_module",
+    "importlib.util.spec_from_file_location",
+    "runpy.run_path",
+    "runpy.run_module",
+    "shutil.rmtree",
+    "ctypes.CDLL",
+    "code.interact",
+    "webbrowser.open",
+    "multiprocessing.Process",
+    "asyncio.create_subprocess_shell",
+    "functools.partial",
+    "operator.methodcaller",
+    "hydra.utils.call",
+    "hydra.utils.instantiate",
+    "timeit.timeit",
+    "numpy.load",
+    "yaml.unsafe_load",
+    "pdb.run",
+    "tests.legacy_team.launch",  # = os.system in a user module
+    "tests.legacy_team.Shell",  # = subprocess.Popen in a user module
+]
+"""Import paths that would run a command, code or a pickle if a config could call them."""
+
+ALLOW_ALL_TOPS = ",".join(sorted({g.split(".")[0] for g in GADGETS}))
+"""The user allows every gadget's top-level package: the deny-list and the kind checks still refuse."""
+
+ADAPTED = ["recipe=blobs", "debug=fast", "model=torch_module"]
+SPEC_ARGS = "+model.spec_args={in_features:num_features,num_classes:num_classes}"
+DATAMODULE = [
+    "data=lightning_data",
+    "data.num_features=8",
+    "data.num_classes=3",
+    "data.train_samples=192",
+    "data.val_samples=64",
+]
+
+
+ALIASES = ["tests.legacy_team.launch", "tests.legacy_team.Shell"]
+"""Gadgets that pass the string check (their module is allowed) and are refused by what they really are."""
+
+
+def field_overrides(field: str, gadget: str, marker: Path) -> list[str]:
+    """Overrides that put *gadget* in *field*, armed with arguments that would write *marker*."""
+    command = f"'touch {marker}'"
+    return {
+        "model.target": [f"model.target={gadget}", f"+model.kwargs.command={command}"],
+        "data.target": [f"data.target={gadget}", f"+data.kwargs.command={command}"],
+        "model.kwargs._target_": [f"+model.kwargs.act={{_target_:{gadget},command:{command}}}"],
+        "monitor.loggers": [f"monitor.loggers=[csv,{gadget}]", f"+monitor.logger_args.command={command}"],
+        "hydra.callbacks": [
+            f"+hydra.callbacks.evil._target_={gadget}",
+            f"+hydra.callbacks.evil.command={command}",
+        ],
+    }[field]
+
+
+BASE = [
+    "recipe=blobs",
+    "debug=fast",
+    "model=torch_module",
+    SPEC_ARGS,
+    "model.target=tests.legacy_team.TinyNet",
+    *DATAMODULE,
+    "data.target=tests.legacy_team.ClustersDM",
+]
+"""A job whose model and data are adapters of legitimate user code (tests.legacy_team)."""
+
+
+def base_for(fields: list[str]) -> list[str]:
+    """:data:`BASE` without the overrides of *fields* (each is set once, by the case)."""
+    return [o for o in BASE if o.split("=", 1)[0] not in fields]
+
+
+FIELDS = {
+    "model.target": "model.target",
+    "data.target": "data.target",
+    "model.kwargs._target_": "model.kwargs.act._target_",
+    "monitor.loggers": "monitor.loggers",
+    "hydra.callbacks": "hydra.callbacks.evil._target_",
+}
+"""Each import-path field, and the key its refusal names."""
+
+
+def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``blocks run ARGS`` through the real entry point in this process: its exit code and output."""
+    with pytest.raises(SystemExit) as exited:
+        main(["run", *args])
+    captured = capsys.readouterr()
+    return int(exited.value.code or 0), captured.out + captured.err
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory whose user allows every gadget's top-level package."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", ALLOW_ALL_TOPS)
+    return tmp_path
+
+
+def assert_refused(code: int, output: str, marker: Path, run_dir: Path) -> None:
+    assert code == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert not marker.exists(), "the gadget ran"
+    assert not run_dir.exists(), "a run dir was created before the refusal"
+
+
+@pytest.mark.parametrize("gadget", [g for g in GADGETS if g not in ALIASES])
+def test_every_gadget_is_refused_in_every_import_path_field(
+    gadget: str, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One command puts the gadget in every field at once; each field's refusal is reported."""
+    marker, run_dir = project / "pwned", project / "run"
+    args = [*base_for(list(FIELDS)), *(o for field in FIELDS for o in field_overrides(field, gadget, marker))]
+    code, output = run_in_process([*args, f"hydra.run.dir={run_dir}"], capsys)
+    assert_refused(code, output, marker, run_dir)
+    flat = " ".join(output.split())
+    for key in FIELDS.values():
+        assert f"error {key}:" in flat, (key, output[-3000:])
+
+
+@pytest.mark.parametrize("field", list(FIELDS))
+@pytest.mark.parametrize("gadget", ALIASES)
+def test_an_alias_in_a_user_module_is_refused_in_every_field(
+    field: str, gadget: str, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker, run_dir = project / "pwned", project / "run"
+    args = [*base_for([field]), *field_overrides(field, gadget, marker)]
+    code, output = run_in_process([*args, f"hydra.run.dir={run_dir}"], capsys)
+    assert_refused(code, output, marker, run_dir)
+    flat = " ".join(output.split())
+    assert f"error {FIELDS[field]}:" in flat and "is really" in flat, output[-3000:]
+
+
+PRESET_FIELDS = {
+    "model.target": {"model": {"target": "torch.utils.collect_env.run", "kwargs": {"command": "touch {m}"}}},
+    "model.kwargs._target_": {
+        "model": {
+            "target": "tests.legacy_team.TinyNet",
+            "spec_args": {"in_features": "num_features", "num_classes": "num_classes"},
+            "kwargs": {"act": {"_target_": "tests.legacy_team.launch", "command": "touch {m}"}},
+        }
+    },
+    "monitor.loggers": {
+        "monitor": {
+            "loggers": ["csv", "subprocess.Popen"],
+            "logger_args": {"args": "touch {m}", "shell": True},
+        }
+    },
+    "hydra.callbacks": {
+        "hydra": {"callbacks": {"evil": {"_target_": "torch.utils.collect_env.run", "command": "touch {m}"}}}
+    },
+    "hydra.job_logging": {
+        "hydra": {
+            "job_logging": {"handlers": {"evil": {"()": "tests.legacy_team.launch", "command": "touch {m}"}}}
+        }
+    },
+}
+
+
+def write_preset(directory: Path, field: str, marker: Path) -> None:
+    """A downloaded preset ``experiment=evil`` that sets *field* to a gadget."""
+    (directory / "experiment").mkdir(parents=True)
+    body = json.dumps(PRESET_FIELDS[field]).replace("{m}", str(marker))
+    (directory / "experiment" / "evil.yaml").write_text(f"# @package _global_\n{body}\n")
+
+
+@pytest.mark.parametrize("field", list(PRESET_FIELDS))
+@pytest.mark.parametrize("load", ["--config-dir", "hydra.searchpath"])
+def test_a_downloaded_preset_cannot_run_code(
+    field: str, load: str, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker, run_dir, presets = project / "pwned", project / "run", project / "presets"
+    write_preset(presets, field, marker)
+    base = ["recipe=blobs", "debug=fast", "experiment=evil", f"hydra.run.dir={run_dir}"]
+    if field.startswith("model"):
+        base.insert(2, "model=torch_module")
+    args = (
+        ["--config-dir", str(presets), *base]
+        if load == "--config-dir"
+        else [*base, f"hydra.searchpath=[file://{presets}]"]
+    )
+    code, output = run_in_process(args, capsys)
+    assert_refused(code, output, marker, run_dir)
+
+
+def test_the_plan_reports_refusals_naming_the_key_and_the_fix(project: Path) -> None:
+    from blocks.core import jobs
+
+    plan = jobs.plan(["recipe=blobs", "monitor.loggers=[csv,os.system]"])
+    (problem,) = [p for p in plan.errors if p.key == "monitor.loggers"]
+    assert "'os.system' is refused" in problem.message and problem.fix
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", "+hydra.callbacks.x._target_=torch.utils.collect_env.run"])
+    assert [p.key for p in refused.value.problems] == ["hydra.callbacks.x._target_"]
+
+
+def test_an_allowed_prefix_never_reaches_a_wrapper_function_or_a_denied_module() -> None:
+    with pytest.raises(ConfigError, match=r"configs may never reach module torch\.utils\.collect_env"):
+        resolve("torch.utils.collect_env.run", "model.kwargs.act._target_", ["torch"])
+    with pytest.raises(ConfigError, match="is a function, not a class"):
+        resolve("torch.nn.functional.relu", "model.kwargs.act._target_", ["torch"])
+    assert resolve("torch.nn.Tanh", "model.kwargs.act._target_", ["torch"]).__name__ == "Tanh"
+
+
+def test_an_imported_object_must_be_the_kind_the_field_expects(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker, run_dir = project / "pwned", project / "run"
+    code, output = run_in_process(
+        ["recipe=blobs", "debug=fast", "monitor.loggers=[csv,torch.nn.Linear]", f"hydra.run.dir={run_dir}"],
+        capsys,
+    )
+    assert_refused(code, output, marker, run_dir)
+    assert "not a Lightning logger class" in output
+    code, output = run_in_process(
+        [*ADAPTED, "model.target=tests.legacy_team.ClustersDM", f"hydra.run.dir={run_dir}"], capsys
+    )
+    assert_refused(code, output, marker, run_dir)
+    assert "not a torch.nn.Module class" in output
+
+
+def test_lightning_loggers_and_hydra_plugins_need_no_permission(project: Path) -> None:
+    from blocks.core import jobs
+
+    assert jobs.plan(["recipe=blobs", "monitor.loggers=[csv,pytorch_lightning.loggers.CSVLogger]"]).ok
+    assert jobs.plan(["recipe=blobs", "hydra/launcher=joblib"]).ok
+    assert jobs.plan(["recipe=blobs", "hparams_search=optuna"]).ok
+
+
+def test_hydra_flags_that_skip_blocks_checks_are_refused(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for flag, value in (("--config-name", "other"), ("--experimental-rerun", str(project / "config.pickle"))):
+        code, output = run_in_process([flag, value, "recipe=blobs"], capsys)
+        assert code == 2 and flag in output and "Traceback" not in output
+
+
+def blocks_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "blocks", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "env"),
+    [
+        ("loggers", {}),
+        ("popen_logger", {}),
+        ("hydra_callback", {}),
+        ("nested_under_allowed_torch", {"BLOCKS_ALLOW_IMPORTS": "torch,tests"}),
+        ("alias", {"BLOCKS_ALLOW_IMPORTS": "tests"}),
+    ],
+)
+def test_end_to_end_blocks_run_refuses_before_anything_starts(
+    case: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    marker, run_dir = tmp_path / "pwned", tmp_path / "run"
+    args = {
+        "loggers": ["monitor.loggers=[csv,os.system]", f"+monitor.logger_args.command='touch {marker}'"],
+        "popen_logger": [
+            "monitor.loggers=[csv,subprocess.Popen]",
+            f"+monitor.logger_args.args='touch {marker}'",
+            "+monitor.logger_args.shell=true",
+        ],
+        "hydra_callback": [
+            "+hydra.callbacks.evil._target_=torch.utils.collect_env.run",
+            f"+hydra.callbacks.evil.command='touch {marker}'",
+        ],
+        "nested_under_allowed_torch": [
+            "model=torch_module",
+            "model.target=tests.legacy_team.TinyNet",
+            SPEC_ARGS,
+            f"+model.kwargs.act={{_target_:torch.utils.collect_env.run,command:'touch {marker}'}}",
+        ],
+        "alias": [
+            "model=torch_module",
+            "model.target=tests.legacy_team.launch",
+            f"+model.kwargs.command='touch {marker}'",
+        ],
+    }[case]
+    env = {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = blocks_cli(
+        ["run", "recipe=blobs", "debug=fast", *args, f"hydra.run.dir={run_dir}"], tmp_path, env
+    )
+    assert_refused(result.returncode, result.stdout + result.stderr, marker, run_dir)
+
+
+# --- Checkpoints -------------------------------------------------------------------------------
+
+
+class Payload:
+    """Unpickling this writes the marker file: what a crafted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+LAYOUTS = {
+    "full": ["recipe=blobs", "data.samples=256"],
+    "sharded": ["recipe=tiny_lm", "trainer.val_every=null", "strategy=fsdp"],
+}
+"""The job of each checkpoint layout (FSDP needs a model with repeated units)."""
+
+
+def train(tmp_path: Path, layout: str, *extra: str) -> Path:
+    run_dir = tmp_path / layout
+    result = blocks_cli(
+        [
+            "run",
+            *LAYOUTS[layout],
+            "trainer.max_steps=4",
+            "checkpoint.every_n_steps=2",
+            "monitor.progress=off",
+            *extra,
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A full and a sharded (FSDP, two processes) checkpoint that blocks wrote itself."""
+    root = tmp_path_factory.mktemp("honest")
+    full = train(root, "full")
+    sharded = train(root, "sharded", "trainer.devices=2", "data.batch_size=8")
+    return {"full": full, "sharded": sharded, "root": root}
+
+
+def newest(run_dir: Path) -> Path:
+    from blocks.checkpoint import store
+
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    return Path(committed[-1].url)
+
+
+def crafted(honest_run: Path, target: Path, marker: Path, where: str) -> Path:
+    """A copy of *honest_run* whose newest checkpoint carries a payload in *where*, recommitted."""
+    import torch
+
+    from blocks.checkpoint import store
+
+    shutil.copytree(honest_run, target)
+    url = newest(target)
+    if where == "state":
+        state = torch.load(url / "state.pt", weights_only=True)
+        state["payload"] = Payload(marker)
+        torch.save(state, url / "state.pt")
+    elif where == "metadata":
+        with open(url / "dcp" / ".metadata", "rb") as fh:
+            metadata = pickle.load(fh)  # our own honest file
+        metadata.planner_data["payload"] = Payload(marker)
+        with open(url / "dcp" / ".metadata", "wb") as fh:
+            pickle.dump(metadata, fh)
+    else:
+        assert where == "shard_entry"
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        shards: dict = {}
+        _load_state_dict(
+            shards,
+            storage_reader=FileSystemReader(str(url / "dcp")),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
+        shards["optimizer_0"]["param_groups"][0]["lr"] = Payload(marker)
+        shutil.rmtree(url / "dcp")
+        dcp.save(shards, storage_writer=FileSystemWriter(str(url / "dcp")), no_dist=True)
+    store.commit(str(url), store.read_manifest(str(url)))
+    assert not marker.exists()
+    return url
+
+
+CASES = [("full", "state"), ("sharded", "metadata"), ("sharded", "shard_entry"), ("sharded", "state")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "where"), CASES)
+def test_a_crafted_checkpoint_is_refused_everywhere(
+    layout: str, where: str, honest: dict[str, Path], tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    run = tmp_path / "evil_run"
+    url = crafted(honest[layout], run, marker, where)
+    job = LAYOUTS[layout]
+    single = [a for a in job if a != "strategy=fsdp"]
+    init = blocks_cli(
+        ["run", *single, "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"],
+        tmp_path,
+    )
+    # Weights come from the shards alone: a sharded checkpoint's state.pt is read only to resume.
+    weights_refused = not (layout == "sharded" and where == "state")
+    if weights_refused:
+        assert init.returncode != 0 and "refusing to load" in init.stderr, init.stderr[-3000:]
+    assert "Traceback" not in init.stdout + init.stderr
+    assert not marker.exists()
+    for devices in [1, 2] if layout == "sharded" else [1]:
+        resume = blocks_cli(
+            [
+                "run",
+                *job,
+                *([f"data.batch_size={16 // devices}"] if layout == "sharded" else []),
+                "trainer.max_steps=8",
+                f"trainer.devices={devices}",
+                f"checkpoint.resume={url}",
+                f"hydra.run.dir={tmp_path / f'resume{devices}'}",
+            ],
+            tmp_path,
+        )
+        assert resume.returncode == 2, resume.stderr[-3000:]
+        assert "refusing to load" in resume.stderr and "Traceback" not in resume.stderr
+    for command in (["eval", str(url)], ["export", str(url), str(tmp_path / "export")]):
+        result = blocks_cli(command, tmp_path)
+        if weights_refused:
+            assert result.returncode == 2 and "refusing to load" in result.stderr, result.stderr[-3000:]
+        assert "Traceback" not in result.stdout + result.stderr
+    # Rollback loads the newest committed checkpoint with the strategy's loader: the same ones.
+    from blocks.checkpoint.export import checkpoint_weights
+    from blocks.checkpoint.io import FsspecCheckpointIO, UnsafeCheckpointError, load_state
+
+    with pytest.raises(UnsafeCheckpointError):
+        if layout == "full":
+            FsspecCheckpointIO().load_checkpoint(str(url))
+        elif where == "state":
+            load_state(str(url))  # what ShardedCheckpointStrategy.load_checkpoint returns
+        else:
+            checkpoint_weights(str(url))
+    assert not marker.exists(), "a crafted checkpoint ran code"
+
+
+@pytest.mark.slow
+def test_honest_checkpoints_still_load(honest: dict[str, Path], tmp_path: Path) -> None:
+    from blocks.checkpoint.export import checkpoint_weights
+    from blocks.checkpoint.io import FsspecCheckpointIO
+
+    assert "state_dict" in FsspecCheckpointIO().load_checkpoint(str(newest(honest["full"])))
+    assert checkpoint_weights(str(newest(honest["sharded"])))
+    resumed = blocks_cli(
+        [
+            "run",
+            *LAYOUTS["sharded"],
+            "trainer.max_steps=6",
+            "trainer.devices=2",
+            "data.batch_size=8",
+            f"checkpoint.resume={newest(honest['sharded'])}",
+            f"hydra.run.dir={tmp_path / 'resumed'}",
+        ],
+        tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_the_metadata_path_compat_function_matches_torch(tmp_path: Path) -> None:
+    from blocks.checkpoint.safe_dcp import SafeFsspecReader, metadata_path
+
+    reader = SafeFsspecReader(str(tmp_path))
+    assert str(metadata_path(reader, None)).endswith("/.metadata")
+    assert str(metadata_path(reader, 1)).endswith("/__1.metadata")
+
+
+def test_the_metadata_unpickler_refuses_anything_but_metadata(tmp_path: Path) -> None:
+    import io
+
+    from blocks.checkpoint.io import UnsafeCheckpointError
+    from blocks.checkpoint.safe_dcp import load_metadata
+
+    marker = tmp_path / "pwned"
+    with pytest.raises(UnsafeCheckpointError, match=r"posix\.system is not part of a checkpoint's metadata"):
+        load_metadata(io.BytesIO(pickle.dumps(Payload(marker))), "crafted")
+    with pytest.raises(UnsafeCheckpointError, match="not DCP metadata"):
+        load_metadata(io.BytesIO(pickle.dumps({"a": 1})), "crafted")
+    assert not marker.exists()
+
+
+# --- Secrets -----------------------------------------------------------------------------------
+
+
+def test_environment_values_stay_out_of_the_run_dir_and_workers_still_read_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blocks.launch.driver import prepare
+    from blocks.launch.run_dir import load_plan
+
+    secret = "s3cr3t-token-value"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    run_dir = tmp_path / "run"
+    prepare(
+        ["recipe=blobs", "debug=fast", "+monitor.logger_args.name=${oc.env:BLOCKS_TEST_SECRET}"],
+        run_dir,
+    )
+    for name in ("config.yaml", "plan.json"):
+        text = (run_dir / name).read_text()
+        assert secret not in text and "${oc.env:BLOCKS_TEST_SECRET}" in text, name
+    assert load_plan(run_dir).monitor.logger_args["name"] == secret
+
+
+@pytest.mark.slow
+def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Path) -> None:
+    secret = "s3cr3t-run-name"
+    run_dir = tmp_path / "run"
+    result = blocks_cli(
+        [
+            "run",
+            "recipe=blobs",
+            "debug=fast",
+            "monitor.loggers=[csv,pytorch_lightning.loggers.CSVLogger]",
+            f"+monitor.logger_args.save_dir={tmp_path / 'logs'}",
+            "+monitor.logger_args.name=${oc.env:BLOCKS_TEST_SECRET}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+        env={"BLOCKS_TEST_SECRET": secret},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "logs" / secret).is_dir(), "the logger got the value from the environment"
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
+            assert secret not in path.read_text(errors="replace"), path
