@@ -117,14 +117,17 @@ class HealthGuard(pl.Callback):
             log.warning("step %d: non-finite gradients; the step was skipped", step)
 
     def _rollback(self, trainer: pl.Trainer) -> bool:
-        """Restore the weights and optimizer state of the last committed checkpoint; False when there is none."""
-        committed, _ = store.scan(self.checkpoint_dir) if self.checkpoint_dir else ([], [])
-        if not committed:
+        """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.
+
+        Corrupt checkpoints are skipped with the same fallback as resume (:func:`store.newest_valid`).
+        """
+        newest = store.newest_valid(self.checkpoint_dir) if self.checkpoint_dir else None
+        if newest is None:
             if not self._warned_no_checkpoint and trainer.is_global_zero:
-                log.warning("no committed checkpoint to roll back to yet: skipping the step instead")
+                log.warning("no valid committed checkpoint to roll back to yet: skipping the step instead")
             self._warned_no_checkpoint = True
             return False
-        checkpoint = trainer.strategy.load_checkpoint(committed[-1].url)
+        checkpoint = trainer.strategy.load_checkpoint(newest.url)
         trainer.strategy.load_model_state_dict(checkpoint, strict=True)
         trainer.strategy.load_optimizer_state_dict(checkpoint)
         return True

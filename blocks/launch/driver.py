@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from blocks.checkpoint.resume import checkpoint_dir, resolve_resume
+from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
+from blocks.checkpoint.storage import preflight_storage
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
 from blocks.core.errors import BlocksError
@@ -67,7 +68,12 @@ def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path)
     plan = make_plan(config_to_blocks(frozen), choices)
     write_job_files(run_dir, frozen, plan)
     plan.raise_for_errors()
-    resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+    directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+    resume_from = resolve_resume(plan, directory)
+    if getattr(plan.checkpoint, "enabled", False):
+        preflight_storage(directory, plan.derived.world_size)
+    if resume_from:
+        print(f"blocks: {resume_message(resume_from)}", flush=True)
     return plan
 
 
