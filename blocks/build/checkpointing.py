@@ -133,6 +133,7 @@ class CheckpointCallback(pl.Callback):
         self._pending = False
         self._last_save_time = time.monotonic()
         self._stale: set[str] = set()
+        self._between_batches = False
         io.after_commit = self._retain
 
     def state_dict(self) -> dict[str, Any]:
@@ -196,7 +197,26 @@ class CheckpointCallback(pl.Callback):
     ) -> None:
         """A save due at the previous step that no validation followed happens now (nothing changed since)."""
         if self._pending:
-            self.save(trainer)
+            self._between_batches = True
+            try:
+                self.save(trainer)
+            finally:
+                self._between_batches = False
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Record a save made between batches as made at the end of the previous one.
+
+        Lightning has already counted the next batch as ready; restored as is, its batch
+        counter runs one ahead after a resume, and validation comes one step early.
+        """
+        if not self._between_batches:
+            return
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        if progress:
+            for tracker in (progress["total"], progress["current"]):
+                tracker["ready"] = tracker["completed"]
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The final checkpoint."""
