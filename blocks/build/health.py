@@ -133,7 +133,9 @@ class HealthGuard(pl.Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             return
-        mean = trainer.strategy.reduce(loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean")
+        mean = trainer.strategy.reduce(
+            loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean"
+        )
         self._first_loss = float(mean)
 
     def _rollback(self, trainer: pl.Trainer) -> bool:

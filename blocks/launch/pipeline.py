@@ -79,7 +79,7 @@ def stage_settings(pipeline: Pipeline, stage: Stage, root: Path, overrides: Sequ
         frozen = freeze_config(compose(train_overrides(pipeline, stage, root, overrides)).config, stage_dir)
         settings = OmegaConf.to_container(frozen)
         assert isinstance(settings, dict)
-        return settings
+        return {str(key): value for key, value in settings.items()}
     _, scoped = split_overrides(pipeline, overrides)
     if isinstance(stage, Evaluate):
         return {
@@ -99,7 +99,7 @@ def finished_settings(stage: Stage, stage_dir: Path) -> dict[str, Any] | None:
         if not config_file.is_file():
             return None
         settings = OmegaConf.to_container(OmegaConf.load(config_file))
-        return settings if isinstance(settings, dict) else None
+        return {str(key): value for key, value in settings.items()} if isinstance(settings, dict) else None
     record = stage_dir / STAGE_FILE
     return json.loads(record.read_text()) if record.is_file() else None
 
