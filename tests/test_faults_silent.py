@@ -64,3 +64,11 @@ def test_mfu_divides_by_the_peak_of_the_runs_precision(precision: str, tflops: f
 
 def test_an_unknown_gpu_has_no_peak() -> None:
     assert peak_flops_for("Some Future GPU", "32-true") is None
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_metrics_recorder_is_told_the_runs_precision(tmp_path: Path, precision: str) -> None:
+    from blocks.build.trainer import build_run
+
+    plan = driver.prepare(["recipe=blobs", "monitor.progress=off", f"precision={precision}"], tmp_path)
+    assert build_run(plan, tmp_path, console=False).recorder.precision == precision
