@@ -132,7 +132,9 @@ class CheckpointCallback(pl.Callback):
         self.stall_s = 0.0
         self._pending = False
         self._last_save_time = time.monotonic()
-        io.after_commit = lambda url: self._retain()
+        self._stale: set[str] = set()
+        self._between_batches = False
+        io.after_commit = self._retain
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving)."""
@@ -151,12 +153,24 @@ class CheckpointCallback(pl.Callback):
             torch.manual_seed(int(torch.initial_seed()) + rank)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Remove checkpoints a crash left uncommitted (global rank 0, before anything is saved)."""
+        """Remove checkpoints a crash left uncommitted (global rank 0, before anything is saved).
+
+        Only directories blocks created (they carry its marker) are removed; other ``step-<N>``
+        entries are reported and left alone.
+        """
         if trainer.is_global_zero:
-            _, uncommitted = store.scan(self.directory)
-            for url in uncommitted:
+            listing = store.list_dir(self.directory)
+            start = store.read_manifest(self.resumed_from).step if self.resumed_from else 0
+            self._stale = {c.url for c in listing.committed if c.manifest.step > start}
+            for url in listing.uncommitted:
                 log.warning("removing uncommitted checkpoint %s (a save that never finished)", url)
                 store.remove(url)
+            for url in listing.foreign:
+                log.warning(
+                    "%s looks like a checkpoint but was not written by blocks: leaving it alone "
+                    "(move it out of checkpoint.dir)",
+                    url,
+                )
         trainer.strategy.barrier("blocks-checkpoint-cleanup")
 
     def on_train_batch_end(
@@ -183,7 +197,26 @@ class CheckpointCallback(pl.Callback):
     ) -> None:
         """A save due at the previous step that no validation followed happens now (nothing changed since)."""
         if self._pending:
-            self.save(trainer)
+            self._between_batches = True
+            try:
+                self.save(trainer)
+            finally:
+                self._between_batches = False
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Record a save made between batches as made at the end of the previous one.
+
+        Lightning has already counted the next batch as ready; restored as is, its batch
+        counter runs one ahead after a resume, and validation comes one step early.
+        """
+        if not self._between_batches:
+            return
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        if progress:
+            for tracker in (progress["total"], progress["current"]):
+                tracker["ready"] = tracker["completed"]
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The final checkpoint."""
@@ -233,16 +266,18 @@ class CheckpointCallback(pl.Callback):
         self._pending = False
         self._last_save_time = time.monotonic()
 
-    def _retain(self) -> None:
-        """Delete what retention lets go; runs on global rank 0 after each commit (maybe in the background)."""
+    def _retain(self, url: str) -> None:
+        """Delete what retention lets go; runs on global rank 0 after each commit of *url* (maybe in the background)."""
+        self._stale.discard(url)  # this run's save replaced a stale checkpoint of the same step
         committed, _ = store.scan(self.directory)
         protected = [self.resumed_from] if self.resumed_from else []
-        for url in store.to_delete(
+        for doomed in store.to_delete(
             committed,
             keep_last=self.block.keep_last,
             keep_best=self.block.keep_best,
             monitor=self.block.monitor,
             mode=self.block.mode,
             protected=protected,
+            stale=self._stale,
         ):
-            store.remove(url)
+            store.remove(doomed)

@@ -35,6 +35,10 @@ class NonFiniteError(RuntimeError):
     """Training produced a non-finite loss or gradient and the policy says to stop."""
 
 
+class DivergenceError(NonFiniteError):
+    """The training loss is finite but exploded past ``monitor.loss_divergence_factor`` and the policy says to stop."""
+
+
 def total_grad_norm(module: torch.nn.Module) -> torch.Tensor | None:
     """The global L2 norm of every gradient (a full tensor also when FSDP shards them), on the device."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
@@ -68,8 +72,12 @@ class HealthGuard(pl.Callback):
         spike_factor: float,
         checkpoint_dir: str | None,
         grad_scaler: bool = False,
+        divergence_factor: float = 0.0,
     ) -> None:
         self.policy = policy
+        self.divergence_factor = divergence_factor
+        self.divergences = 0
+        self._first_loss: float | None = None
         self.grad_scaler = grad_scaler
         self.max_bad_steps = max_bad_steps
         self.spike_factor = spike_factor
@@ -116,21 +124,38 @@ class HealthGuard(pl.Callback):
         elif trainer.is_global_zero:
             log.warning("step %d: non-finite gradients; the step was skipped", step)
 
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Remember the first micro-batch's loss (mean over ranks, one sync once): the scale divergence is judged by."""
+        if not self.divergence_factor or self._first_loss is not None:
+            return
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        mean = trainer.strategy.reduce(
+            loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean"
+        )
+        self._first_loss = float(mean)
+
     def _rollback(self, trainer: pl.Trainer) -> bool:
-        """Restore the weights and optimizer state of the last committed checkpoint; False when there is none."""
-        committed, _ = store.scan(self.checkpoint_dir) if self.checkpoint_dir else ([], [])
-        if not committed:
+        """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.
+
+        Corrupt checkpoints are skipped with the same fallback as resume (:func:`store.newest_valid`).
+        """
+        newest = store.newest_valid(self.checkpoint_dir) if self.checkpoint_dir else None
+        if newest is None:
             if not self._warned_no_checkpoint and trainer.is_global_zero:
-                log.warning("no committed checkpoint to roll back to yet: skipping the step instead")
+                log.warning("no valid committed checkpoint to roll back to yet: skipping the step instead")
             self._warned_no_checkpoint = True
             return False
-        checkpoint = trainer.strategy.load_checkpoint(committed[-1].url)
+        checkpoint = trainer.strategy.load_checkpoint(newest.url)
         trainer.strategy.load_model_state_dict(checkpoint, strict=True)
         trainer.strategy.load_optimizer_state_dict(checkpoint)
         return True
 
     def check_row(self, trainer: pl.Trainer, row: Row) -> None:
-        """On a logged row: stop on a non-finite loss or gradient norm (``stop``); warn on a gradient spike."""
+        """On a logged row: stop on a non-finite loss or gradient norm (``stop``); divergence; warn on a gradient spike."""
         if self.policy == "stop":
             for name in ("train/loss",) if self.grad_scaler else ("train/loss", "grad_norm"):
                 if name in row and not math.isfinite(row[name]):
@@ -139,6 +164,7 @@ class HealthGuard(pl.Callback):
                         "lower optim.lr, clip gradients (optim.grad_clip), or choose monitor.on_nonfinite=skip "
                         "or rollback"
                     )
+        self._check_divergence(trainer, row.get("train/loss"))
         norm = row.get("grad_norm")
         if self.spike_factor and norm is not None and math.isfinite(norm):
             if len(self._norms) >= SPIKE_MIN_HISTORY:
@@ -157,6 +183,34 @@ class HealthGuard(pl.Callback):
                         )
             self._norms.append(norm)
 
+    def _check_divergence(self, trainer: pl.Trainer, loss: float | None) -> None:
+        """A finite loss above ``divergence_factor`` × the first step's loss: apply the policy.
+
+        The loss is the mean over ranks, so every rank decides the same.
+        """
+        if not self.divergence_factor or loss is None or not math.isfinite(loss) or self._first_loss is None:
+            return
+        if not math.isfinite(self._first_loss) or self._first_loss <= 0:
+            return
+        if loss <= self.divergence_factor * self._first_loss:
+            return
+        self.divergences += 1
+        what = (
+            f"train/loss is {loss:.4g} at step {trainer.global_step}, over monitor.loss_divergence_factor="
+            f"{self.divergence_factor:g} × the first step's loss {self._first_loss:.4g}: training diverged"
+        )
+        if self.policy == "stop":
+            raise DivergenceError(
+                f"{what} (monitor.on_nonfinite=stop); lower optim.lr, clip gradients (optim.grad_clip), or raise "
+                "monitor.loss_divergence_factor (0 turns the check off)"
+            )
+        if self.policy == "rollback" and self._rollback(trainer):
+            self.rollbacks += 1
+            if trainer.is_global_zero:
+                log.warning("%s; rolled back to the last committed checkpoint", what)
+        elif trainer.is_global_zero:
+            log.warning("%s; lower optim.lr or clip gradients (optim.grad_clip)", what)
+
     def row(self) -> Row:
         """Counters for the metrics row (only once something happened), and a fresh window."""
         self.skipped_in_window = 0
@@ -167,6 +221,8 @@ class HealthGuard(pl.Callback):
             out["health/rollbacks"] = float(self.rollbacks)
         if self.grad_spikes:
             out["health/grad_spikes"] = float(self.grad_spikes)
+        if self.divergences:
+            out["health/divergences"] = float(self.divergences)
         return out
 
 

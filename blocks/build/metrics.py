@@ -29,7 +29,8 @@ class MetricsRecorder(pl.Callback):
     ``tokens_per_s`` (token batches), ``step_time_s``, ``data_wait_s`` (time per step spent
     waiting for the next batch), ``peak_memory_mb`` (CUDA max allocated, or the process's peak
     RSS on CPU) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
-    (when the device's peak is known). With several processes the loss is averaged over ranks and
+    (when the device's peak at the run's precision is known: fp32 for ``32-true``, the 16-bit
+    tensor-core peak otherwise). With several processes the loss is averaged over ranks and
     ``train/loss_spread`` ((max - min) / mean over ranks) is logged, with each rank's loss
     for up to 8 ranks; a spread over ``rank_spread_tolerance`` for 3 logged windows in a row
     is a warning (once per episode). Only global
@@ -48,8 +49,10 @@ class MetricsRecorder(pl.Callback):
         tokens_per_sample: int | None = None,
         flops_per_sample: float | None = None,
         peak_flops: float = 0.0,
+        precision: str = "32-true",
     ) -> None:
         self.sinks = sinks
+        self.precision = precision
         self.health = health
         self.tokens_per_sample = tokens_per_sample
         self.flops_per_sample = flops_per_sample
@@ -76,7 +79,7 @@ class MetricsRecorder(pl.Callback):
         self._seen_step = trainer.global_step
         self._train_start = self._window_start = self._batch_end = time.perf_counter()
         if self.flops_per_sample and not self.peak_flops:
-            self.peak_flops = device_peak_flops(trainer.strategy.root_device) or 0.0
+            self.peak_flops = device_peak_flops(trainer.strategy.root_device, self.precision) or 0.0
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -234,18 +237,28 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 PEAK_TFLOPS_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
-"""Dense bf16 peak TFLOP/s of common data-center GPUs, by a substring of the device name."""
+"""Dense bf16 (and fp16) tensor-core peak TFLOP/s of common data-center GPUs, by a substring of the device name."""
+PEAK_TFLOPS_FP32 = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "A10G": 31.2, "L4": 30.3}
+"""Dense fp32 peak TFLOP/s of the same GPUs (``precision=32-true`` computes in fp32)."""
 
 
-def device_peak_flops(device: torch.device) -> float | None:
-    """Peak FLOP/s of *device* when it is a GPU in :data:`PEAK_TFLOPS_BF16`, else None."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, tflops in PEAK_TFLOPS_BF16.items():
-        if key in name:
+def peak_flops_for(device_name: str, precision: str) -> float | None:
+    """Peak FLOP/s of the GPU named *device_name* at Lightning *precision* (``32-true``, ``bf16-mixed``, ...).
+
+    16-bit precisions (``bf16-*``, ``16-*``) use the tensor-core peak, anything else the fp32 peak.
+    """
+    table = PEAK_TFLOPS_BF16 if precision.startswith(("bf16", "16")) else PEAK_TFLOPS_FP32
+    for key, tflops in table.items():
+        if key in device_name:
             return tflops * 1e12
     return None
+
+
+def device_peak_flops(device: torch.device, precision: str = "bf16-mixed") -> float | None:
+    """Peak FLOP/s of *device* at *precision* when it is a GPU in the tables, else None."""
+    if device.type != "cuda":
+        return None
+    return peak_flops_for(torch.cuda.get_device_name(device), precision)
 
 
 def _gather_scalar(value: torch.Tensor) -> torch.Tensor:

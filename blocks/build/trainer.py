@@ -86,6 +86,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
         grad_scaler=getattr(plan.precision, "lightning", "") == "16-mixed",
+        divergence_factor=monitor.loss_divergence_factor,
     )
     recorder = MetricsRecorder(
         sinks,
@@ -97,6 +98,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         tokens_per_sample=spec.seq_len if isinstance(spec, TokenBatch) else None,
         flops_per_sample=plan.model.flops_per_sample(spec),
         peak_flops=monitor.peak_flops,
+        precision=str(getattr(plan.precision, "lightning", "32-true")),  # the compute precision, FSDP too
     )
     callbacks: list[pl.Callback] = [
         recorder,

@@ -22,8 +22,9 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from blocks.checkpoint import store
 from blocks.checkpoint.background import BackgroundSaver
+from blocks.checkpoint.storage import storage_errors
 
-STATE_FILE = "state.pt"
+STATE_FILE = store.STATE_FILE
 
 
 class UnsafeCheckpointError(store.CheckpointError):
@@ -106,12 +107,11 @@ class FsspecCheckpointIO(CheckpointIO):
         assert manifest is not None, "the checkpoint callback sets the manifest before saving"
 
         def write_and_commit(state: dict[str, Any]) -> None:
-            fs, root = url_to_fs(url)
-            if fs.exists(root):
-                store.remove(url)  # an uncommitted leftover of the same step
-            fs.makedirs(root, exist_ok=True)
-            digest = write_state(url, state)
-            store.commit(url, manifest, known={STATE_FILE: digest})
+            with storage_errors(url):
+                store.replace_ours(url)  # an uncommitted leftover of the same step
+                store.begin(url)
+                digest = write_state(url, state)
+                store.commit(url, manifest, known={STATE_FILE: digest})
             self.after_commit(url)
 
         self.wait()  # the previous snapshot's memory is free again before this one is taken

@@ -45,7 +45,9 @@ def resolve_resume(plan: Plan, directory: str) -> str | None:
 
     An automatic restart always continues from the newest committed checkpoint in the job's
     directory when there is one, whatever ``resume`` says: restarting from the configured
-    URL (or from scratch with ``never``) would throw away the work since.
+    URL (or from scratch with ``never``) would throw away the work since. When the directory
+    holds checkpoints but none can be used (all corrupt), the run fails with the reasons
+    rather than silently training from step 0.
     """
     block = plan.checkpoint
     if not isinstance(block, Checkpoint) or not block.enabled:
@@ -98,7 +100,7 @@ def _check_loadable(url: str, manifest: store.Manifest) -> None:
 
 def _newest(directory: str) -> store.Committed | None:
     try:
-        return store.newest_valid(directory)
+        found, skipped = store.find_valid(directory)
     except Exception as exc:
         raise BlocksError(
             Problem(
@@ -107,6 +109,21 @@ def _newest(directory: str) -> store.Committed | None:
                 "check the URL, credentials and file system",
             )
         ) from None
+    if found is None and skipped:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                f"{directory} holds checkpoints to resume from, but none is usable: " + "; ".join(skipped),
+                "restore or remove the damaged checkpoints, or train from scratch with checkpoint.resume=never",
+                check="resume-usable",
+            )
+        )
+    return found
+
+
+def resume_message(url: str) -> str:
+    """What a run prints when it resumes: ``resuming from step N of <url>``."""
+    return f"resuming from step {store.read_manifest(url).step} of {url}"
 
 
 def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:

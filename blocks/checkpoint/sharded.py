@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from blocks.checkpoint import store
 from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, load_state, write_state
 from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
+from blocks.checkpoint.storage import storage_errors
 
 SHARDS_DIR = "dcp"
 
@@ -62,9 +63,10 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         """
         url = str(self.broadcast(str(filepath)))
         self.io.wait()
-        fs, root = url_to_fs(url)
-        if self.global_rank == 0 and fs.exists(root):
-            store.remove(url)
+        if self.global_rank == 0:
+            with storage_errors(url):
+                store.replace_ours(url)
+                store.begin(url)
         self.barrier("blocks-sharded-save-start")
         shards = {"model": checkpoint.pop("state_dict")}
         for index, state in enumerate(checkpoint.pop("optimizer_states", [])):
@@ -75,13 +77,15 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
 
         def commit() -> None:
             if self.global_rank == 0:
-                digest = write_state(url, rest)
-                store.commit(url, replace(manifest, sharded=True), known={STATE_FILE: digest})
+                with storage_errors(url):
+                    digest = write_state(url, rest)
+                    store.commit(url, replace(manifest, sharded=True), known={STATE_FILE: digest})
                 self.io.after_commit(url)
 
         if self.io.saver is None:
             rest = checkpoint
-            dcp.save(shards, storage_writer=writer)
+            with storage_errors(url):
+                dcp.save(shards, storage_writer=writer)
             self.barrier("blocks-sharded-save-shards")
             commit()
             self.barrier("blocks-sharded-save-commit")

@@ -3,7 +3,11 @@
 A checkpoint is a directory ``step-<N>`` under ``checkpoint.dir``. Its files are written
 first and ``MANIFEST.json`` last; the manifest lists every file with its size and sha256.
 A directory without a manifest is uncommitted (a save that never finished) and is never
-resumed from or counted for retention; leftovers are removed before a run starts saving.
+resumed from or counted for retention; leftovers are removed before a run starts saving, but
+only those carrying :data:`MARKER`, the file blocks writes first into every checkpoint
+directory it creates: a ``step-<N>`` entry blocks did not write is left alone. A manifest
+that does not match its schema makes the checkpoint corrupt, like a file that does not
+match its digest: resume skips it and falls back to an older one.
 """
 
 from __future__ import annotations
@@ -22,8 +26,13 @@ from fsspec.core import url_to_fs
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+MARKER = ".blocks-checkpoint"
+"""Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
+STATE_FILE = "state.pt"
+"""The file every checkpoint holds (the training state, or its non-sharded rest)."""
 FORMAT = "blocks-checkpoint/1"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def step_dir_name(step: int) -> str:
@@ -79,8 +88,55 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        """Parse a manifest file's content."""
-        return cls(**json.loads(text))
+        """Parse a manifest file's content; :class:`ValueError` naming the field when it breaks the schema."""
+        data = json.loads(text)
+        validate_manifest(data)
+        return cls(**data)
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def validate_manifest(data: Any) -> None:
+    """Check parsed manifest JSON against the schema; :class:`ValueError` names the first bad field.
+
+    ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, "sha256": hex}``
+    that includes ``state.pt``, so a damaged manifest can never turn verification off.
+    """
+    if not isinstance(data, dict):
+        raise ValueError("the manifest is not a JSON object")
+    required = {"step", "epoch", "world_size", "sharded", "global_batch", "block_digests"}
+    known = required | {"metrics", "files", "format"}
+    if missing := sorted(required - data.keys()):
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    if unknown := sorted(data.keys() - known):
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+    for name, minimum in (("step", 0), ("epoch", 0), ("world_size", 1), ("global_batch", 0)):
+        if not _is_int(data[name], minimum):
+            raise ValueError(f"'{name}' must be an integer >= {minimum}, got {data[name]!r}")
+    if not isinstance(data["sharded"], bool):
+        raise ValueError(f"'sharded' must be true or false, got {data['sharded']!r}")
+    digests = data["block_digests"]
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ValueError("'block_digests' must map block kinds to digests")
+    metrics = data.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()
+    ):
+        raise ValueError("'metrics' must map metric names to numbers")
+    if data.get("format", FORMAT) != FORMAT:
+        raise ValueError(f"unknown format {data.get('format')!r} (expected {FORMAT})")
+    files = data.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ValueError("'files' must be a non-empty mapping of file → size and sha256")
+    for relative, entry in files.items():
+        if not isinstance(entry, dict) or not _is_int(entry.get("size"), 0):
+            raise ValueError(f"'files.{relative}.size' must be an integer >= 0")
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
+            raise ValueError(f"'files.{relative}.sha256' must be a sha256 hex digest")
+    if STATE_FILE not in files:
+        raise ValueError(f"'files' does not list {STATE_FILE}")
 
 
 @dataclass(frozen=True)
@@ -131,7 +187,7 @@ def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | 
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(fs.find(root)):
         relative = path[len(root.rstrip("/")) + 1 :]
-        if relative == MANIFEST:
+        if relative in (MANIFEST, MARKER):
             continue
         size, sha = (known or {}).get(relative) or file_digest(fs, path)
         files[relative] = {"size": size, "sha256": sha}
@@ -149,8 +205,35 @@ def read_manifest(url: str) -> Manifest:
         raise CheckpointError(f"{url} is not a committed checkpoint (no {MANIFEST})")
     try:
         return Manifest.from_json(fs.cat_file(path).decode())
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"{url}: unreadable {MANIFEST}: {exc}") from None
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CheckpointError(f"{url}: damaged {MANIFEST}: {exc}") from None
+
+
+def begin(url: str) -> None:
+    """Create the checkpoint directory *url* and mark it as blocks' own before any state is written."""
+    fs, root = url_to_fs(url)
+    fs.makedirs(root, exist_ok=True)
+    with fs.open(join(root, MARKER), "wb") as fh:
+        fh.write(b"written by blocks; a step directory without MANIFEST.json is an unfinished save\n")
+
+
+def is_ours(url: str) -> bool:
+    """Whether blocks created the directory *url* (it holds :data:`MARKER` or a manifest)."""
+    fs, root = url_to_fs(url)
+    return bool(fs.exists(join(root, MARKER)) or fs.exists(join(root, MANIFEST)))
+
+
+def replace_ours(url: str) -> None:
+    """Clear *url* for a new save of the same step; :class:`CheckpointError` if blocks did not create it."""
+    fs, root = url_to_fs(url)
+    if not fs.exists(root):
+        return
+    if not is_ours(url):
+        raise CheckpointError(
+            f"{url} exists but was not written by blocks; move it out of the checkpoint directory "
+            "or set another checkpoint.dir"
+        )
+    remove(url)
 
 
 def verify(url: str) -> Manifest:
@@ -167,24 +250,51 @@ def verify(url: str) -> Manifest:
     return manifest
 
 
-def scan(directory: str) -> tuple[list[Committed], list[str]]:
-    """Committed checkpoints in *directory* (oldest first) and the URLs of uncommitted ones."""
+@dataclass
+class Listing:
+    """What the ``step-<N>`` entries of a checkpoint directory are.
+
+    Attributes:
+        committed: checkpoints with a valid manifest, oldest first (their files are not verified yet).
+        uncommitted: blocks' own directories without a manifest (saves that never finished).
+        damaged: ``(url, reason)`` of checkpoints whose manifest is unreadable or breaks the schema.
+        foreign: ``step-<N>`` entries blocks did not write; never touched.
+    """
+
+    committed: list[Committed] = field(default_factory=list)
+    uncommitted: list[str] = field(default_factory=list)
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+
+
+def list_dir(directory: str) -> Listing:
+    """Sort the ``step-<N>`` entries of *directory* into committed, uncommitted, damaged and foreign."""
     fs, root = url_to_fs(directory)
+    listing = Listing()
     if not fs.exists(root):
-        return [], []
-    committed: list[Committed] = []
-    uncommitted: list[str] = []
+        return listing
     for entry in fs.ls(root, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         if not _STEP_DIR.match(name):
             continue
-        url = join(directory, name)
-        try:
-            committed.append(Committed(url, read_manifest(url)))
-        except CheckpointError:
-            uncommitted.append(url)
-    committed.sort(key=lambda c: c.manifest.step)
-    return committed, uncommitted
+        url, path = join(directory, name), join(root, name)
+        if fs.exists(join(path, MANIFEST)):
+            try:
+                listing.committed.append(Committed(url, read_manifest(url)))
+            except CheckpointError as exc:
+                listing.damaged.append((url, str(exc)))
+        elif fs.exists(join(path, MARKER)):
+            listing.uncommitted.append(url)
+        else:
+            listing.foreign.append(url)
+    listing.committed.sort(key=lambda c: c.manifest.step)
+    return listing
+
+
+def scan(directory: str) -> tuple[list[Committed], list[str]]:
+    """Committed checkpoints in *directory* (oldest first) and the URLs of blocks' uncommitted ones."""
+    listing = list_dir(directory)
+    return listing.committed, listing.uncommitted
 
 
 def remove(url: str) -> None:
@@ -198,15 +308,28 @@ def remove(url: str) -> None:
 
 def newest_valid(directory: str) -> Committed | None:
     """The newest committed checkpoint whose files match its manifest; corrupt ones are skipped with a warning."""
-    committed, _ = scan(directory)
-    for candidate in reversed(committed):
+    return find_valid(directory)[0]
+
+
+def find_valid(directory: str) -> tuple[Committed | None, list[str]]:
+    """The newest verified checkpoint in *directory* (or None) and why each newer or damaged one was skipped.
+
+    The reasons name every checkpoint that exists but cannot be used; an empty list with None
+    means the directory holds no checkpoint at all.
+    """
+    listing = list_dir(directory)
+    skipped = [reason for _, reason in listing.damaged]
+    for url, reason in listing.damaged:
+        log.warning("skipping checkpoint %s: %s", url, reason)
+    for candidate in reversed(listing.committed):
         try:
             verify(candidate.url)
         except CheckpointError as exc:
             log.warning("skipping checkpoint %s: %s; falling back to an older one", candidate.url, exc)
+            skipped.append(str(exc))
             continue
-        return candidate
-    return None
+        return candidate, skipped
+    return None, skipped
 
 
 def to_delete(
@@ -217,18 +340,27 @@ def to_delete(
     monitor: str | None = None,
     mode: str = "min",
     protected: Iterable[str] = (),
+    stale: Iterable[str] = (),
 ) -> list[str]:
     """URLs retention may delete: not among the newest ``keep_last``, the best ``keep_best``, or *protected*.
 
-    The newest committed checkpoint is always kept.
+    The newest committed checkpoint is always kept. *stale* checkpoints are newer than the
+    one this run started from: left behind by an earlier attempt that got further but could not
+    be resumed from (corrupt, or ``resume=never``). They never count among the newest or the
+    best (else each new checkpoint would be deleted right after it is written) and are deleted
+    once this run has saved a checkpoint at or past their step.
     """
-    ordered = sorted(committed, key=lambda c: c.manifest.step)
+    stale_urls = set(stale)
+    everything = sorted(committed, key=lambda c: c.manifest.step)
+    ordered = [c for c in everything if c.url not in stale_urls]
     keep = {c.url for c in ordered[-max(1, keep_last) :]} | set(protected)
     if keep_best and monitor:
         scored = [c for c in ordered if monitor in c.manifest.metrics]
         scored.sort(key=lambda c: c.manifest.metrics[monitor], reverse=mode == "max")
         keep |= {c.url for c in scored[:keep_best]}
-    return [c.url for c in ordered if c.url not in keep]
+    reached = ordered[-1].manifest.step if ordered else -1
+    superseded = [c.url for c in everything if c.url in stale_urls and c.manifest.step <= reached]
+    return [c.url for c in ordered if c.url not in keep] + superseded
 
 
 def block_digests(config: Mapping[str, Any]) -> dict[str, str]:

@@ -86,6 +86,13 @@ class DataBlock(Block):
         """The torch dataset for *split* (``train`` or ``val``); imports torch lazily."""
         raise NotImplementedError
 
+    def preflight(self) -> None:
+        """I/O checks the pure plan leaves out, run by the driver before any process starts.
+
+        Raise a :class:`~blocks.core.errors.BlocksError` when the data cannot be read (shards
+        missing from their storage, an unreachable bucket). In-memory data has nothing to check.
+        """
+
     def check(self, ctx: CheckContext) -> None:
         """Batch size and worker count must be sane."""
         ctx.positive("batch_size", self.batch_size)

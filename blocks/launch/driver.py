@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from blocks.checkpoint.resume import checkpoint_dir, resolve_resume
+from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
+from blocks.checkpoint.storage import preflight_storage
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
 from blocks.core.errors import BlocksError
@@ -70,10 +71,13 @@ def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path)
         refuse_objects(plan.blocks.values())  # before the run dir is written
     write_job_files(run_dir, frozen, plan)
     plan.raise_for_errors()
-    preflight = getattr(plan.data, "preflight", None)
-    if callable(preflight):
-        preflight()  # I/O the pure plan does not do: is the data's storage reachable?
-    resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+    plan.data.preflight()  # I/O the pure plan does not do: is the data's storage reachable?
+    directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+    resume_from = resolve_resume(plan, directory)
+    if getattr(plan.checkpoint, "enabled", False):
+        preflight_storage(directory, plan.derived.world_size)
+    if resume_from:
+        print(f"blocks: {resume_message(resume_from)}", flush=True)
     return plan
 
 

@@ -67,6 +67,10 @@ class Monitor(MonitorBlock):
             steps in a row (0: never).
         grad_spike_factor: warn when the gradient norm of a logged step exceeds this many
             times the running median of the last logged norms (0: off).
+        loss_divergence_factor: a finite logged ``train/loss`` above this many times the loss
+            of the run's first step is divergence, handled like a non-finite step by
+            ``on_nonfinite``: ``stop`` fails the run, ``rollback`` rolls back to the last valid
+            checkpoint, ``skip`` warns (0: off; only for losses whose first value is positive).
         stall_timeout_s: when no training or validation batch finishes for this many seconds,
             every rank dumps its Python stacks into ``<run dir>/stacks/`` and the job fails,
             so torchrun's restarts (``trainer.max_failures``) can take over (0: off).
@@ -86,6 +90,7 @@ class Monitor(MonitorBlock):
     on_nonfinite: str = "stop"
     max_bad_steps: int = 20
     grad_spike_factor: float = 10.0
+    loss_divergence_factor: float = 100.0
     stall_timeout_s: float = 0.0
     objective: str = "val/loss"
     objective_mode: str = "min"
@@ -112,6 +117,14 @@ class Monitor(MonitorBlock):
         ctx.choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
         ctx.positive("max_bad_steps", self.max_bad_steps, allow_zero=True)
         ctx.positive("grad_spike_factor", self.grad_spike_factor, allow_zero=True)
+        ctx.positive("loss_divergence_factor", self.loss_divergence_factor, allow_zero=True)
+        if 0 < self.loss_divergence_factor <= 1:
+            ctx.error(
+                "loss_divergence_factor",
+                f"{self.loss_divergence_factor:g} would call any loss above the first one divergence",
+                "monitor.loss_divergence_factor=100 (or 0 to turn the check off)",
+                check="divergence-factor",
+            )
         ctx.positive("stall_timeout_s", self.stall_timeout_s, allow_zero=True)
         ctx.choice("objective_mode", self.objective_mode, OBJECTIVE_MODES)
         ctx.monitored_metric(

@@ -1,0 +1,181 @@
+"""Checkpoint faults: damaged manifests, corrupt newest checkpoints, retention, unusable resumes, storage."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from blocks.checkpoint import store
+from blocks.core.errors import BlocksError
+from blocks.launch import driver
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.timeout(600)
+
+BLOBS = [
+    "recipe=blobs",
+    "monitor.progress=off",
+    "monitor.log_every_n_steps=1",
+    "checkpoint.every_n_steps=3",
+    "checkpoint.keep_last=3",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 9-step run with committed checkpoints at steps 3, 6 and 9."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    assert driver.run([*BLOBS, "trainer.max_steps=9"], run_dir).status == "completed"
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(trained: Path, tmp_path: Path) -> Path:
+    """A private copy of the trained run dir."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / store.step_dir_name(step)
+
+
+def corrupt(run_dir: Path, step: int) -> None:
+    state = step_dir(run_dir, step) / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+
+
+def edit_manifest(run_dir: Path, step: int, edit) -> None:
+    path = step_dir(run_dir, step) / store.MANIFEST
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+MANIFEST_DAMAGE = {
+    "files-a-list": lambda m: m.update(files=[]),
+    "files-empty": lambda m: m.update(files={}),
+    "step-a-string": lambda m: m.update(step="9"),
+    "step-null": lambda m: m.update(step=None),
+    "entry-without-size": lambda m: m["files"]["state.pt"].pop("size"),
+    "sha-not-hex": lambda m: m["files"]["state.pt"].update(sha256=12),
+}
+
+
+@pytest.mark.parametrize("damage", list(MANIFEST_DAMAGE))
+def test_a_damaged_manifest_is_a_corrupt_checkpoint(run_dir: Path, damage: str) -> None:
+    edit_manifest(run_dir, 9, MANIFEST_DAMAGE[damage])
+    with pytest.raises(store.CheckpointError, match=r"damaged MANIFEST\.json"):
+        store.read_manifest(str(step_dir(run_dir, 9)))
+    found = store.newest_valid(str(run_dir / "checkpoints"))
+    assert found is not None and found.manifest.step == 6
+
+
+def test_files_emptied_and_state_damaged_falls_back_instead_of_crashing(run_dir: Path) -> None:
+    """``files: {}`` used to turn verification off; the damaged state.pt then crashed torch.load."""
+    edit_manifest(run_dir, 9, MANIFEST_DAMAGE["files-empty"])
+    (step_dir(run_dir, 9) / "state.pt").write_bytes(b"\xff\xfe not a checkpoint")
+    summary = driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    assert summary.status == "completed" and summary.global_step == 12
+    assert summary.resumed_from == str(step_dir(run_dir, 6))
+
+
+def test_resume_is_announced(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    assert summary.resumed_from == str(step_dir(run_dir, 9))
+    assert f"resuming from step 9 of {step_dir(run_dir, 9)}" in capsys.readouterr().out
+
+
+def test_every_checkpoint_corrupt_fails_instead_of_training_from_scratch(run_dir: Path) -> None:
+    for step in (3, 6, 9):
+        corrupt(run_dir, step)
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    problem = refused.value.problems[0]
+    assert problem.key == "checkpoint.resume"
+    assert "does not match the manifest" in problem.message
+    assert "checkpoint.resume=never" in problem.fix
+    summary = driver.run([*BLOBS, "trainer.max_steps=4", "checkpoint.resume=never"], run_dir)
+    assert summary.status == "completed" and not summary.resumed_from
+
+
+def test_every_checkpoint_corrupt_exits_non_zero_on_the_cli(run_dir: Path, tmp_path: Path) -> None:
+    for step in (3, 6, 9):
+        corrupt(run_dir, step)
+    result = run_cli(["run", *BLOBS, "trainer.max_steps=12", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.output
+    assert "checkpoint.resume=never" in result.output
+
+
+def test_retention_does_not_count_corrupt_newer_checkpoints(run_dir: Path) -> None:
+    """With the two newest corrupt, new checkpoints survive their own retention, and a second rerun resumes."""
+    corrupt(run_dir, 6)
+    corrupt(run_dir, 9)
+    args = [*BLOBS, "checkpoint.every_n_steps=1", "checkpoint.keep_last=2"]
+    summary = driver.run([*args, "trainer.max_steps=5"], run_dir)
+    assert summary.resumed_from == str(step_dir(run_dir, 3))
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    steps = {c.manifest.step for c in committed}
+    assert {4, 5} <= steps, f"the new checkpoints were deleted by retention: {sorted(steps)}"
+    store.verify(str(step_dir(run_dir, 5)))
+    again = driver.run([*args, "trainer.max_steps=7"], run_dir)
+    assert again.resumed_from == str(step_dir(run_dir, 5))
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    assert [c.manifest.step for c in committed] == [5, 6, 7, 9], "the corrupt 9 goes once a save passes it"
+
+
+def test_to_delete_leaves_stale_checkpoints_out_of_the_count() -> None:
+    def made(step: int) -> store.Committed:
+        manifest = store.Manifest(
+            step=step, epoch=0, world_size=1, sharded=False, global_batch=1, block_digests={}
+        )
+        return store.Committed(f"mem/step-{step}", manifest)
+
+    committed = [made(3), made(4), made(6), made(9)]
+    stale = ["mem/step-6", "mem/step-9"]
+    assert store.to_delete(committed, keep_last=2, stale=stale) == []
+    assert store.to_delete([*committed, made(7)], keep_last=2, stale=stale) == ["mem/step-3", "mem/step-6"]
+
+
+def test_a_users_step_directory_is_not_deleted(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    notes = run_dir / "checkpoints" / "step-000000005" / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("mine")
+    with caplog.at_level(logging.WARNING):
+        assert driver.run([*BLOBS, "trainer.max_steps=12"], run_dir).status == "completed"
+    assert notes.read_text() == "mine"
+    assert "not written by blocks" in caplog.text
+
+
+def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path) -> None:
+    leftover = step_dir(run_dir, 11)
+    shutil.copytree(step_dir(run_dir, 9), leftover)
+    (leftover / store.MANIFEST).unlink()
+    assert (leftover / store.MARKER).exists(), "blocks marks every checkpoint directory it creates"
+    assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed"
+    assert not leftover.exists()
+
+
+def test_rollback_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
+    """``monitor.on_nonfinite=rollback`` with the newest checkpoint corrupt restores the older one."""
+    run_dir = tmp_path / "run"
+    args = [*BLOBS, "optim.lr=1e8", "optim.warmup_steps=0", "checkpoint.every_n_steps=2"]
+    assert (
+        driver.run([*args, "trainer.max_steps=4", "monitor.on_nonfinite=skip"], run_dir).status == "completed"
+    )
+    corrupt(run_dir, 4)
+    # Resumes from step 2 (falling back past 4); its non-finite steps roll back while the corrupt 4 is the newest.
+    summary = driver.run(
+        [*args, "trainer.max_steps=4", "checkpoint.every_n_steps=0", "monitor.on_nonfinite=rollback"], run_dir
+    )
+    assert summary.resumed_from == str(step_dir(run_dir, 2))
+    assert summary.status == "completed"
+    assert summary.metrics["health/rollbacks"] >= 1

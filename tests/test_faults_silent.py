@@ -1,0 +1,74 @@
+"""Silent wrong answers: a loss that explodes without reaching NaN, MFU against the wrong peak."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from blocks.build.metrics import peak_flops_for
+from blocks.launch import driver
+from tests.conftest import read_summary, run_cli
+
+pytestmark = pytest.mark.timeout(600)
+
+EXPLODING = [
+    "recipe=blobs",
+    "monitor.progress=off",
+    "optim.lr=1e3",
+    "monitor.grad_norm=false",  # only the loss is left to tell: it is finite, 1e34, at step 10
+    "trainer.max_steps=10",
+]
+
+
+def test_a_diverging_loss_fails_the_run_under_stop(tmp_path: Path) -> None:
+    result = run_cli(["run", *EXPLODING, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert result.returncode == 1, result.output[-2000:]
+    assert "Traceback" not in result.output
+    summary = read_summary(tmp_path / "run")
+    assert summary["status"] == "failed"
+    assert "monitor.loss_divergence_factor=100" in summary["reason"]
+    assert "diverged" in summary["reason"]
+
+
+def test_a_diverging_loss_warns_under_skip(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        summary = driver.run(
+            [*EXPLODING, "monitor.on_nonfinite=skip", "monitor.log_every_n_steps=1"], tmp_path
+        )
+    assert summary.status == "completed"
+    assert summary.metrics["health/divergences"] >= 1
+    assert "training diverged" in caplog.text
+
+
+def test_a_healthy_run_is_not_called_diverging(tmp_path: Path) -> None:
+    summary = driver.run(["recipe=blobs", "monitor.progress=off", "monitor.log_every_n_steps=1"], tmp_path)
+    assert summary.status == "completed"
+    assert "health/divergences" not in summary.metrics
+
+
+def test_the_divergence_factor_is_checked_at_plan_time(tmp_path: Path) -> None:
+    result = run_cli(["plan", "recipe=blobs", "monitor.loss_divergence_factor=0.5"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "monitor.loss_divergence_factor" in result.output
+
+
+@pytest.mark.parametrize(
+    ("precision", "tflops"),
+    [("32-true", 67.0), ("bf16-mixed", 989.0), ("bf16-true", 989.0), ("16-mixed", 989.0)],
+)
+def test_mfu_divides_by_the_peak_of_the_runs_precision(precision: str, tflops: float) -> None:
+    assert peak_flops_for("NVIDIA H100 80GB HBM3", precision) == pytest.approx(tflops * 1e12)
+
+
+def test_an_unknown_gpu_has_no_peak() -> None:
+    assert peak_flops_for("Some Future GPU", "32-true") is None
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_metrics_recorder_is_told_the_runs_precision(tmp_path: Path, precision: str) -> None:
+    from blocks.build.trainer import build_run
+
+    plan = driver.prepare(["recipe=blobs", "monitor.progress=off", f"precision={precision}"], tmp_path)
+    assert build_run(plan, tmp_path, console=False).recorder.precision == precision

@@ -1,0 +1,107 @@
+"""Checkpoint storage that cannot take the checkpoints is found before training, and a full disk says so."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blocks.checkpoint.storage import out_of_space, preflight_storage
+from blocks.core.errors import BlocksError
+from blocks.launch import driver
+from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.timeout(600)
+
+BLOBS = ["recipe=blobs", "monitor.progress=off", "trainer.max_steps=6"]
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
+    """A small tmpfs at *directory* (root only; the test is skipped where mounting is not permitted)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def assert_refused_before_training(run_dir: Path, overrides: list[str]) -> BlocksError:
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, *overrides], run_dir)
+    assert refused.value.problems[0].key == "checkpoint.dir"
+    assert not (run_dir / "metrics.csv").exists(), "nothing was trained"
+    return refused.value
+
+
+def test_a_checkpoint_dir_under_a_file_is_refused_before_training(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    assert_refused_before_training(tmp_path / "run", [f"checkpoint.dir={tmp_path / 'a-file' / 'ckpt'}"])
+
+
+def test_a_read_only_checkpoint_dir_is_refused_before_training(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro", "1m", read_only=True) as read_only:
+        error = assert_refused_before_training(tmp_path / "run", [f"checkpoint.dir={read_only}/ckpt"])
+    assert "Read-only file system" in error.problems[0].message
+
+
+def test_a_missing_bucket_is_refused_before_training(tmp_path: Path, s3_server) -> None:  # noqa: F811
+    error = assert_refused_before_training(tmp_path / "run", ["checkpoint.dir=s3://no-such-bucket/run"])
+    assert "s3://no-such-bucket/run" in error.problems[0].message
+    _, fs = s3_server
+    assert not fs.exists("no-such-bucket"), "the probe must not create the bucket"
+
+
+def test_a_full_disk_says_no_space_left_on_device(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "400k") as small, pytest.raises(BlocksError) as failed:
+        driver.run(
+            [
+                *BLOBS,
+                "trainer.max_steps=12",
+                f"checkpoint.dir={small}/ckpt",
+                "checkpoint.every_n_steps=1",
+                "checkpoint.keep_last=100",
+            ],
+            tmp_path / "run",
+        )
+    problem = failed.value.problems[0]
+    assert problem.key == "checkpoint.dir"
+    assert "no space left on device" in problem.message
+    assert "enforce fail" not in problem.render()
+
+
+def test_out_of_space_is_found_through_torchs_runtime_error() -> None:
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+            ) from None
+    except RuntimeError as exc:
+        assert out_of_space(exc), "torch raises from the OSError's context"
+
+
+def test_memory_checkpoints_are_refused_for_several_processes(tmp_path: Path) -> None:
+    with pytest.raises(BlocksError) as refused:
+        driver.prepare(
+            [*BLOBS, "strategy=ddp", "trainer.devices=2", "checkpoint.dir=memory://ckpt"], tmp_path
+        )
+    assert refused.value.problems[0].key == "checkpoint.dir"
+    assert "memory" in refused.value.problems[0].message
+
+
+def test_memory_checkpoints_warn_for_one_process(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        preflight_storage("memory://blocks-preflight", world_size=1)
+    assert "lost when the job ends" in caplog.text
