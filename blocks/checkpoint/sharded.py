@@ -18,7 +18,6 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from fsspec.core import url_to_fs
 from pytorch_lightning.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.state_dict import (
