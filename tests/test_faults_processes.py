@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,9 @@ def job_pids(run_dir: Path) -> list[int]:
 
 
 def torchrun_pid(run_dir: Path) -> int:
-    (pid,) = [p for p in job_pids(run_dir) if b"blocks.launch.torchrun" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    (pid,) = [
+        p for p in job_pids(run_dir) if b"blocks.launch.torchrun" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
     return pid
 
 
@@ -76,9 +77,7 @@ def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refuse
     with blocks_run_until_step([*LONG_DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
         assert len(job_pids(run_dir)) == 3  # torchrun and two workers, in sessions of their own
         config_before = (run_dir / "config.yaml").read_bytes()
-        second = run_cli(
-            ["run", *LONG_DDP, "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path
-        )
+        second = run_cli(["run", *LONG_DDP, "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
         assert second.returncode == 2, second.output
         assert f"pid {proc.pid}" in second.output and socket.gethostname() in second.output
         assert "Traceback" not in second.output
@@ -156,7 +155,9 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     assert "SIGTERM" in summary["reason"]
     assert 5 <= summary["global_step"] < steps
     committed, _ = store.scan(str(run_dir / "checkpoints"))
-    assert [c.manifest.step for c in committed] == [summary["global_step"]]  # every_n_steps=0: the signal saved
+    assert [c.manifest.step for c in committed] == [
+        summary["global_step"]
+    ]  # every_n_steps=0: the signal saved
     rerun = run_cli(["run", *args, "monitor.progress=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert rerun.returncode == 0, rerun.output[-3000:]
     resumed = read_summary(run_dir)
@@ -228,3 +229,37 @@ def test_a_stale_lock_is_taken_over_with_a_warning_and_released_at_the_end(
     assert driver.run(TINY, tmp_path / "run").status == "completed"
     assert "stale lock" in caplog.text
     assert not (tmp_path / "run" / LOCK_FILE).exists()
+
+
+def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = cli(
+        "run", "-m", "recipe=blobs", "trainer.max_steps=20", "optim.lr=1e12,1e-3", f"hydra.sweep.dir={sweep}"
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert "Traceback" not in result.output
+    assert read_summary(sweep / "0")["status"] == "failed"  # diverged: NaN loss
+    assert read_summary(sweep / "1")["status"] == "completed"  # ran after the failure
+    assert f"1 job(s) of the sweep did not complete: {sweep / '0'}" in result.output
+    assert cli("report", str(sweep)).returncode == 0
+    report = (sweep / "report" / "report.md").read_text()
+    assert "| failed |" in report and "| completed |" in report
+
+
+def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "optuna"
+    result = cli(
+        "run",
+        "-m",
+        "hparams_search=optuna",
+        "recipe=blobs",
+        "trainer.max_steps=20",
+        "hydra.sweeper.n_trials=4",
+        "optim.lr=choice(1e12,1e-3)",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    statuses = [read_summary(sweep / str(n))["status"] for n in range(4)]
+    assert "failed" in statuses and "completed" in statuses
+    best = (sweep / "optimization_results.yaml").read_text()
+    assert "optim.lr: 0.001" in best

@@ -360,10 +360,12 @@ def cmd_run(args: Sequence[str]) -> int:
     import hydra
 
     from blocks.core.compose import PRIMARY_CONFIG
+    from blocks.launch.sweep import FAILED_JOBS
 
+    FAILED_JOBS.clear()
     sys.argv = ["blocks", *args]
     hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_and_say_where)()
-    return 0
+    return 1 if FAILED_JOBS else 0
 
 
 def run_and_say_where(cfg: DictConfig) -> float | None:

@@ -11,10 +11,11 @@ import contextlib
 import csv
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.resume import checkpoint_dir, resolve_resume
 from blocks.core import catalog
@@ -45,6 +46,7 @@ from blocks.launch.worker import ATTEMPT_FILE
 def run_job(cfg: DictConfig) -> float | None:
     """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     catalog.load()  # launcher plugins (joblib, submitit) run jobs in fresh processes
     hydra_cfg = HydraConfig.get()
@@ -52,18 +54,37 @@ def run_job(cfg: DictConfig) -> float | None:
     choices = {
         str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")
     }
+    # In a sweep a failed job is recorded (its summary.json) and the sweep goes on; the sweeper
+    # gets the worst value there is. An interrupted job stops the sweep.
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         with held(run_dir, cfg, choices) as plan:
             summary = launch(run_dir, plan)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
+        if in_sweep and exc.summary.status != "interrupted":
+            return failed_objective(cfg)
         raise SystemExit(exit_code(exc.summary)) from None
     except BlocksError as exc:
         print(f"blocks: the job could not start (run dir: {run_dir})", file=sys.stderr)
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
+        if in_sweep:
+            return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
+    except Exception:
+        if not in_sweep:
+            raise
+        print(f"blocks: the job crashed (run dir: {run_dir})", file=sys.stderr)
+        traceback.print_exc()
+        return failed_objective(cfg)
     return objective(plan, summary)
+
+
+def failed_objective(cfg: DictConfig) -> float:
+    """The value a failed sweep job returns: the worst for ``monitor.objective_mode`` (Optuna records it, ranks it last)."""
+    mode = str(OmegaConf.select(cfg, "monitor.objective_mode", default="min"))
+    return float("-inf") if mode == "max" else float("inf")
 
 
 def objective(plan: Plan, summary: Summary) -> float | None:
@@ -182,7 +203,7 @@ def trained_steps(run_dir: Path, plan: Plan) -> int:
 
 
 def dead_ranks(run_dir: Path) -> str | None:
-    """ "rank 1 died (SIGKILL)" for workers that torchrun saw killed by a signal, else None."""
+    """Which ranks torchrun saw killed by a signal ("rank 1 died (SIGKILL)"), else None."""
     killed = [f for f in read_failures(run_dir) if f.get("signal") not in (None, "<N/A>")]
     if not killed:
         return None
