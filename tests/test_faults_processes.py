@@ -263,3 +263,18 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> 
     assert "failed" in statuses and "completed" in statuses
     best = (sweep / "optimization_results.yaml").read_text()
     assert "optim.lr: 0.001" in best
+
+
+def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> None:
+    args = [
+        "recipe=blobs",
+        "trainer.max_steps=12",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "monitor.log_every_n_steps=1",
+        "monitor.rank_spread_tolerance=1e-9",  # rank 0 warns that the ranks' losses differ
+        "monitor.progress=off",
+    ]
+    assert driver.run(args, tmp_path / "run").status == "completed"
+    log = (tmp_path / "run" / "blocks.log").read_text()
+    assert "[rank 0]" in log and "differed across ranks" in log

@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     die_with_parent()
     _record_attempt(args.run_dir)
+    _log_warnings_to_run_dir(args.run_dir)
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
     from blocks.build.health import NonFiniteError
@@ -164,6 +165,25 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+LOG_FILE = "blocks.log"
+
+
+def _log_warnings_to_run_dir(run_dir: Path) -> None:
+    """Append this rank's warnings and errors (log records and ``warnings.warn``) to the run dir's ``blocks.log``.
+
+    One process logs through the driver's own ``blocks.log`` (Hydra's job log); workers that
+    torchrun, srun or mpirun started are other processes, with the rank in every line.
+    """
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK")))
+    if rank is None:
+        return
+    handler = logging.FileHandler(run_dir / LOG_FILE)  # appends: every rank and the driver share the file
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.captureWarnings(True)
 
 
 ATTEMPT_FILE = ".attempt"
