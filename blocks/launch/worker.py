@@ -181,7 +181,9 @@ def _log_warnings_to_run_dir(run_dir: Path) -> None:
         return
     handler = logging.FileHandler(run_dir / LOG_FILE)  # appends: every rank and the driver share the file
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"))
+    handler.setFormatter(
+        logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s")
+    )
     logging.getLogger().addHandler(handler)
     logging.captureWarnings(True)
 
