@@ -323,7 +323,7 @@ def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
 def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
     """Plan every train stage, then run the stages not finished yet (``blocks run recipe=<pipeline>``)."""
     from blocks.cli.render import print_problems
-    from blocks.launch.driver import JobFailed
+    from blocks.launch.driver import JobFailed, exit_code
     from blocks.launch.pipeline import run_pipeline
 
     root, overrides = _pipeline_args(name, args)
@@ -342,7 +342,7 @@ def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
         )
     except JobFailed as exc:
         print(f"blocks: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc.summary)
     return 0
 
 

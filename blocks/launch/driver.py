@@ -113,17 +113,17 @@ def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path)
 def held(run_dir: Path, config: DictConfig, choices: dict[str, str]) -> Iterator[Plan]:
     """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
 
-    A plan with errors is refused before the lock is taken; a run dir held by a live job is
-    refused before anything is written. Multi-node jobs share one run dir between the nodes'
-    drivers, so they are not locked.
+    A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
+    resume that cannot work, is refused before anything is written. Multi-node jobs share one
+    run dir between the nodes' drivers, so they are not locked.
     """
-    plan = make_plan(config_to_blocks(freeze_config(config, run_dir)), choices)
+    frozen = freeze_config(config, run_dir)
+    plan = make_plan(config_to_blocks(frozen), choices)
     plan.raise_for_errors()
-    if plan.derived.nodes > 1:
-        yield _write_and_check(config, choices, run_dir)
-        return
-    with locked(run_dir):
-        yield _write_and_check(config, choices, run_dir)
+    with locked(run_dir) if plan.derived.nodes == 1 else contextlib.nullcontext():
+        resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+        write_job_files(run_dir, frozen, plan)
+        yield plan
 
 
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
