@@ -226,7 +226,7 @@ def worker_pids(run_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        is_worker = b"blocks.launch.worker" in cmdline and b"torch.distributed.run" not in cmdline
+        is_worker = b"blocks.launch.worker" in cmdline and b"blocks.launch.torchrun" not in cmdline
         if is_worker and str(run_dir).encode() in cmdline:
             pids.append(int(entry.name))
     return pids

@@ -225,13 +225,15 @@ class CheckpointCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """On SIGTERM (preemption) or Ctrl-C, save a one-process job before it exits, between steps.
+        """On SIGTERM (preemption) or Ctrl-C, save before the job exits, between steps.
 
-        With several processes the signal reaches ranks at different points of the loop (Lightning
-        raises it unsynchronized in places), and a collective save could hang; the last periodic
-        checkpoint stands.
+        Several processes save only on a stop every rank agreed on (``Preempted``, raised at the
+        same step everywhere); another interruption reaches ranks at different points of the
+        loop, where a collective save could hang, so the last checkpoint stands.
         """
-        if not self.block.on_signal or trainer.world_size != 1:
+        from blocks.build.preemption import Preempted
+
+        if not self.block.on_signal or (trainer.world_size != 1 and not isinstance(exception, Preempted)):
             return
         if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return

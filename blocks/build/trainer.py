@@ -17,6 +17,7 @@ from blocks.build.health import HealthGuard, StallWatchdog
 from blocks.build.logger_state import LoggerRunState
 from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
+from blocks.build.preemption import Preemption
 from blocks.checkpoint import store
 from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
@@ -43,6 +44,7 @@ class BuiltRun:
     resume_from: str | None = None
     checkpointer: CheckpointCallback | None = None
     health: HealthGuard | None = None
+    preemption: Preemption | None = None
 
 
 def quiet_lightning() -> None:
@@ -128,6 +130,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
+    preemption = Preemption(derived.accumulate)
+    callbacks.append(preemption)
     callbacks.append(
         recorder.batch_end_marker()
     )  # last: after saves, so data_wait_s is only the wait for data
@@ -158,7 +162,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         default_root_dir=str(run_dir),
         callbacks=callbacks,
     )
-    return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health)
+    preemption.install(trainer)
+    return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
 
 
 def metric_sinks(monitor: Monitor, run_dir: Path, resumed_step: int | None) -> list[MetricSink]:

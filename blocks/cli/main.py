@@ -357,7 +357,7 @@ def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
 def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
     """Plan every train stage, then run the stages not finished yet (``blocks run recipe=<pipeline>``)."""
     from blocks.cli.render import print_problems
-    from blocks.launch.driver import JobFailed
+    from blocks.launch.driver import JobFailed, exit_code
     from blocks.launch.pipeline import run_pipeline
 
     root, overrides = _pipeline_args(name, args)
@@ -376,7 +376,7 @@ def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
         )
     except JobFailed as exc:
         print(f"blocks: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc.summary)
     return 0
 
 
@@ -395,10 +395,12 @@ def cmd_run(args: Sequence[str]) -> int:
 
     from blocks.core.compose import PRIMARY_CONFIG
     from blocks.core.overrides import keep_shipped_searchpath
+    from blocks.launch.sweep import FAILED_JOBS
 
+    FAILED_JOBS.clear()
     sys.argv = ["blocks", *keep_shipped_searchpath(args)]
     hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_and_say_where)()
-    return 0
+    return 1 if FAILED_JOBS else 0
 
 
 def run_and_say_where(cfg: DictConfig) -> float | None:

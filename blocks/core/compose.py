@@ -116,6 +116,7 @@ def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
                 "subdir": "${hydra.job.num}",
             },
             "job": {"chdir": False, "name": "blocks"},
+            "callbacks": {"blocks_sweep_outcome": {"_target_": "blocks.launch.sweep.SweepOutcome"}},
         },
     }
 

@@ -7,11 +7,15 @@ its own process for one process, through torchrun for several (or when restarts 
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
@@ -21,20 +25,30 @@ from blocks.core.errors import BlocksError
 from blocks.core.imports import refuse_objects
 from blocks.core.jobs import compose
 from blocks.core.plan import Plan, make_plan
+from blocks.launch.lock import locked
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
+    METRICS_FILE,
     SUMMARY_FILE,
     Summary,
     freeze_config,
     load_plan,
     write_job_files,
 )
-from blocks.launch.torchrun import needs_launcher, run_torchrun
+from blocks.launch.torchrun import (
+    EXIT_INTERRUPTED,
+    FAILURES_FILE,
+    needs_launcher,
+    read_failures,
+    run_torchrun,
+)
+from blocks.launch.worker import ATTEMPT_FILE
 
 
 def run_job(cfg: DictConfig) -> float | None:
     """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     catalog.load()  # launcher plugins (joblib, submitit) run jobs in fresh processes
     hydra_cfg = HydraConfig.get()
@@ -42,18 +56,37 @@ def run_job(cfg: DictConfig) -> float | None:
     choices = {
         str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")
     }
+    # In a sweep a failed job is recorded (its summary.json) and the sweep goes on; the sweeper
+    # gets the worst value there is. An interrupted job stops the sweep.
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        plan = _write_and_check(cfg, choices, run_dir)
-        summary = launch(run_dir, plan)
+        with held(run_dir, cfg, choices) as plan:
+            summary = launch(run_dir, plan)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
-        raise SystemExit(1) from None
+        if in_sweep and exc.summary.status != "interrupted":
+            return failed_objective(cfg)
+        raise SystemExit(exit_code(exc.summary)) from None
     except BlocksError as exc:
         print(f"blocks: the job could not start (run dir: {run_dir})", file=sys.stderr)
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
+        if in_sweep:
+            return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
+    except Exception:
+        if not in_sweep:
+            raise
+        print(f"blocks: the job crashed (run dir: {run_dir})", file=sys.stderr)
+        traceback.print_exc()
+        return failed_objective(cfg)
     return objective(plan, summary)
+
+
+def failed_objective(cfg: DictConfig) -> float:
+    """The value a failed sweep job returns: the worst for ``monitor.objective_mode`` (Optuna records it, ranks it last)."""
+    mode = str(OmegaConf.select(cfg, "monitor.objective_mode", default="min"))
+    return float("-inf") if mode == "max" else float("inf")
 
 
 def objective(plan: Plan, summary: Summary) -> float | None:
@@ -63,47 +96,80 @@ def objective(plan: Plan, summary: Summary) -> float | None:
     return None if value is None else float(value)
 
 
+def exit_code(summary: Summary) -> int:
+    """The exit status of ``blocks run`` for a job that did not complete: 130 when interrupted, else 1."""
+    return EXIT_INTERRUPTED if summary.status == "interrupted" else 1
+
+
 def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path) -> Plan:
-    """Freeze and write the job files, then refuse a broken plan or an unusable resume before any process starts."""
+    """Refuse a broken plan or an unusable resume, then write the job files: a refused job writes nothing."""
     frozen = freeze_config(config, run_dir)
     plan = make_plan(config_to_blocks(frozen), choices)
-    if plan.ok:
-        refuse_objects(plan.blocks.values())  # before the run dir is written
-    write_job_files(run_dir, frozen, plan)
     plan.raise_for_errors()
+    refuse_objects(plan.blocks.values())
     plan.data.preflight()  # I/O the pure plan does not do: is the data's storage reachable?
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory)
     if getattr(plan.checkpoint, "enabled", False):
         preflight_storage(directory, plan.derived.world_size)
+    write_job_files(run_dir, frozen, plan)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
     return plan
+
+
+@contextlib.contextmanager
+def held(run_dir: Path, config: DictConfig, choices: dict[str, str]) -> Iterator[Plan]:
+    """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
+
+    A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
+    resume that cannot work, is refused before anything is written. Multi-node jobs share one
+    run dir between the nodes' drivers, so they are not locked.
+    """
+    frozen = freeze_config(config, run_dir)
+    plan = make_plan(config_to_blocks(frozen), choices)
+    plan.raise_for_errors()
+    with locked(run_dir) if plan.derived.nodes == 1 else contextlib.nullcontext():
+        resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+        write_job_files(run_dir, frozen, plan)
+        yield plan
 
 
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     """Train the run in *run_dir*: in this process, or through torchrun for several processes or restarts.
 
     A run that dies without writing ``summary.json`` (a crash before training, a killed
-    process) still gets one, with status ``failed``.
+    process) still gets one, with status ``failed`` (``interrupted`` after a signal).
+    Raises :class:`JobFailed` when the run did not complete.
     """
     plan = plan or load_plan(run_dir)
     if needs_launcher(plan):
-        (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+        for stale in (SUMMARY_FILE, FAILURES_FILE, ATTEMPT_FILE):
+            (run_dir / stale).unlink(missing_ok=True)
         code = run_torchrun(run_dir, plan)
         if code == 0 and plan.derived.nodes > 1:
             _await(run_dir / SUMMARY_FILE, timeout_s=SUMMARY_WAIT_S)  # global rank 0 may run on another node
         if not (run_dir / SUMMARY_FILE).exists():
+            interrupted = code == EXIT_INTERRUPTED
             Summary(
-                status="failed",
-                reason=f"worker processes exited with status {code} without a summary",
+                status="interrupted" if interrupted else "failed",
+                reason="torchrun stopped its workers on a signal before they wrote a summary"
+                if interrupted
+                else f"worker processes exited with status {code} without a summary",
                 world_size=plan.derived.world_size,
-                restarts=getattr(plan.trainer, "max_failures", 0),
+                restarts=restarts_done(run_dir),
+                global_step=trained_steps(run_dir, plan),
             ).write(run_dir)
         summary = Summary.read(run_dir)
-        if code != 0 or summary.status != "completed":
+        dead = dead_ranks(run_dir)
+        if summary.status == "failed" and dead:
+            summary.reason = f"{dead}; the other ranks then failed with: {summary.reason}"
+            summary.write(run_dir)
+        if code not in (0, EXIT_INTERRUPTED) or summary.status != "completed":
             raise JobFailed(f"the job ended with status '{summary.status}': {summary.reason}", summary)
         return summary
+
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
 
     from blocks.launch.worker import train
 
@@ -114,12 +180,43 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
         from blocks.build.health import NonFiniteError
 
-        if isinstance(exc, NonFiniteError):  # the run's health policy stopped it: no traceback
+        if isinstance(exc, (NonFiniteError, SIGTERMException, KeyboardInterrupt, SystemExit)):
+            # the run's health policy or a signal stopped it: no traceback
             summary = Summary.read(run_dir)
             raise JobFailed(
                 f"the job ended with status '{summary.status}': {summary.reason}", summary
             ) from None
         raise
+
+
+def restarts_done(run_dir: Path) -> int:
+    """How many times torchrun restarted the workers (their last attempt's number)."""
+    try:
+        return int((run_dir / ATTEMPT_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def trained_steps(run_dir: Path, plan: Plan) -> int:
+    """Optimizer steps a run without a summary got through: its newest checkpoint's, else metrics.csv's last step."""
+    from blocks.checkpoint import store
+
+    with contextlib.suppress(Exception):
+        newest = store.newest_valid(checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+        if newest is not None:
+            return int(newest.manifest.step)
+    with contextlib.suppress(Exception), (run_dir / METRICS_FILE).open(newline="") as fh:
+        steps = [int(row["step"]) for row in csv.DictReader(fh)]
+        return steps[-1] if steps else 0
+    return 0
+
+
+def dead_ranks(run_dir: Path) -> str | None:
+    """Which ranks torchrun saw killed by a signal ("rank 1 died (SIGKILL)"), else None."""
+    killed = [f for f in read_failures(run_dir) if f.get("signal") not in (None, "<N/A>")]
+    if not killed:
+        return None
+    return ", ".join(f"rank {f['rank']} died ({f['signal']})" for f in killed)
 
 
 SUMMARY_WAIT_S = 300.0
@@ -150,4 +247,6 @@ def prepare(overrides: list[str], run_dir: Path) -> Plan:
 
 def run(overrides: list[str], run_dir: Path) -> Summary:
     """Compose, plan and train one job, writing its run dir (no Hydra job): the Python ``blocks run``."""
-    return launch(run_dir, prepare(overrides, run_dir))
+    composed = compose(overrides)
+    with held(run_dir, composed.config, composed.choices) as plan:
+        return launch(run_dir, plan)

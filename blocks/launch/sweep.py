@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
@@ -80,3 +87,35 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
             Problem("", str(exc).splitlines()[0], "check the sweep syntax, e.g. optim.lr=1e-3,3e-4")
         ) from None
     return [list(job) for batch in batches for job in batch]
+
+
+FAILED_JOBS: list[Path] = []
+"""The job dirs of the last sweep that did not complete (set when the sweep ends)."""
+
+
+def failed_jobs(sweep_dir: Path) -> list[Path]:
+    """The job dirs under *sweep_dir* whose ``summary.json`` says anything but ``completed``."""
+    failed = []
+    for path in sorted(sweep_dir.rglob("summary.json")):
+        try:
+            status = json.loads(path.read_text()).get("status")
+        except (OSError, ValueError):
+            status = None
+        if status != "completed":
+            failed.append(path.parent)
+    return failed
+
+
+class SweepOutcome(Callback):
+    """A Hydra callback: when a sweep ends, name its failed jobs so ``blocks run -m`` can exit non-zero."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Collect the failed jobs of the sweep dir into :data:`FAILED_JOBS` and say which they are."""
+        FAILED_JOBS[:] = failed_jobs(Path(str(config.hydra.sweep.dir)))
+        if FAILED_JOBS:
+            names = ", ".join(str(p) for p in FAILED_JOBS)
+            print(
+                f"blocks: {len(FAILED_JOBS)} job(s) of the sweep did not complete: {names} "
+                "(their summary.json says why; blocks report SWEEP_DIR ranks every job)",
+                file=sys.stderr,
+            )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,10 @@ from pathlib import Path
 
 from blocks.core.errors import BlocksError, Problem
 from blocks.core.plan import Plan
+from blocks.launch.lifeline import children_environment, die_with_parent
+
+EXIT_INTERRUPTED = 130
+"""The exit status of a job that SIGTERM or SIGINT stopped (after saving): ``blocks run`` exits with it too."""
 
 RDZV_ENDPOINT_ENV = "BLOCKS_RDZV_ENDPOINT"
 """``host:port`` of the c10d rendezvous shared by the nodes of a multi-node job."""
@@ -35,7 +40,7 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "blocks.launch.torchrun",
         f"--nproc-per-node={derived.devices}",
         f"--max-restarts={getattr(plan.trainer, 'max_failures', 0)}",
     ]
@@ -71,22 +76,30 @@ def torchrun_environment(environ: dict[str, str] | None = None) -> dict[str, str
     env = dict(os.environ if environ is None else environ)
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    return children_environment(env)
 
 
 def run_torchrun(run_dir: Path, plan: Plan) -> int:
     """Run this node's workers under torchrun and return its exit status.
 
-    SIGTERM and SIGINT sent to the driver alone (``kill``, a container runtime) are passed on
-    to torchrun, which stops its workers gracefully, instead of orphaning them.
+    torchrun runs in a session of its own and dies with this process (so do its workers).
+    SIGTERM and SIGINT reach it once, from here: the first is passed on (torchrun passes it
+    to the workers, which save and stop together), a second one kills torchrun and its workers.
     """
-    process = subprocess.Popen(torchrun_command(run_dir, plan), env=torchrun_environment())
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    process = subprocess.Popen(
+        torchrun_command(run_dir, plan), env=torchrun_environment(), start_new_session=on_main_thread
+    )
+    forwarded: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signum)
+            if forwarded:
+                process.kill()
+            else:
+                process.send_signal(signum)
+        forwarded.append(signum)
 
-    on_main_thread = threading.current_thread() is threading.main_thread()
     signals = (signal.SIGTERM, signal.SIGINT) if on_main_thread else ()
     previous = {sig: signal.signal(sig, forward) for sig in signals}
     try:
@@ -94,3 +107,55 @@ def run_torchrun(run_dir: Path, plan: Plan) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m blocks.launch.torchrun ARGS``: torchrun, dying with the driver, without tracebacks.
+
+    A signal that stopped the job exits with the interrupted status (130); failed workers
+    exit 1 with torchrun's account of which rank failed how, and no Python traceback.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    die_with_parent()
+    os.environ.update(children_environment({}))
+    args = get_args_parser().parse_args(argv)
+    try:
+        run(args)
+    except SignalException as exc:
+        print(f"blocks: torchrun stopped its workers on {exc.sigval.name}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except ChildFailedError as exc:
+        write_failures(Path(args.training_script_args[-1]), exc)
+        print(exc.format_msg(), file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+FAILURES_FILE = ".torchrun-failures.json"
+"""torchrun's record of the workers that failed in the last attempt (global rank, exit code, signal)."""
+
+
+def write_failures(run_dir: Path, error: object) -> None:
+    """Record which ranks failed how, for the driver's failure summary."""
+    failures = getattr(error, "failures", {})
+    records = [
+        {"rank": rank, "local_rank": f.local_rank, "exitcode": f.exitcode, "signal": f.signal_name()}
+        for rank, f in sorted(failures.items())
+    ]
+    with contextlib.suppress(OSError):
+        (run_dir / FAILURES_FILE).write_text(json.dumps(records))
+
+
+def read_failures(run_dir: Path) -> list[dict[str, object]]:
+    """What :func:`write_failures` recorded for *run_dir* (empty when nothing failed)."""
+    try:
+        data = json.loads((run_dir / FAILURES_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+if __name__ == "__main__":
+    main()

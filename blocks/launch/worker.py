@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.errors import BlocksError
+from blocks.launch.lifeline import die_with_parent
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
 
 if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+    from blocks.build.preemption import Preemption
     from blocks.core.plan import Plan
 
 
@@ -28,6 +32,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     load()
     plan = load_plan(run_dir)
     plan.raise_for_errors()
+
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
 
     from blocks.build.health import stall_detected
     from blocks.build.trainer import build_run
@@ -46,9 +52,10 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         if plan.derived.val_samples and module.validated_at_step != trainer.global_step:
             trainer.validate(module, datamodule=built.datamodule, verbose=False)
     except BaseException as exc:
-        # Lightning turns Ctrl-C into SystemExit after a graceful shutdown.
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            summary.status, summary.reason = "interrupted", "training was interrupted (SIGINT or SIGTERM)"
+        # Preempted (SIGTERM/SIGINT, agreed by every rank) is a SIGTERMException; Lightning turns
+        # a second Ctrl-C into SystemExit after a graceful shutdown.
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, SIGTERMException)):
+            summary.status, summary.reason = "interrupted", interruption_reason(built.preemption, trainer)
         else:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
         raise
@@ -75,6 +82,15 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
                 _print_summary(summary)
         _shut_down_process_group(wait_for_peers=summary.status == "completed")
     return summary
+
+
+def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer) -> str:
+    """``summary.json``'s reason for a run a signal stopped."""
+    by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
+    return (
+        f"{by} stopped training at step {trainer.global_step}; its checkpoint was saved "
+        "(unless checkpoint.on_signal=false): run the same command again to resume"
+    )
 
 
 def failure_reason(exc: BaseException, plan: Plan) -> str:
@@ -117,6 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
+    die_with_parent()
+    _record_attempt(args.run_dir)
+    _log_warnings_to_run_dir(args.run_dir)
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
     from blocks.build.health import NonFiniteError
 
     try:
@@ -128,6 +149,13 @@ def main(argv: list[str] | None = None) -> None:
         _finalize_mpi()
         logging.shutdown()
         os._exit(1)
+    except (KeyboardInterrupt, SystemExit, SIGTERMException) as exc:
+        # Interrupted on purpose, checkpoint saved: exit 0 so torchrun does not restart the
+        # workers; the driver reads "interrupted" from summary.json.
+        print(f"blocks: training interrupted: {exc or type(exc).__name__}", file=sys.stderr, flush=True)
+        _finalize_mpi()
+        logging.shutdown()
+        os._exit(0)
     # Everything is written and the process group is destroyed. Skip interpreter
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active
@@ -137,6 +165,38 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+LOG_FILE = "blocks.log"
+
+
+def _log_warnings_to_run_dir(run_dir: Path) -> None:
+    """Append this rank's warnings and errors (log records and ``warnings.warn``) to the run dir's ``blocks.log``.
+
+    One process logs through the driver's own ``blocks.log`` (Hydra's job log); workers that
+    torchrun, srun or mpirun started are other processes, with the rank in every line.
+    """
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK")))
+    if rank is None:
+        return
+    handler = logging.FileHandler(run_dir / LOG_FILE)  # appends: every rank and the driver share the file
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(
+        logging.Formatter(f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s")
+    )
+    logging.getLogger().addHandler(handler)
+    logging.captureWarnings(True)
+
+
+ATTEMPT_FILE = ".attempt"
+"""The restart count of the workers' current attempt under torchrun (written by global rank 0)."""
+
+
+def _record_attempt(run_dir: Path) -> None:
+    """Note torchrun's restart count, so a summary the driver writes counts the restarts that happened."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is not None and os.environ.get("RANK", "0") == "0":
+        (run_dir / ATTEMPT_FILE).write_text(restart)
 
 
 def _exit_for_user_error(run_dir: Path, error: BlocksError) -> None:

@@ -1,0 +1,96 @@
+"""Preemption: SIGTERM or SIGINT stops training at the next optimizer step, on every rank at once.
+
+The signal handler only sets a flag. At each optimizer-step boundary the ranks agree on the
+flag (a one-element all-reduce) and, when any rank got the signal, every rank raises
+:class:`Preempted` at the same point, so the checkpoint callback saves collectively and the
+run ends ``interrupted``. Lightning's own SIGTERM handler is replaced: it runs a collective
+inside the signal handler, which deadlocks or desynchronizes ranks that got the signal at
+different points of the loop.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from blocks.build.checkpointing import processed_micro_batches
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(SIGTERMException):
+    """Every rank agreed to stop: a SIGTERM or SIGINT reached at least one of them."""
+
+
+class Preemption(pl.Callback):
+    """Turns SIGTERM/SIGINT into a synchronized stop at an optimizer-step boundary.
+
+    A second SIGINT (Ctrl-C twice) interrupts at once, without the synchronized stop.
+    """
+
+    def __init__(self, accumulate: int) -> None:
+        self.accumulate = accumulate
+        self.received: int = 0
+        self.stopped_by: str | None = None
+
+    def install(self, trainer: pl.Trainer) -> None:
+        """Replace Lightning's signal handling on *trainer* by this flag."""
+        # Lightning registers its handlers from trainer._signal_connector at the start of fit/validate.
+        trainer._signal_connector = _FlagConnector(trainer, self)
+
+    def notice(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: remember the signal; act on it at the next step boundary."""
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not self.received:
+            self.received = signum
+            sys.stderr.write(
+                f"blocks: {signal.Signals(signum).name} received; stopping after this step and saving a checkpoint\n"
+            )
+            sys.stderr.flush()
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """At an optimizer-step boundary, stop on every rank when any rank got a signal."""
+        if processed_micro_batches(trainer) % self.accumulate:
+            return
+        signum = agreed(self.received, trainer.strategy.root_device)
+        if signum:
+            self.stopped_by = signal.Signals(signum).name
+            raise Preempted(f"{self.stopped_by} stopped training at step {trainer.global_step}")
+
+
+def agreed(value: int, device: torch.device) -> int:
+    """The largest *value* over all ranks (the value itself without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+class _FlagConnector(_SignalConnector):
+    """Lightning's signal connector, with :meth:`Preemption.notice` as the SIGTERM and SIGINT handler."""
+
+    def __init__(self, trainer: pl.Trainer, preemption: Preemption) -> None:
+        super().__init__(trainer)
+        self.preemption = preemption
+
+    def register_signal_handlers(self) -> None:
+        """Install the flag handler (main thread only; Python allows no other)."""
+        self.received_sigterm = False
+        self._original_handlers = self._get_current_signal_handlers()
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, self.preemption.notice)

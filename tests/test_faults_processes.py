@@ -1,0 +1,280 @@
+"""Faults of processes and run dirs: killed launchers, preemption, exit codes, locks, refused reruns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from blocks.checkpoint import store
+from blocks.core.errors import BlocksError
+from blocks.launch import driver
+from blocks.launch.lock import LOCK_FILE, RunDirBusy
+from tests.conftest import blocks_run_until_step, read_summary, run_cli, spawned
+
+pytestmark = pytest.mark.timeout(600)
+
+LONG_DDP = [
+    "recipe=blobs",
+    "data.samples=200000",
+    "trainer.max_epochs=5",
+    "strategy=ddp",
+    "trainer.devices=2",
+    "monitor.log_every_n_steps=1",
+]
+TINY = ["recipe=blobs", "trainer.max_steps=5", "monitor.progress=off"]
+
+
+def job_pids(run_dir: Path) -> list[int]:
+    """Every live process of the job in *run_dir*: torchrun and its workers."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and str(run_dir).encode() in cmdline and b"blocks.launch.worker" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def torchrun_pid(run_dir: Path) -> int:
+    (pid,) = [
+        p for p in job_pids(run_dir) if b"blocks.launch.torchrun" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
+    return pid
+
+
+def wait_until_gone(run_dir: Path, patience_s: float = 90) -> list[int]:
+    deadline = time.monotonic() + patience_s
+    while job_pids(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return job_pids(run_dir)
+
+
+def snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(path.relative_to(run_dir)): (path.stat().st_mtime_ns, path.stat().st_size)
+        for path in run_dir.rglob("*")
+        if path.is_file()
+    }
+
+
+def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refused_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the ``blocks run`` process group; a second job into the held run dir is refused first."""
+    run_dir = tmp_path / "run"
+    with blocks_run_until_step([*LONG_DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
+        assert len(job_pids(run_dir)) == 3  # torchrun and two workers, in sessions of their own
+        config_before = (run_dir / "config.yaml").read_bytes()
+        second = run_cli(["run", *LONG_DDP, "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert second.returncode == 2, second.output
+        assert f"pid {proc.pid}" in second.output and socket.gethostname() in second.output
+        assert "Traceback" not in second.output
+        assert (run_dir / "config.yaml").read_bytes() == config_before
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert wait_until_gone(run_dir) == []
+    before = snapshot(run_dir)
+    time.sleep(3)
+    assert snapshot(run_dir) == before, "nothing writes into the run dir after the job died"
+
+
+def test_workers_die_with_a_killed_torchrun_and_the_summary_counts_what_happened(tmp_path: Path) -> None:
+    """kill -9 of torchrun alone: the workers die too; the driver's summary has the real restarts and steps."""
+    run_dir = tmp_path / "run"
+    args = [*LONG_DDP, "trainer.max_failures=2", "checkpoint.every_n_steps=3", f"hydra.run.dir={run_dir}"]
+    with blocks_run_until_step(args, cwd=tmp_path, step=8) as proc:
+        os.kill(torchrun_pid(run_dir), signal.SIGKILL)
+        assert wait_until_gone(run_dir) == []
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert summary["restarts"] == 0
+    assert summary["global_step"] >= 6
+    assert not (run_dir / LOCK_FILE).exists()
+
+
+def test_a_killed_peer_is_named_in_the_failure_reason(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with blocks_run_until_step([*LONG_DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
+        workers = [p for p in job_pids(run_dir) if p != torchrun_pid(run_dir)]
+        environ = Path(f"/proc/{workers[-1]}/environ").read_bytes().split(b"\0")
+        rank = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"RANK="))
+        os.kill(workers[-1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 1, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert f"rank {rank} died (SIGKILL)" in summary["reason"]
+
+
+def uninterrupted_digest(tmp_path: Path, args: list[str]) -> str:
+    summary = driver.run([*args, "monitor.progress=off"], tmp_path / "reference")
+    assert summary.status == "completed"
+    assert summary.state_digest
+    return summary.state_digest
+
+
+MULTI_PROCESS = {
+    "ddp": ["recipe=blobs", "data.samples=100000", "strategy=ddp"],
+    "fsdp": ["recipe=tiny_lm", "strategy=fsdp", "optim.warmup_steps=2"],
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(MULTI_PROCESS))
+def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resumes_exactly(
+    tmp_path: Path, strategy: str
+) -> None:
+    run_dir = tmp_path / "run"
+    steps = 300
+    args = [
+        *MULTI_PROCESS[strategy],
+        f"trainer.max_steps={steps}",
+        "trainer.devices=2",
+        "trainer.val_every=null",
+        "monitor.log_every_n_steps=1",
+    ]
+    with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted", summary
+    assert "SIGTERM" in summary["reason"]
+    assert 5 <= summary["global_step"] < steps
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    assert [c.manifest.step for c in committed] == [
+        summary["global_step"]
+    ]  # every_n_steps=0: the signal saved
+    rerun = run_cli(["run", *args, "monitor.progress=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    resumed = read_summary(run_dir)
+    assert resumed["status"] == "completed" and resumed["global_step"] == steps
+    assert resumed["resumed_from"].endswith(store.step_dir_name(summary["global_step"]))
+    assert resumed["state_digest"] == uninterrupted_digest(tmp_path, args)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_one_process_interrupted_exits_130_without_a_traceback(tmp_path: Path, signum: int) -> None:
+    run_dir = tmp_path / "run"
+    args = ["recipe=blobs", "data.samples=200000", "trainer.max_epochs=5", "monitor.log_every_n_steps=1"]
+    with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=3) as proc:
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted"
+    assert signal.Signals(signum).name in summary["reason"]
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    assert committed[-1].manifest.step == summary["global_step"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert driver.run(TINY, run_dir).status == "completed"
+    return run_dir
+
+
+def test_a_refused_rerun_leaves_the_finished_run_dir_as_it_was(finished: Path) -> None:
+    before = {name: (finished / name).read_bytes() for name in ("config.yaml", "plan.json", "summary.json")}
+    with pytest.raises(BlocksError, match="global batch"):
+        driver.run([*TINY, "data.batch_size=7"], finished)  # its checkpoint has another global batch
+    assert {name: (finished / name).read_bytes() for name in before} == before
+    assert not (finished / LOCK_FILE).exists()
+
+
+def write_lock(run_dir: Path, **holder: object) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    content = {"host": socket.gethostname(), "pid": os.getpid(), "started": "then", "heartbeat": time.time()}
+    (run_dir / LOCK_FILE).write_text(json.dumps({**content, **holder}))
+
+
+def test_a_run_dir_held_by_a_live_job_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as holder:
+        write_lock(tmp_path / "run", pid=holder.pid)
+        with pytest.raises(RunDirBusy) as refused:
+            driver.run(TINY, tmp_path / "run")
+    problem = refused.value.problems[0]
+    assert problem.key == "hydra.run.dir"
+    assert f"pid {holder.pid} on host {socket.gethostname()}" in problem.message
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_FILE]
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        {"pid": 2**22 + 12345},  # no such process on this host
+        {"host": "elsewhere", "heartbeat": time.time() - 3600},  # another host, no heartbeat for an hour
+    ],
+    ids=["dead-pid", "old-heartbeat"],
+)
+def test_a_stale_lock_is_taken_over_with_a_warning_and_released_at_the_end(
+    tmp_path: Path, holder: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    write_lock(tmp_path / "run", **holder)
+    assert driver.run(TINY, tmp_path / "run").status == "completed"
+    assert "stale lock" in caplog.text
+    assert not (tmp_path / "run" / LOCK_FILE).exists()
+
+
+def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = cli(
+        "run", "-m", "recipe=blobs", "trainer.max_steps=20", "optim.lr=1e12,1e-3", f"hydra.sweep.dir={sweep}"
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert "Traceback" not in result.output
+    assert read_summary(sweep / "0")["status"] == "failed"  # diverged: NaN loss
+    assert read_summary(sweep / "1")["status"] == "completed"  # ran after the failure
+    assert f"1 job(s) of the sweep did not complete: {sweep / '0'}" in result.output
+    assert cli("report", str(sweep)).returncode == 0
+    report = (sweep / "report" / "report.md").read_text()
+    assert "| failed |" in report and "| completed |" in report
+
+
+def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> None:
+    sweep = tmp_path / "optuna"
+    result = cli(
+        "run",
+        "-m",
+        "hparams_search=optuna",
+        "recipe=blobs",
+        "trainer.max_steps=20",
+        "hydra.sweeper.n_trials=4",
+        "optim.lr=choice(1e12,1e-3)",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    statuses = [read_summary(sweep / str(n))["status"] for n in range(4)]
+    assert "failed" in statuses and "completed" in statuses
+    best = (sweep / "optimization_results.yaml").read_text()
+    assert "optim.lr: 0.001" in best
+
+
+def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> None:
+    args = [
+        "recipe=blobs",
+        "trainer.max_steps=12",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "monitor.log_every_n_steps=1",
+        "monitor.rank_spread_tolerance=1e-9",  # rank 0 warns that the ranks' losses differ
+        "monitor.progress=off",
+    ]
+    assert driver.run(args, tmp_path / "run").status == "completed"
+    log = (tmp_path / "run" / "blocks.log").read_text()
+    assert "[rank 0]" in log and "differed across ranks" in log
