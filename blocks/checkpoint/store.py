@@ -224,9 +224,12 @@ def is_ours(url: str) -> bool:
 
 
 def replace_ours(url: str) -> None:
-    """Clear *url* for a new save of the same step; :class:`CheckpointError` if blocks did not create it."""
+    """Clear *url* for a new save of the same step; :class:`CheckpointError` if blocks did not create it.
+
+    An empty directory holds nothing to lose and is used as it is.
+    """
     fs, root = url_to_fs(url)
-    if not fs.exists(root):
+    if not fs.exists(root) or not fs.ls(root, detail=False):
         return
     if not is_ours(url):
         raise CheckpointError(
