@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,3 +94,35 @@ def blocks_run_until_step(
             if line.startswith(f"step {step}/") or time.monotonic() > deadline:
                 break
         yield proc
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_s3_server() -> Iterator[dict[str, str]]:
+    """moto's standalone S3 server on a free loopback port; yields the environment that points s3fs at it.
+
+    Subprocesses get the endpoint through the environment (fsspec reads ``FSSPEC_S3_*`` at
+    import); set it in this process too (``fsspec.config.conf["s3"]``) where the test reads S3 itself.
+    """
+    port = free_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with spawned(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        yield env

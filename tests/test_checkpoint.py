@@ -7,10 +7,8 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
-from tests.conftest import blocks_run_until_step, read_summary, spawned
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -269,12 +267,6 @@ def test_fsdp_save_on_two_resume_on_two_and_load_on_one(tmp_path: Path) -> None:
     assert set(load_file(str(out))) == set(final)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def s3_server(monkeypatch: pytest.MonkeyPatch):
     """moto's standalone S3 server on loopback, and the environment that points s3fs at it.
@@ -284,27 +276,10 @@ def s3_server(monkeypatch: pytest.MonkeyPatch):
     """
     import fsspec
 
-    port = free_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
-    with spawned(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    ):
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
+    with moto_s3_server() as env:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
         import s3fs
 
         fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])

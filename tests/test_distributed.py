@@ -7,7 +7,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from safetensors.torch import load_file
 from blocks.build.trainer import build_run
 from blocks.core import jobs
 from blocks.launch import driver
-from tests.conftest import blocks_run_until_step, read_summary, run_cli, spawned
+from tests.conftest import blocks_run_until_step, free_port, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -168,12 +167,6 @@ def test_three_two_process_jobs_at_once_never_collide(tmp_path: Path) -> None:
             assert proc.returncode == 0, err[-3000:]
     for i in range(3):
         assert read_summary(tmp_path / str(i))["status"] == "completed"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:

@@ -26,20 +26,11 @@ from blocks.core import jobs
 from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
 from blocks.data.shards.prepare import PrepareOptions, prepare
 from blocks.data.stream import Stream
-from tests.conftest import blocks_run_until_step, read_summary, run_cli
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_cli
 
 pytestmark = pytest.mark.timeout(600)
 
 SEQ_LEN = 4
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_corpus(root: Path, files: int = 6, chars: int = 64) -> Path:
@@ -228,47 +219,22 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     """moto's standalone S3 server for this module, with the environment that points s3fs (and children) at it."""
     import fsspec
 
-    from tests.conftest import spawned
-
-    port = free_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, moto_s3_server() as env:
         for key, value in env.items():
             patch.setenv(key, value)
         patch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
-        with spawned(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ):
-            import socket
-            import time
+        import s3fs
 
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with socket.socket() as sock:
-                    if sock.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                time.sleep(0.2)
-            import s3fs
-
-            fs = s3fs.S3FileSystem(
-                key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"]
-            )
-            fs.mkdir("stream")
-            url = "s3://stream/email"
-            prepare(
-                "python:email",
-                url,
-                PrepareOptions(tokenizer="bpe:512", shard_tokens=2048, workers=2),
-                progress=False,
-            )
-            yield fs, url, tmp_path_factory.mktemp("s3work")
+        fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])
+        fs.mkdir("stream")
+        url = "s3://stream/email"
+        prepare(
+            "python:email",
+            url,
+            PrepareOptions(tokenizer="bpe:512", shard_tokens=2048, workers=2),
+            progress=False,
+        )
+        yield fs, url, tmp_path_factory.mktemp("s3work")
 
 
 def test_s3_shards_read_through_a_small_cache_equal_a_local_copy(s3, tmp_path: Path) -> None:

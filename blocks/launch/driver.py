@@ -101,13 +101,21 @@ def exit_code(summary: Summary) -> int:
     return EXIT_INTERRUPTED if summary.status == "interrupted" else 1
 
 
-def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path) -> Plan:
-    """Refuse a broken plan or an unusable resume, then write the job files: a refused job writes nothing."""
+def _checked(config: DictConfig, choices: dict[str, str], run_dir: Path) -> tuple[DictConfig, Plan]:
+    """The frozen config and its plan, refused when the plan has errors or a path it names is unsafe.
+
+    Also runs the data's own preflight (is its storage reachable?). Writes nothing.
+    """
     frozen = freeze_config(config, run_dir)
     plan = make_plan(config_to_blocks(frozen), choices)
     plan.raise_for_errors()
     refuse_objects(plan.blocks.values())
-    plan.data.preflight()  # I/O the pure plan does not do: is the data's storage reachable?
+    plan.data.preflight()  # I/O the pure plan does not do
+    return frozen, plan
+
+
+def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
+    """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``."""
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory)
     if getattr(plan.checkpoint, "enabled", False):
@@ -115,7 +123,6 @@ def _write_and_check(config: DictConfig, choices: dict[str, str], run_dir: Path)
     write_job_files(run_dir, frozen, plan)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
-    return plan
 
 
 @contextlib.contextmanager
@@ -123,15 +130,12 @@ def held(run_dir: Path, config: DictConfig, choices: dict[str, str]) -> Iterator
     """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
 
     A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
-    resume that cannot work, is refused before anything is written. Multi-node jobs share one
-    run dir between the nodes' drivers, so they are not locked.
+    resume or storage that cannot work, is refused before anything is written. Multi-node jobs
+    share one run dir between the nodes' drivers, so they are not locked.
     """
-    frozen = freeze_config(config, run_dir)
-    plan = make_plan(config_to_blocks(frozen), choices)
-    plan.raise_for_errors()
+    frozen, plan = _checked(config, choices, run_dir)
     with locked(run_dir) if plan.derived.nodes == 1 else contextlib.nullcontext():
-        resolve_resume(plan, checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
-        write_job_files(run_dir, frozen, plan)
+        _write_job_files(run_dir, frozen, plan)
         yield plan
 
 
@@ -242,7 +246,9 @@ def prepare(overrides: list[str], run_dir: Path) -> Plan:
     The Python twin of ``blocks run`` up to the point where training starts.
     """
     composed = compose(overrides)
-    return _write_and_check(composed.config, composed.choices, run_dir)
+    frozen, plan = _checked(composed.config, composed.choices, run_dir)
+    _write_job_files(run_dir, frozen, plan)
+    return plan
 
 
 def run(overrides: list[str], run_dir: Path) -> Summary:
