@@ -33,6 +33,7 @@ ADAPTER_OVERRIDES = {
         "model.target=tests.legacy_team.TinyNet",
         "model.spec_args={in_features:num_features,num_classes:num_classes}",
     ],
+    ("data", "stream"): ["data.source=python:email", "data.tokenizer=byte", "data.seq_len=32"],
     ("data", "lightning_data"): [
         "data.target=tests.legacy_team.ClustersDM",
         "data.num_features=8",
