@@ -44,10 +44,11 @@ class ShardCache:
         self._lock = threading.Lock()
         self._pending: dict[str, Future[Path]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._reserved = 0  # bytes of the fetches in flight, not yet in the directory listing
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state.update(_lock=None, _pending={}, _pool=None)
+        state.update(_lock=None, _pending={}, _pool=None, _reserved=0)
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -94,7 +95,10 @@ class ShardCache:
             return target
         self.root.mkdir(parents=True, exist_ok=True)
         fs, remote = fsspec.core.url_to_fs(f"{self.url}/{name}")
-        self._evict(int(fs.size(remote)), keep=name)
+        size = int(fs.size(remote))
+        with self._lock:  # evict and reserve as one step, so concurrent fetches cannot overshoot together
+            self._evict(size, keep=name)
+            self._reserved += size
         import tempfile
 
         handle, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.")
@@ -103,16 +107,17 @@ class ShardCache:
             fs.get_file(remote, tmp)
             os.replace(tmp, target)
         finally:
+            with self._lock:
+                self._reserved -= size
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return target
 
     def _evict(self, incoming: int, *, keep: str) -> None:
-        """Remove least recently used files until *incoming* more bytes fit under the limit."""
+        """Remove least recently used files until *incoming* more bytes fit under the limit (lock held)."""
         files = [p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")]
-        used = sum(p.stat().st_size for p in files)
-        with self._lock:
-            busy = set(self._pending) | {keep}
+        used = sum(p.stat().st_size for p in files) + self._reserved
+        busy = set(self._pending) | {keep}
         for old in sorted(files, key=lambda p: p.stat().st_mtime):
             if used + incoming <= self.limit_bytes:
                 break
