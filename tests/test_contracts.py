@@ -23,7 +23,19 @@ EXEMPLIFIED = [c for c in CHECKS if c.example]
 
 # Checks that need files or a missing package to fire, or that the build layer runs on the
 # weights; tests/test_recipes.py and tests/test_cli.py trigger them.
-WITHOUT_PLAN_EXAMPLE = ["data-extra", "weights-source", "weights-fit", "freeze-prefix", "recipe-load"]
+# Checks made when a run starts (the driver's preflight, the import of a path) or on files:
+# each is tested where it fires (test_security, test_faults_checkpoints, test_faults_storage, ...).
+WITHOUT_PLAN_EXAMPLE = [
+    "data-extra",
+    "weights-source",
+    "weights-fit",
+    "freeze-prefix",
+    "recipe-load",
+    "import-kind",
+    "checkpoint-unsafe",
+    "resume-usable",
+    "checkpoint-storage",
+]
 
 
 def test_every_check_but_file_loading_has_an_example() -> None:

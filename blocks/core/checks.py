@@ -25,11 +25,15 @@ FULL_CHECKPOINT = "memory://blocks-checks/full/step-000000010"
 
 def write_full_checkpoint() -> None:
     """Commit an empty full checkpoint at :data:`FULL_CHECKPOINT` (in memory; torch-free)."""
+    import fsspec
+
     from blocks.checkpoint import store
 
     manifest = store.Manifest(
         step=10, epoch=0, world_size=1, sharded=False, global_batch=32, block_digests={}
     )
+    with fsspec.open(store.join(FULL_CHECKPOINT, "state.pt"), "wb") as handle:
+        handle.write(b"state")  # the manifest lists it; planning never reads it
     store.commit(FULL_CHECKPOINT, manifest)
 
 
@@ -460,6 +464,69 @@ CHECKS: tuple[Check, ...] = (
         "recipe",
         "recipe files load (a warning on every command; choosing a recipe that failed is an error)",
         (),
+    ),
+    Check(
+        "import-kind",
+        ("model", "data", "monitor"),
+        "model.target",
+        "an imported path is a class of the kind its field expects (nn.Module, DataModule, Logger, Callback), never a function",
+        (),
+    ),
+    Check(
+        "checkpoint-unsafe",
+        ("checkpoint",),
+        "checkpoint.resume",
+        "a checkpoint to resume loads without unpickling anything but data",
+        (),
+    ),
+    Check(
+        "resume-usable",
+        ("checkpoint",),
+        "checkpoint.resume",
+        "a resume that was expected finds a usable checkpoint instead of training from step 0",
+        (),
+    ),
+    Check(
+        "checkpoint-storage",
+        ("checkpoint", "trainer"),
+        "checkpoint.dir",
+        "checkpoints can be written at checkpoint.dir before training starts (memory:// only for one process)",
+        (),
+    ),
+    Check(
+        "one-lightning-logger",
+        ("monitor",),
+        "monitor.loggers",
+        "at most one Lightning logger class, the one monitor.logger_args configures",
+        (
+            "monitor.loggers=[csv,pytorch_lightning.loggers.CSVLogger,pytorch_lightning.loggers.TensorBoardLogger]",
+        ),
+    ),
+    Check(
+        "rollback-checkpoints",
+        ("monitor", "checkpoint"),
+        "monitor.on_nonfinite",
+        "rolling back after a non-finite step needs checkpoints to roll back to",
+        ("monitor.on_nonfinite=rollback", "checkpoint.enabled=false"),
+    ),
+    Check(
+        "spec-args",
+        ("model", "data"),
+        "model.spec_args.in_features",
+        "each spec_args entry of an adapted module names a field of the data's batch spec",
+        (
+            "recipe=blobs",
+            "model=torch_module",
+            "model.target=blocks.model.networks.Decoder",
+            "+model.spec_args={in_features:nope}",
+        ),
+    ),
+    Check(
+        "divergence-factor",
+        ("monitor",),
+        "monitor.loss_divergence_factor",
+        "the loss divergence factor is above 1 (or 0 to turn the check off)",
+        ("monitor.loss_divergence_factor=0.5",),
     ),
     Check(
         "sweep-without-m",

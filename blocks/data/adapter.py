@@ -113,5 +113,6 @@ class LightningData(DataBlock):
                     name,
                     f"must be declared (> 0): the plan reads it without importing {self.target}",
                     f"data.{name}=<value of your datamodule>",
+                    check="range",
                 )
         ctx.positive("val_samples", self.val_samples, allow_zero=True)

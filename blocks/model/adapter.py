@@ -84,9 +84,10 @@ class TorchModule(ModelBlock):
             for name, attr in self.spec_args.items():
                 if attr not in known:
                     ctx.error(
-                        f"spec_args.{name}",
+                        f"model.spec_args.{name}",
                         f"'{attr}' is not a field of the data's {type(spec).__name__}",
                         f"one of: {', '.join(known)}",
+                        check="spec-args",
                     )
 
 
@@ -98,7 +99,7 @@ def nested_paths(kwargs: Any, key: str) -> list[tuple[str, str, Kind]]:
 def check_import_paths(ctx: CheckContext, kind: str, target: str, kwargs: Any) -> None:
     """Report a missing, refused or not-allowed import path (the target and every nested ``_target_``)."""
     if target == MISSING:
-        ctx.error("target", "names no class", f"{kind}.target=mylab.module.ClassName")
+        ctx.error("target", "names no class", f"{kind}.target=mylab.module.ClassName", check="import-path")
         return
     for key, path in [(f"{kind}.target", target), *targets_in(kwargs, f"{kind}.kwargs")]:
         problem = path_problem(path, key)

@@ -75,10 +75,14 @@ class ModelBlock(Block):
                     "freeze",
                     f"an empty module-name prefix freezes nothing: {list(self.freeze)}",
                     "model.freeze=[0]",
+                    check="freeze-prefix",
                 )
         if self.init_from is not None and not self.init_from.strip():
             ctx.error(
-                "init_from", "is empty", "model.init_from=null, or a run dir, checkpoint or .safetensors file"
+                "init_from",
+                "is empty",
+                "model.init_from=null, or a run dir, checkpoint or .safetensors file",
+                check="weights-source",
             )
         spec = ctx.batch_spec
         if spec is not None and self.accepts and not isinstance(spec, self.accepts):

@@ -144,6 +144,7 @@ class Monitor(MonitorBlock):
                     f"'{name}' is not a logger",
                     f"use {', '.join(BUILTIN_LOGGERS)} or the import path of a Lightning logger class, "
                     "e.g. pytorch_lightning.loggers.MLFlowLogger",
+                    check="import-path",
                 )
                 continue
             problem = path_problem(name, "monitor.loggers", kind=LOGGER_CLASS)
@@ -161,10 +162,12 @@ class Monitor(MonitorBlock):
                 "loggers",
                 f"{len(lightning)} Lightning loggers are listed; logger_args can configure only one",
                 "keep one Lightning logger class in monitor.loggers",
+                check="one-lightning-logger",
             )
         if self.on_nonfinite == "rollback" and not getattr(ctx.block("checkpoint"), "enabled", True):
             ctx.error(
                 "on_nonfinite",
                 "rollback needs committed checkpoints, but checkpoint.enabled is false",
                 "set checkpoint.enabled=true, or monitor.on_nonfinite=skip",
+                check="rollback-checkpoints",
             )
