@@ -126,3 +126,21 @@ def moto_s3_server() -> Iterator[dict[str, str]]:
                     break
             time.sleep(0.2)
         yield env
+
+
+def job_pids(run_dir: Path, *, workers_only: bool = False) -> list[int]:
+    """Live processes of the job in *run_dir*: the torchrun wrapper and its workers (or the workers only)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z" or str(run_dir).encode() not in cmdline or b"blocks.launch.worker" not in cmdline:
+            continue
+        if not (workers_only and b"blocks.launch.torchrun" in cmdline):
+            pids.append(int(entry.name))
+    return pids

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from blocks.build.trainer import build_run
 from blocks.core import jobs
 from blocks.launch import driver
-from tests.conftest import blocks_run_until_step, free_port, read_summary, run_cli, spawned
+from tests.conftest import blocks_run_until_step, free_port, job_pids, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -210,21 +210,6 @@ def test_multi_node_without_a_rendezvous_is_a_clear_error(cli) -> None:
     assert "BLOCKS_RDZV_ENDPOINT" in result.output
 
 
-def worker_pids(run_dir: Path) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        is_worker = b"blocks.launch.worker" in cmdline and b"blocks.launch.torchrun" not in cmdline
-        if is_worker and str(run_dir).encode() in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [
@@ -238,7 +223,7 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
         f"hydra.run.dir={run_dir}",
     ]
     with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
-        victims = worker_pids(run_dir)
+        victims = job_pids(run_dir, workers_only=True)
         assert len(victims) == 2
         os.kill(victims[-1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)

@@ -16,7 +16,7 @@ from blocks.checkpoint import store
 from blocks.core.errors import BlocksError
 from blocks.launch import driver
 from blocks.launch.lock import LOCK_FILE, RunDirBusy
-from tests.conftest import blocks_run_until_step, read_summary, run_cli, spawned
+from tests.conftest import blocks_run_until_step, job_pids, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,22 +29,6 @@ LONG_DDP = [
     "monitor.log_every_n_steps=1",
 ]
 TINY = ["recipe=blobs", "trainer.max_steps=5", "monitor.progress=off"]
-
-
-def job_pids(run_dir: Path) -> list[int]:
-    """Every live process of the job in *run_dir*: torchrun and its workers."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and str(run_dir).encode() in cmdline and b"blocks.launch.worker" in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 def torchrun_pid(run_dir: Path) -> int:

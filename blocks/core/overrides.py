@@ -10,12 +10,16 @@ override, its key and the fix.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from blocks.core import paths
 from blocks.core.block import KINDS
 from blocks.core.errors import Problem, did_you_mean
 from blocks.core.registry import REGISTRY
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 _GROUPS = (*KINDS, "recipe", "experiment", "debug", "hparams_search")
 SEARCHPATH_KEY = "hydra.searchpath"
@@ -91,22 +95,24 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def syntax_problems(overrides: Sequence[str]) -> list[Problem]:
-    """A problem for each override Hydra's grammar cannot parse, or that has no key, naming it."""
+def _parsed(overrides: Sequence[str]) -> Iterator[tuple[str, Override | None, Problem | None]]:
+    """Each override with Hydra's parse of it alone, or the problem that names why it does not parse."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    problems = []
     for override in overrides:
         try:
             parsed = parser.parse_overrides([override])[0]
         except HydraException as exc:
-            problems.append(_parse_problem(override, exc))
+            yield override, None, _parse_problem(override, exc)
             continue
-        if not parsed.key_or_group:
-            problems.append(_keyless_problem(override))
-    return problems
+        yield override, parsed, None if parsed.key_or_group else _keyless_problem(override)
+
+
+def syntax_problems(overrides: Sequence[str]) -> list[Problem]:
+    """A problem for each override Hydra's grammar cannot parse, or that has no key, naming it."""
+    return [problem for _, _, problem in _parsed(overrides) if problem is not None]
 
 
 def _keyless_problem(override: str) -> Problem:
@@ -125,23 +131,16 @@ def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[Problem]]
     config group given something other than one option name, and a new key at the root of the
     config (``+foo=1``), which no block would read. ``hydra.*`` overrides pass untouched.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
     kept: list[str] = []
     problems: list[Problem] = []
-    for override in overrides:
-        try:
-            parsed = parser.parse_overrides([override])[0]
-        except HydraException as exc:
-            problems.append(_parse_problem(override, exc))
+    for override, parsed, problem in _parsed(overrides):
+        if problem is not None:
+            problems.append(problem)
             continue
+        assert parsed is not None
         key = parsed.key_or_group
         root = key.replace("/", ".").split(".", 1)[0]
-        if not key:
-            problems.append(_keyless_problem(override))
-        elif root == "hydra" or parsed.is_delete():
+        if root == "hydra" or parsed.is_delete():
             kept.append(override)
         elif key in _GROUPS and not parsed.is_sweep_override() and not _is_option_name(parsed.value()):
             problems.append(
