@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from blocks.checkpoint import store
 from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
+from blocks.compat.torch_private import processed_micro_batches, saved_batch_progress
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,6 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Skip the steps already taken in the saved epoch on the next pass over it."""
         self.batch_sampler.resume_at(epoch=state["epoch"], steps_done=state["steps_done"])  # type: ignore[union-attr]
-
-
-def processed_micro_batches(trainer: pl.Trainer) -> int:
-    """Micro-batches training has processed in the current epoch (Lightning's own progress count)."""
-    current = trainer.fit_loop.epoch_loop.batch_progress.current
-    return int(current.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
 
 
 def rng_state() -> dict[str, Any]:
@@ -213,7 +208,7 @@ class CheckpointCallback(pl.Callback):
         """
         if not self._between_batches:
             return
-        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        progress = saved_batch_progress(checkpoint)
         if progress:
             for tracker in (progress["total"], progress["current"]):
                 tracker["ready"] = tracker["completed"]

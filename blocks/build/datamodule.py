@@ -8,8 +8,11 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from blocks.build.checkpointing import ResumableLoader, processed_micro_batches
+from blocks.build.checkpointing import ResumableLoader
 from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
+from blocks.compat.torch_private import processed_micro_batches
+from blocks.core.errors import BlocksError, Problem
+from blocks.core.plan import Derived
 from blocks.data.base import DataBlock
 
 
@@ -47,25 +50,39 @@ def batched(dataset: Dataset) -> Dataset:
 
 
 class BlocksDataModule(pl.LightningDataModule):
-    """Train and val loaders for a data block, with the global batch stream of the plan."""
+    """Train and val loaders for a data block, with the global batch stream of the plan.
 
-    def __init__(self, data: DataBlock, *, accumulate: int, seed: int, overfit_batches: int = 0) -> None:
+    The batch layout (micro-batch, accumulation, world size, global batch) is the plan's
+    derived numbers, passed in; nothing here derives it again.
+    """
+
+    def __init__(self, data: DataBlock, *, derived: Derived, seed: int, overfit_batches: int = 0) -> None:
         super().__init__()
         self.data = data
         self.overfit_batches = overfit_batches
-        self.accumulate = accumulate
+        self.accumulate = derived.accumulate
+        self.world_size = derived.world_size
+        self.global_batch = derived.global_batch
         self.seed = seed
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
 
     def setup(self, stage: str) -> None:
-        """Build the datasets once per process."""
+        """Build the datasets once per process (refused when the processes are not the ones the plan froze)."""
+        if self.trainer is not None and self.trainer.world_size != self.world_size:
+            raise BlocksError(
+                Problem(
+                    "trainer.devices",
+                    f"this job runs {self.trainer.world_size} processes, but its frozen plan was made for "
+                    f"{self.world_size} (trainer.devices × trainer.nodes)",
+                    "start the workers the way blocks run does (one per device on each node), or plan again",
+                )
+            )
         if self.train_set is None:
             self.train_set = self.data.build("train")
             if self.overfit_batches:
                 # The same few global batches for training and validation: can the model memorize them?
-                world = self.trainer.world_size if self.trainer is not None else 1
-                size = self.overfit_batches * self.data.batch_size * self.accumulate * world
+                size = self.overfit_batches * self.global_batch
                 self.train_set = Subset(self.train_set, range(min(size, len(self.train_set))))  # type: ignore[arg-type]
                 self.val_set = self.train_set
         if self.val_set is None and self.data.num_samples("val") > 0:
@@ -105,7 +122,7 @@ class BlocksDataModule(pl.LightningDataModule):
             micro_batch=self.data.batch_size,
             accumulate=self.accumulate,
             rank=self.trainer.global_rank,
-            world_size=self.trainer.world_size,
+            world_size=self.world_size,
         )
         return ResumableLoader(
             batched(self.train_set),
@@ -123,6 +140,6 @@ class BlocksDataModule(pl.LightningDataModule):
             len(self.val_set),  # type: ignore[arg-type]
             batch_size=self.data.batch_size,
             rank=self.trainer.global_rank,
-            world_size=self.trainer.world_size,
+            world_size=self.world_size,
         )
         return DataLoader(batched(self.val_set), batch_sampler=batches, **self._loader_options())

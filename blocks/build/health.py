@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from blocks.checkpoint import store
+from blocks.core.environment import restart_count
 from blocks.monitor.sinks import Row
 
 log = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ class StallWatchdog(pl.Callback):
         self._thread: threading.Thread | None = None
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self._attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self._attempt = restart_count()
         self._injected = _parse_injection(os.environ.get(STALL_ENV)) if self._attempt == 0 else None
 
     def _beat(self, trainer: pl.Trainer) -> None:
@@ -335,6 +336,9 @@ class StallWatchdog(pl.Callback):
             if self._rank == 0:
                 self.on_stall(reason, self._step)
         finally:
+            # The main thread is blocked inside a collective that never returns (a peer is gone),
+            # and an exception raised in this watchdog thread would end only this thread: ending
+            # the process from here is the one way out, so torchrun sees the failure and restarts.
             logging.shutdown()
             os._exit(STALL_EXIT_CODE)
 

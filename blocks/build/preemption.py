@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from types import FrameType
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from blocks.build.checkpointing import processed_micro_batches
+from blocks.compat.torch_private import processed_micro_batches, replace_signal_handlers
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -43,8 +41,7 @@ class Preemption(pl.Callback):
 
     def install(self, trainer: pl.Trainer) -> None:
         """Replace Lightning's signal handling on *trainer* by this flag."""
-        # Lightning registers its handlers from trainer._signal_connector at the start of fit/validate.
-        trainer._signal_connector = _FlagConnector(trainer, self)
+        replace_signal_handlers(trainer, self.notice, STOP_SIGNALS)
 
     def notice(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: remember the signal; act on it at the next step boundary."""
@@ -78,19 +75,3 @@ def agreed(value: int, device: torch.device) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
-
-
-class _FlagConnector(_SignalConnector):
-    """Lightning's signal connector, with :meth:`Preemption.notice` as the SIGTERM and SIGINT handler."""
-
-    def __init__(self, trainer: pl.Trainer, preemption: Preemption) -> None:
-        super().__init__(trainer)
-        self.preemption = preemption
-
-    def register_signal_handlers(self) -> None:
-        """Install the flag handler (main thread only; Python allows no other)."""
-        self.received_sigterm = False
-        self._original_handlers = self._get_current_signal_handlers()
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                signal.signal(signum, self.preemption.notice)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from blocks.checkpoint import store
 from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
+from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.data.base import TokenBatch
 from blocks.launch.run_dir import CHECKPOINTS_DIR, Summary
@@ -75,7 +75,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize)
     datamodule = BlocksDataModule(
         plan.data,
-        accumulate=derived.accumulate,
+        derived=derived,
         seed=trainer_block.seed,
         overfit_batches=trainer_block.overfit_batches,
     )
@@ -186,7 +186,7 @@ def _stall_summary(run_dir: Path, plan: Plan) -> Callable[[str, int], None]:
             reason=reason,
             global_step=step,
             world_size=plan.derived.world_size,
-            restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            restarts=restart_count(),
         ).write(run_dir)
 
     return write

@@ -18,6 +18,9 @@ class CheckpointBlock(Block):
 
     kind: ClassVar[str] = "checkpoint"
 
+    def preflight(self, ctx: CheckContext) -> None:
+        """Checks that read storage (e.g. the checkpoint to resume), run after the pure plan; report through *ctx*."""
+
 
 @register("default")
 @dataclass(frozen=True, kw_only=True)
@@ -73,8 +76,6 @@ class Checkpoint(CheckpointBlock):
                 "checkpoint.resume=auto",
                 check="choice",
             )
-        elif self.enabled and self.resume not in ("auto", "never"):
-            self._check_resume_url(ctx)
         total = ctx.derived.total_steps
         if self.enabled and self.every_n_steps and total and self.every_n_steps > total:
             ctx.warning(
@@ -101,8 +102,13 @@ class Checkpoint(CheckpointBlock):
                 validation_check="checkpoint-monitor-validation",
             )
 
-    def _check_resume_url(self, ctx: CheckContext) -> None:
-        """An explicit resume URL must name a committed checkpoint (its files are verified at run time)."""
+    def preflight(self, ctx: CheckContext) -> None:
+        """I/O the pure plan leaves out: an explicit resume URL must name a committed checkpoint in the strategy's format.
+
+        Its files are verified at run time; this reads only the manifest.
+        """
+        if not self.enabled or not self.resume or self.resume in ("auto", "never"):
+            return
         from blocks.checkpoint import store
 
         try:

@@ -20,22 +20,12 @@ def checkpoint_weights(url: str) -> dict[str, torch.Tensor]:
     """
     manifest = store.verify(url)
     if manifest.sharded:
-        # The same call as torch's dcp_to_torch_save, with a reader for any fsspec URL.
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
         from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
         from blocks.checkpoint.sharded import SHARDS_DIR
+        from blocks.compat.torch_private import dcp_load_everything
 
         check_sharded(url)
-        loaded: dict = {}
-        _load_state_dict(
-            loaded,
-            storage_reader=SafeFsspecReader(store.join(url, SHARDS_DIR)),
-            planner=_EmptyStateDictLoadPlanner(),
-            no_dist=True,
-        )
-        state = loaded["model"]
+        state = dcp_load_everything(SafeFsspecReader(store.join(url, SHARDS_DIR)))["model"]
     else:
         state = load_state(url)["state_dict"]
     return {

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from blocks.checkpoint import store
 from blocks.checkpoint.base import Checkpoint
+from blocks.core.environment import restart_count
 from blocks.core.errors import BlocksError, Problem
 from blocks.core.plan import Plan
 
@@ -37,7 +37,7 @@ def job_digests(plan: Plan) -> dict[str, str]:
 
 def is_restart() -> bool:
     """Whether this process is an automatic restart (torchrun's restart count)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    return restart_count() > 0
 
 
 def resolve_resume(plan: Plan, directory: str) -> str | None:

@@ -19,12 +19,12 @@ from typing import IO, Any, cast
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from blocks.checkpoint.io import UnsafeCheckpointError
+from blocks.compat.torch_private import FsspecReader, dcp_metadata_path
 
 METADATA_MODULE = dcp_metadata.__name__
 EXTRA_GLOBALS = frozenset(
@@ -74,11 +74,6 @@ def _unsafe(where: str, what: str, exc: BaseException) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(
         f"{where}: {what} holds pickled objects that are not checkpoint data; refusing to load it ({first})"
     )
-
-
-def metadata_path(reader: FsspecReader, rank: int | None) -> Any:
-    """Where *reader* finds the ``.metadata`` file (torch's private ``_get_metadata_path``, pinned by a test)."""
-    return reader._get_metadata_path(rank)
 
 
 class _CheckedBytes:
@@ -140,7 +135,7 @@ class SafeFsspecReader(FsspecReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's metadata through :class:`MetadataUnpickler`, then what torch's reader sets on it."""
-        with self.fs.create_stream(metadata_path(self, kwargs.get("rank")), "rb") as stream:
+        with self.fs.create_stream(dcp_metadata_path(self, kwargs.get("rank")), "rb") as stream:
             metadata = load_metadata(cast(IO[bytes], stream), str(self.path))
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = self.load_id

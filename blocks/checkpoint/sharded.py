@@ -19,7 +19,6 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from pytorch_lightning.strategies import ModelParallelStrategy
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -32,6 +31,7 @@ from blocks.checkpoint import store
 from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, load_state, write_state
 from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
 from blocks.checkpoint.storage import storage_errors
+from blocks.compat.torch_private import FsspecWriter
 
 SHARDS_DIR = "dcp"
 

@@ -215,14 +215,13 @@ def cmd_report(path: str, *, objective: str | None, mode: str | None) -> int:
 
 def _precheck(args: Sequence[str]) -> int | None:
     """Plan every job the command line would launch; print problems and return 2 if any fails."""
-    from hydra._internal.utils import get_args_parser
-
     from blocks.cli.render import plan_panel, print_problems
+    from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
     from blocks.core.imports import refuse_objects
     from blocks.launch.sweep import expand_sweep
 
-    parsed = get_args_parser().parse_args(list(args))
+    parsed = hydra_args_parser().parse_args(list(args))
     _refuse_combined_modes(parsed)
     for flag, value in (("--config-name", parsed.config_name), ("--config-path", parsed.config_path)):
         if value:
@@ -391,15 +390,13 @@ def cmd_run(args: Sequence[str]) -> int:
     code = _precheck(args)
     if code is not None:
         return code
-    import hydra
-
+    from blocks.compat.hydra_private import run_hydra_app
     from blocks.core.compose import PRIMARY_CONFIG
     from blocks.core.overrides import keep_shipped_searchpath
     from blocks.launch.sweep import FAILED_JOBS
 
     FAILED_JOBS.clear()
-    sys.argv = ["blocks", *keep_shipped_searchpath(args)]
-    hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)(run_and_say_where)()
+    run_hydra_app(keep_shipped_searchpath(args), run_and_say_where, PRIMARY_CONFIG)
     return 1 if FAILED_JOBS else 0
 
 

@@ -217,8 +217,9 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
     block's typed node, so overriding one of its fields is checked like any block's. A file
     that cannot be read is recorded as a :class:`LoadProblem` and skipped.
     """
-    from hydra.plugins.config_source import ConfigSource
     from omegaconf import DictConfig, OmegaConf
+
+    from blocks.compat.hydra_private import config_header
 
     for group in GROUPS:
         directory = conf / group
@@ -227,7 +228,7 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
         for path in sorted(directory.glob("*.yaml")):
             try:
                 text = path.read_text()
-                header = ConfigSource._get_header_dict(text)
+                header = config_header(text)
                 node = OmegaConf.load(path)
                 if not isinstance(node, DictConfig):
                     raise RegistryError(f"{path} holds a list, not a mapping of config keys")

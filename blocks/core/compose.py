@@ -11,7 +11,6 @@ recipe's model settings instead of merging them into the wrong block.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from blocks.compat.hydra_private import config_child, hydra_config_loader, hydra_message
 from blocks.core.block import KINDS, Block
 from blocks.core.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.core.registry import REGISTRY
@@ -58,9 +58,10 @@ def block_node(block: Block) -> DictConfig:
     assert isinstance(node, DictConfig)
     OmegaConf.set_struct(node, True)
     for key in node:
-        if isinstance(node._get_node(key), DictConfig):
+        child = config_child(node, key)
+        if isinstance(child, DictConfig):
             # A dict field (an adapter's kwargs) takes keys the block cannot know: model.kwargs.depth=4.
-            OmegaConf.set_struct(node._get_node(key), False)  # type: ignore[arg-type]
+            OmegaConf.set_struct(child, False)
     return node
 
 
@@ -77,17 +78,12 @@ def store_option(store: ConfigStore, group: str, name: str, node: Any, package: 
 
 def group_options(group: str) -> list[str]:
     """Every option of *group* that Hydra can compose: registered, stored and YAML, namespaced ones too."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.object_type import ObjectType
 
     from blocks.core import paths
 
-    search_path = create_config_search_path(None)
     conf = paths.conf_dir()
-    if conf is not None:
-        search_path.append("blocks", f"file://{conf}")
-    loader = ConfigLoaderImpl(config_search_path=search_path)
+    loader = hydra_config_loader([("blocks", f"file://{conf}")] if conf is not None else [])
 
     def walk(path: str, prefix: str) -> list[str]:
         found = [prefix + o for o in loader.get_group_options(path, results_filter=ObjectType.CONFIG)]
@@ -225,7 +221,7 @@ def _omegaconf_problem(exc: OmegaConfBaseException, prefix: str = "") -> Problem
 
 def _omegaconf_fix(key: str, message: str) -> str:
     """How to fix one of OmegaConf's errors about *key*, from its message."""
-    expected = re.search(r"converted to (\w+)", message)
+    expected = hydra_message("converted", message)
     kind = key.split(".", 1)[0]
     if expected:
         return f"give {key} a value of type {expected.group(1).lower()}"
@@ -273,7 +269,7 @@ def translate_compose_error(
                     check="unknown-option",
                 )
             )
-        match = re.search(r"You must specify '([\w/]+)'", str(exc))
+        match = hydra_message("missing_group", str(exc))
         if match:
             group = match.group(1)
             return ConfigError(
@@ -287,7 +283,7 @@ def translate_compose_error(
         return ConfigError(Problem("", str(exc).splitlines()[0]))
     if isinstance(exc, OverrideParseException):
         lines = str(exc).splitlines()
-        match = re.search(r"override '([^=']*)", lines[0])
+        match = hydra_message("override", lines[0])
         detail = lines[1] if len(lines) > 1 else ""
         return ConfigError(
             Problem(
@@ -321,10 +317,10 @@ def translate_compose_error(
                 check="unknown-option",
             )
         )
-    if _SWEEP_WITHOUT_MULTIRUN.search(message):
+    if hydra_message("sweep_without_multirun", message):
         return ConfigError(_sweep_without_multirun_problem(message, override))
-    inside = re.match(r"In '([\w./-]+)': \w+ raised while composing config", message)
-    key_match = re.search(r"full_key: ([\w./]+)", str(exc))
+    inside = hydra_message("raised_while_composing", message, anchored=True)
+    key_match = hydra_message("full_key", str(exc))
     if inside and key_match:
         source, key = inside.group(1), key_match.group(1)
         detail = str(exc).splitlines()[1] if len(str(exc).splitlines()) > 1 else ""
@@ -337,7 +333,7 @@ def translate_compose_error(
                 check="unknown-key",
             )
         )
-    match = re.search(r"Could not override '([\w./]+)'", message)
+    match = hydra_message("could_not_override", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
     key = _key_of(override) if override else ""
@@ -349,10 +345,6 @@ def translate_compose_error(
         f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
     )
     return ConfigError(Problem(key, message, fix if key else ""))
-
-
-_SWEEP_WITHOUT_MULTIRUN = re.compile(r"Ambiguous value for argument|Sweep parameters .* requires --multirun")
-"""Hydra's messages for a sweep (``a,b``, ``range(...)``, ``glob(...)``) given without ``-m``."""
 
 
 def _sweep_without_multirun_problem(message: str, override: str) -> Problem:

@@ -1,12 +1,15 @@
-"""What the planning machine can see of its hardware, without importing torch."""
+"""What the planning machine can see of its hardware, without importing torch; and which torchrun attempt a worker is."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
@@ -42,6 +45,16 @@ class Environment:
             host_memory_bytes=_host_memory_bytes(),
         )
 
+    def to_json(self) -> dict[str, int | None]:
+        """A JSON-ready view (``plan.json``'s ``environment``: what the driver planned against)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Environment:
+        """The environment a frozen ``plan.json`` recorded (unknown keys from newer versions are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
     def resolve_accelerator(self, requested: str) -> str:
         """``auto`` becomes ``gpu`` when a GPU is visible, else ``cpu``; others stay as they are."""
         if requested == "auto":
@@ -71,3 +84,11 @@ def _gpu_memory_bytes() -> int | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return min(sizes) * 2**20 if sizes else None
+
+
+def restart_count() -> int:
+    """Which attempt this worker process is: torchrun's restart count (0 on the first run and outside torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,9 +25,8 @@ from blocks.core.errors import BlocksError, ConfigError, Problem
 from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
-from blocks.core.plan import Plan, make_plan
-from blocks.core.recipe import RECIPES
-from blocks.core.registry import REGISTRY
+from blocks.core.plan import Plan, make_plan, preflight
+from blocks.data.base import DataBlock
 
 
 def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
@@ -94,7 +93,7 @@ def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Co
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        translated = translate_compose_error(exc, overrides, _known_keys(overrides))
+        translated = translate_compose_error(exc, overrides, _KnownKeys(overrides))
         raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
 
 
@@ -191,32 +190,61 @@ def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigE
     return error
 
 
-def _known_keys(overrides: Sequence[str]) -> dict[str, list[str]]:
-    """Keys of each group's node when the overrides that set keys are left out (for did-you-mean)."""
-    group_choices = [o for o in overrides if "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))]
-    registered = (len(REGISTRY.entries()), len(RECIPES.entries()))
-    return _known_keys_cached(tuple(group_choices), registered)
+class _KnownKeys(Mapping[str, list[str]]):
+    """Keys of each group's node when the overrides that set keys are left out (for did-you-mean).
+
+    Composed on first use only: most errors never ask, and an unknown key asks once. Nothing
+    is cached beyond this one translation, so a catalog that changes is always seen.
+    """
+
+    def __init__(self, overrides: Sequence[str]) -> None:
+        self._group_choices = [
+            o for o in overrides if "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))
+        ]
+        self._keys: dict[str, list[str]] | None = None
+
+    def _composed(self) -> dict[str, list[str]]:
+        if self._keys is None:
+            try:
+                cfg = _compose_raw(self._group_choices)
+            except Exception:
+                cfg = DictConfig({})
+            self._keys = {
+                str(group): [str(k) for k in node if k != BLOCK_KEY]
+                for group, node in cfg.items()
+                if group != "hydra" and isinstance(node, DictConfig)
+            }
+        return self._keys
+
+    def __getitem__(self, group: str) -> list[str]:
+        return self._composed()[group]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._composed())
+
+    def __len__(self) -> int:
+        return len(self._composed())
 
 
-@functools.lru_cache(maxsize=64)
-def _known_keys_cached(group_choices: tuple[str, ...], registered: tuple[int, int]) -> dict[str, list[str]]:
-    """Composing is the slow part of translating an error; sweeps and retries repeat the same choices."""
-    try:
-        cfg = _compose_raw(group_choices)
-    except Exception:
-        return {}
-    return {
-        str(group): [str(k) for k in node if k != BLOCK_KEY]
-        for group, node in cfg.items()
-        if group != "hydra" and isinstance(node, DictConfig)
-    }
+def plan_blocks(
+    blocks: Mapping[str, Block], choices: Mapping[str, str] | None, environment: Environment | None = None
+) -> Plan:
+    """The one way a job is planned, in three explicit steps: prepare, plan, preflight.
+
+    Blocks from a package built for another block API are refused; the data prepares its
+    inputs (I/O, e.g. ``data.source`` into the cache); :func:`~blocks.core.plan.make_plan`
+    checks and derives (pure); then the checks that read storage add their problems.
+    """
+    packages.refuse_incompatible_blocks(blocks.values())
+    data = blocks.get("data")
+    if isinstance(data, DataBlock):
+        data.prepare()
+    return preflight(make_plan(blocks, choices, environment))
 
 
 def plan_config(composed: Composed, environment: Environment | None = None) -> Plan:
     """The plan of a composed config."""
-    blocks = config_to_blocks(composed.config)
-    packages.refuse_incompatible_blocks(blocks.values())
-    return make_plan(blocks, composed.choices, environment)
+    return plan_blocks(config_to_blocks(composed.config), composed.choices, environment)
 
 
 def plan(
@@ -230,7 +258,7 @@ def plan(
     built, problems = _collecting(overrides, functools.partial(_blocks_once, config_dir=config_dir))
     if not problems:
         assert built is not None
-        return make_plan(built[1], built[0].choices, environment)
+        return plan_blocks(built[1], built[0].choices, environment)
     failed_groups = {p.key for p in problems if p.key and "." not in p.key}
 
     def independent(problem: Problem) -> bool:
@@ -239,7 +267,7 @@ def plan(
         return problem not in problems and not any(k.split(".", 1)[0] in failed_groups for k in keys)
 
     if built is not None:
-        problems += [p for p in make_plan(built[1], built[0].choices, environment).errors if independent(p)]
+        problems += [p for p in plan_blocks(built[1], built[0].choices, environment).errors if independent(p)]
     raise ConfigError(problems)
 
 

@@ -242,12 +242,15 @@ class Plan:
         choices: the config option chosen for each group (``recipe`` included).
         derived: numbers that follow from the blocks together.
         problems: errors first, then warnings.
+        environment: the hardware the plan was made against (frozen into ``plan.json``, so
+            workers use the driver's view instead of detecting their own).
     """
 
     blocks: Mapping[str, Block]
     choices: Mapping[str, str]
     derived: Derived
     problems: tuple[Problem, ...]
+    environment: Environment = field(default_factory=Environment)
 
     @property
     def data(self) -> DataBlock:
@@ -326,7 +329,33 @@ class Plan:
             },
             "derived": dataclasses.asdict(self.derived),
             "problems": [p.to_json() for p in self.problems],
+            "environment": self.environment.to_json(),
         }
+
+    @classmethod
+    def thawed(cls, blocks: Mapping[str, Block], frozen: Mapping[str, Any]) -> Plan:
+        """The plan a ``plan.json`` (*frozen*, :meth:`to_json`) records, with its *blocks*: nothing is re-checked or re-derived."""
+        derived = dict(frozen["derived"])
+        if derived.get("memory") is not None:
+            derived["memory"] = MemoryEstimate(**derived["memory"])
+        problems = tuple(
+            Problem(
+                key=str(p["key"]),
+                message=str(p["message"]),
+                fix=str(p["fix"]),
+                severity=p["severity"],
+                check=str(p.get("check") or ""),
+                related=tuple(p.get("related", ())),
+            )
+            for p in frozen.get("problems", ())
+        )
+        return cls(
+            blocks=dict(blocks),
+            choices=dict(frozen.get("choices") or {}),
+            derived=Derived(**derived),
+            problems=problems,
+            environment=Environment.from_json(frozen.get("environment") or {}),
+        )
 
 
 T = TypeVar("T", bound=Block)
@@ -355,7 +384,8 @@ def make_plan(
         block = blocks.get(kind)
         if not isinstance(block, KIND_BASES[kind]):
             raise TypeError(f"plan needs a {KIND_BASES[kind].__name__} for '{kind}', got {block!r}")
-    state = _State(blocks=blocks, environment=environment or Environment.detect())
+    environment = environment or Environment.detect()
+    state = _State(blocks=blocks, environment=environment)
     _derive(state)
     _check_finite(state)
     for kind in KINDS:
@@ -368,7 +398,17 @@ def make_plan(
         choices=dict(choices or {kind: blocks[kind].block_name for kind in KINDS}),
         derived=state.derived,
         problems=tuple(problem_list(state.problems)),
+        environment=environment,
     )
+
+
+def preflight(plan: Plan) -> Plan:
+    """*plan* with the problems of the checks that read storage (the checkpoint to resume), which planning leaves out."""
+    state = _State(blocks=plan.blocks, environment=plan.environment, derived=plan.derived)
+    plan.checkpoint.preflight(CheckContext(state, "checkpoint"))
+    if not state.problems:
+        return plan
+    return dataclasses.replace(plan, problems=tuple(problem_list([*plan.problems, *state.problems])))
 
 
 def _check_finite(state: _State) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, Node, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 ENV_RESOLVER = "${oc.env:"
 
@@ -23,22 +23,17 @@ def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
     """Every value of *cfg* (unresolved) that reads the environment, by path, as its interpolation text."""
     found: dict[KeyPath, str] = {}
 
-    def walk(node: DictConfig | ListConfig, path: KeyPath) -> None:
-        keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
-        for key in keys:
-            child = node._get_node(key)
-            raw = child._value() if isinstance(child, Node) else None
-            here: KeyPath = (*path, key)
-            if isinstance(raw, str) and ENV_RESOLVER in raw:
-                found[here] = raw
-            elif (
-                isinstance(child, (DictConfig, ListConfig))
-                and not child._is_none()
-                and not child._is_missing()
-            ):
-                walk(child, here)
+    def walk(value: Any, path: KeyPath) -> None:
+        if isinstance(value, str) and ENV_RESOLVER in value:
+            found[path] = value
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                walk(child, (*path, key))
+        elif isinstance(value, list):
+            for index, child in enumerate(value):
+                walk(child, (*path, index))
 
-    walk(cfg, ())
+    walk(OmegaConf.to_container(cfg, resolve=False), ())
     return found
 
 

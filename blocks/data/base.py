@@ -86,6 +86,14 @@ class DataBlock(Block):
         """The torch dataset for *split* (``train`` or ``val``); imports torch lazily."""
         raise NotImplementedError
 
+    def prepare(self) -> None:
+        """Make the data's inputs exist before planning (e.g. tokenize ``data.source`` into the cache).
+
+        Planning is pure: it reads what the data describes and never writes. A block whose
+        description must first be produced does that here; the driver and ``blocks plan`` call it
+        once, before the plan. In-memory data has nothing to prepare.
+        """
+
     def preflight(self) -> None:
         """I/O checks the pure plan leaves out, run by the driver before any process starts.
 

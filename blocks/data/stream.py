@@ -63,13 +63,16 @@ class Stream(DataBlock):
         key = hashlib.sha256(f"{self.source}|{self.tokenizer}".encode()).hexdigest()[:16]
         return str(Path(self.resolved_cache_dir()) / "prepared" / key)
 
-    def manifest(self) -> Manifest:
-        """The shard directory's manifest (the only file planning reads; prepared first from ``source``)."""
+    def prepare(self) -> None:
+        """With ``source`` and no ``path``: prepare the source into the cache (once; a prepared one is reused)."""
         if not self.path and self.source:
             from blocks.data.shards.prepare import ensure_prepared
 
-            return ensure_prepared(self.source, self.shard_url(), self.tokenizer)
-        return read_manifest(self.path)
+            ensure_prepared(self.source, self.shard_url(), self.tokenizer)
+
+    def manifest(self) -> Manifest:
+        """The shard directory's manifest (the only file planning reads; :meth:`prepare` writes it for ``source``)."""
+        return read_manifest(self.shard_url())
 
     def batch_spec(self) -> TokenBatch:
         """Token windows of ``seq_len`` over the tokenizer's vocabulary."""

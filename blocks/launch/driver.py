@@ -21,10 +21,11 @@ from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_mess
 from blocks.checkpoint.storage import preflight_storage
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
+from blocks.core.environment import Environment
 from blocks.core.errors import BlocksError
 from blocks.core.imports import refuse_objects
-from blocks.core.jobs import compose
-from blocks.core.plan import Plan, make_plan
+from blocks.core.jobs import compose, plan_blocks
+from blocks.core.plan import Plan
 from blocks.launch.lock import locked
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
@@ -101,13 +102,17 @@ def exit_code(summary: Summary) -> int:
     return EXIT_INTERRUPTED if summary.status == "interrupted" else 1
 
 
-def _checked(config: DictConfig, choices: dict[str, str], run_dir: Path) -> tuple[DictConfig, Plan]:
+def _checked(
+    config: DictConfig, choices: dict[str, str], run_dir: Path, environment: Environment | None = None
+) -> tuple[DictConfig, Plan]:
     """The frozen config and its plan, refused when the plan has errors or a path it names is unsafe.
 
-    Also runs the data's own preflight (is its storage reachable?). Writes nothing.
+    The hardware is detected here, once per job (*environment* overrides it): the plan and
+    ``plan.json`` record it, and workers train with it instead of detecting their own. Also
+    runs the data's own preflight (is its storage reachable?). Writes nothing to the run dir.
     """
     frozen = freeze_config(config, run_dir)
-    plan = make_plan(config_to_blocks(frozen), choices)
+    plan = plan_blocks(config_to_blocks(frozen), choices, environment or Environment.detect())
     plan.raise_for_errors()
     refuse_objects(plan.blocks.values())
     plan.data.preflight()  # I/O the pure plan does not do
@@ -240,13 +245,14 @@ class JobFailed(RuntimeError):
         self.summary = summary
 
 
-def prepare(overrides: list[str], run_dir: Path) -> Plan:
+def prepare(overrides: list[str], run_dir: Path, environment: Environment | None = None) -> Plan:
     """Compose *overrides*, plan, and write the run dir's job files; raises on config mistakes.
 
-    The Python twin of ``blocks run`` up to the point where training starts.
+    The Python twin of ``blocks run`` up to the point where training starts. *environment*
+    replaces the detected hardware in the frozen plan (what workers will train with).
     """
     composed = compose(overrides)
-    frozen, plan = _checked(composed.config, composed.choices, run_dir)
+    frozen, plan = _checked(composed.config, composed.choices, run_dir, environment)
     _write_job_files(run_dir, frozen, plan)
     return plan
 

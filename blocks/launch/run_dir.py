@@ -10,7 +10,8 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import config_to_blocks
-from blocks.core.plan import Plan, make_plan
+from blocks.core.errors import BlocksError, Problem
+from blocks.core.plan import Plan
 from blocks.core.secrets import keep_env_in_plan, resolve_keeping_env
 
 CONFIG_FILE = "config.yaml"
@@ -39,14 +40,24 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
 
 
 def load_plan(run_dir: Path) -> Plan:
-    """Rebuild the plan from a run dir's ``config.yaml`` (and the choices in ``plan.json``)."""
+    """The plan the driver froze into *run_dir*: blocks from ``config.yaml``, everything else from ``plan.json``.
+
+    Nothing is planned again and no hardware is detected: a worker trains with the derived
+    numbers and the environment the driver planned against, even when its own machine differs.
+    """
     config = OmegaConf.load(run_dir / CONFIG_FILE)
     assert isinstance(config, DictConfig)
-    choices: dict[str, str] = {}
     plan_file = run_dir / PLAN_FILE
-    if plan_file.exists():
-        choices = json.loads(plan_file.read_text()).get("choices", {})
-    return make_plan(config_to_blocks(config), choices or None)
+    if not plan_file.exists():
+        raise BlocksError(
+            Problem(
+                "run_dir",
+                f"{run_dir} has no {PLAN_FILE}: it was not prepared by blocks run",
+                "start the run with blocks run (or blocks.launch.driver.prepare) so the plan is frozen",
+            )
+        )
+    frozen = json.loads(plan_file.read_text())
+    return Plan.thawed(config_to_blocks(config), frozen)
 
 
 @dataclass

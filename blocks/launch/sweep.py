@@ -12,6 +12,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from blocks.compat.hydra_private import hydra_config_loader, split_sweep
 from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
 from blocks.core.errors import ConfigError, Problem
@@ -63,25 +64,20 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
 
     Group globs (``model=glob(*)``) expand against the registered options and the YAML presets.
     """
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     catalog.load()
     overrides = expand_group_globs(overrides)
-    search_path = create_config_search_path(None)
     conf = paths.conf_dir()
-    if conf is not None:
-        search_path.append("blocks", f"file://{conf}")
-    parser = OverridesParser.create(config_loader=ConfigLoaderImpl(config_search_path=search_path))
+    loader = hydra_config_loader([("blocks", f"file://{conf}")] if conf is not None else [])
+    parser = OverridesParser.create(config_loader=loader)
     malformed = syntax_problems(overrides)
     if malformed:
         raise ConfigError(malformed)
     try:
         parsed = parser.parse_overrides(list(overrides))
-        batches = BasicSweeper.split_arguments(parsed, None)
+        batches = split_sweep(parsed)
     except HydraException as exc:
         raise ConfigError(
             Problem("", str(exc).splitlines()[0], "check the sweep syntax, e.g. optim.lr=1e-3,3e-4")

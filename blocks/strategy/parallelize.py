@@ -44,10 +44,10 @@ def fsdp_parallelizer(
         if not isinstance(layers, nn.ModuleList):
             raise TypeError(f"model.{units} must be an nn.ModuleList to be sharded unit by unit")
         if strategy.activation_checkpointing:
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+            from blocks.compat.torch_private import activation_checkpointed
 
             for index, layer in enumerate(layers):
-                layers[index] = checkpoint_wrapper(layer, preserve_rng_state=True)
+                layers[index] = activation_checkpointed(layer)
         data_parallel = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
         policy = mixed_precision_policy(precision)
         offload = CPUOffloadPolicy() if strategy.cpu_offload else OffloadPolicy()

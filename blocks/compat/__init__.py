@@ -1,0 +1,12 @@
+"""The one seam to the private APIs of torch, Lightning, Hydra and OmegaConf that have no public twin.
+
+Everything in this package reaches into another project's internals (an underscore name, an
+internal module, an undocumented attribute path, the wording of an error message). Nothing
+else in ``blocks`` may (``tests/test_compat.py`` greps for it), and that test pins the
+behaviour each helper relies on, so an upgrade that changes one fails one test instead of a
+user's job.
+
+Two modules, one per layer: :mod:`blocks.compat.hydra_private` is torch-free (the spec layer
+composes configs with it); :mod:`blocks.compat.torch_private` imports torch and Lightning
+(the build and checkpoint code use it).
+"""

@@ -1,0 +1,96 @@
+"""torch and Lightning internals behind one seam; see :mod:`blocks.compat`."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+__all__ = [
+    "FsspecReader",
+    "FsspecWriter",
+    "activation_checkpointed",
+    "dcp_load_everything",
+    "dcp_metadata_path",
+    "processed_micro_batches",
+    "replace_signal_handlers",
+    "saved_batch_progress",
+]
+# FsspecReader, FsspecWriter: DCP's storage reader and writer for any fsspec URL; torch exports
+# only the local-path FileSystemReader/Writer.
+
+
+def dcp_metadata_path(reader: FsspecReader, rank: int | None) -> Any:
+    """Where a DCP fsspec *reader* finds the ``.metadata`` file (``FsspecReader._get_metadata_path``)."""
+    return reader._get_metadata_path(rank)
+
+
+def dcp_load_everything(storage_reader: FsspecReader) -> dict[str, Any]:
+    """Every entry of a DCP checkpoint, in one process without a process group.
+
+    The same call as torch's public ``dcp_to_torch_save``, which only reads local paths:
+    ``_load_state_dict`` with ``_EmptyStateDictLoadPlanner`` and ``no_dist=True``.
+    """
+    loaded: dict[str, Any] = {}
+    _load_state_dict(
+        loaded, storage_reader=storage_reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True
+    )
+    return loaded
+
+
+def activation_checkpointed(layer: nn.Module) -> nn.Module:
+    """*layer* recomputing its activations in backward (``torch.distributed.algorithms._checkpoint``)."""
+    return checkpoint_wrapper(layer, preserve_rng_state=True)
+
+
+def processed_micro_batches(trainer: pl.Trainer) -> int:
+    """Micro-batches training has processed in the current epoch (Lightning's loop progress counters)."""
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    return int(current.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+
+
+def saved_batch_progress(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The epoch loop's batch progress Lightning saved in *checkpoint* (its ``loops`` layout), or None."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    return progress if isinstance(progress, dict) else None
+
+
+SignalHandler = Callable[[int, FrameType | None], None]
+
+
+def replace_signal_handlers(trainer: pl.Trainer, handler: SignalHandler, signals: Sequence[int]) -> None:
+    """Make *trainer* install *handler* for *signals* when fit/validate starts, instead of Lightning's own.
+
+    Lightning registers its handlers from the private ``trainer._signal_connector`` (a
+    ``_SignalConnector``) at the start of each loop; this swaps in a subclass that installs
+    *handler* (main thread only: Python allows no other) and keeps the rest (restoring the
+    previous handlers at teardown).
+    """
+    trainer._signal_connector = _HandlerConnector(trainer, handler, signals)
+
+
+class _HandlerConnector(_SignalConnector):
+    """Lightning's signal connector with one handler for the given signals."""
+
+    def __init__(self, trainer: pl.Trainer, handler: SignalHandler, signals: Sequence[int]) -> None:
+        super().__init__(trainer)
+        self.handler = handler
+        self.signals = tuple(signals)
+
+    def register_signal_handlers(self) -> None:
+        """Install the handler (main thread only; Python allows no other)."""
+        self.received_sigterm = False
+        self._original_handlers = self._get_current_signal_handlers()
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                signal.signal(signum, self.handler)

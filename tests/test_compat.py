@@ -1,0 +1,226 @@
+"""The private APIs of torch, Lightning, Hydra and OmegaConf: only in ``blocks.compat``, each behaviour pinned.
+
+An upgrade that renames or changes one of them fails here, in one named test, instead of in
+a user's job.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+import blocks
+from blocks.compat import hydra_private
+
+PACKAGE = Path(blocks.__file__).parent
+
+
+def private_uses(path: Path) -> list[str]:
+    """Imports of private modules or names of other packages, and ``._name`` on anything but ``self``/``cls``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+            if node.module.split(".")[0] == "blocks":
+                continue
+            names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if any(part.startswith("_") for part in node.module.split(".")) or names:
+                found.append(f"{path}:{node.lineno}: from {node.module} import {', '.join(names) or '...'}")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{path}:{node.lineno}: import {a.name}"
+                for a in node.names
+                if any(part.startswith("_") for part in a.name.split("."))
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if node.attr == "_exit" or (isinstance(root, ast.Name) and root.id in ("self", "cls")):
+                continue  # os._exit is public (see the entry points); our own objects' privates are ours
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_private_api_outside_the_compat_package() -> None:
+    offenders = [
+        use
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "compat" not in path.relative_to(PACKAGE).parts
+        for use in private_uses(path)
+    ]
+    assert offenders == []
+
+
+def test_the_grep_finds_a_private_use(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from hydra._internal.utils import get_args_parser\nfrom torch.x import _hidden\nnode._get_node('a')\n"
+    )
+    assert len(private_uses(sample)) == 3
+
+
+# --- Hydra and OmegaConf ------------------------------------------------------------------------
+
+
+def test_hydra_args_parser_reads_hydra_flags_and_overrides() -> None:
+    parsed = hydra_private.hydra_args_parser().parse_args(["-m", "a=1", "--config-dir", "x"])
+    assert (parsed.multirun, parsed.overrides, parsed.config_dir) == (True, ["a=1"], "x")
+
+
+def test_hydra_config_loader_lists_hydra_plugin_options(tmp_path: Path) -> None:
+    from hydra.core.object_type import ObjectType
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("width: 1\n")
+    loader = hydra_private.hydra_config_loader([("blocks", f"file://{tmp_path}")])
+    assert "basic" in loader.get_group_options("hydra/launcher", results_filter=ObjectType.CONFIG)
+    assert loader.get_group_options("model", results_filter=ObjectType.CONFIG) == ["mine"]
+
+
+def test_split_sweep_gives_every_job_in_one_batch() -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(["a=1,2", "b=x"])
+    assert hydra_private.split_sweep(parsed) == [[["a=1", "b=x"], ["a=2", "b=x"]]]
+
+
+def test_config_header_reads_the_package_line() -> None:
+    assert hydra_private.config_header("# @package _global_\nx: 1\n")["package"] == "_global_"
+
+
+def test_config_child_is_the_unresolved_node() -> None:
+    cfg = OmegaConf.create({"kwargs": {"depth": 2}, "ref": "${kwargs.depth}"})
+    child = hydra_private.config_child(cfg, "kwargs")
+    assert isinstance(child, DictConfig)
+    OmegaConf.set_struct(cfg, True)
+    OmegaConf.set_struct(child, False)
+    cfg.kwargs.width = 3  # the child itself, not a copy
+    assert cfg.kwargs.width == 3
+
+
+@pytest.fixture()
+def conf_dir(tmp_path: Path) -> Path:
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "a.yaml").write_text("port: 1\n")
+    (tmp_path / "cfg.yaml").write_text("defaults:\n  - db: ???\n  - _self_\nx: 1\n")
+    return tmp_path
+
+
+def compose_error(conf_dir: Path, overrides: list[str]) -> Exception:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
+            compose("cfg", overrides=overrides)
+    except Exception as exc:
+        return exc
+    finally:
+        GlobalHydra.instance().clear()
+    raise AssertionError(f"{overrides} composed")
+
+
+def test_hydra_messages_still_name_what_the_translation_reads(conf_dir: Path) -> None:
+    missing = compose_error(conf_dir, [])
+    match = hydra_private.hydra_message("missing_group", str(missing))
+    assert match and match.group(1) == "db"
+    unknown = compose_error(conf_dir, ["db=a", "y.z=1"])
+    match = hydra_private.hydra_message("could_not_override", str(unknown))
+    assert match and match.group(1) == "y.z"
+    match = hydra_private.hydra_message("full_key", str(unknown.__cause__))
+    assert match and match.group(1) == "y"
+    sweep = compose_error(conf_dir, ["db=a", "x=1,2"])
+    assert hydra_private.hydra_message("sweep_without_multirun", str(sweep))
+
+    @dataclass
+    class Typed:
+        n: int = 1
+
+    typed = OmegaConf.structured(Typed)
+    with pytest.raises(Exception) as info:
+        typed.n = "abc"
+    match = hydra_private.hydra_message("converted", str(info.value))
+    assert match and match.group(1) == "Integer"
+
+
+# --- torch and Lightning ------------------------------------------------------------------------
+
+
+def test_dcp_round_trip_through_the_fsspec_reader_and_writer(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from blocks.compat import torch_private
+
+    state = {"model": {"w": torch.arange(4.0)}, "step": 3}
+    dcp.save(state, storage_writer=torch_private.FsspecWriter(str(tmp_path)), no_dist=True)
+    reader = torch_private.FsspecReader(str(tmp_path))
+    assert str(torch_private.dcp_metadata_path(reader, None)).endswith("/.metadata")
+    assert Path(str(torch_private.dcp_metadata_path(reader, None))).exists()
+    loaded = torch_private.dcp_load_everything(torch_private.FsspecReader(str(tmp_path)))
+    assert torch.equal(loaded["model"]["w"], torch.arange(4.0)) and loaded["step"] == 3
+
+
+def test_activation_checkpointed_keeps_the_layer_output() -> None:
+    import torch
+
+    from blocks.compat import torch_private
+
+    layer = torch.nn.Linear(3, 3)
+    wrapped = torch_private.activation_checkpointed(layer)
+    x = torch.randn(2, 3, requires_grad=True)
+    assert torch.allclose(wrapped(x), layer(x))
+
+
+def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
+    import signal
+
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from blocks.compat import torch_private
+
+    seen: list[int] = []
+    handled: list[object] = []
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen.append(torch_private.processed_micro_batches(self.trainer))
+            handled.append(signal.getsignal(signal.SIGTERM))
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def on_save_checkpoint(self, checkpoint):  # type: ignore[no-untyped-def]
+            progress = torch_private.saved_batch_progress(checkpoint)
+            assert progress is not None and set(progress) >= {"total", "current"}
+
+    def handler(signum: int, frame: object) -> None:
+        """Never called; only installed."""
+
+    trainer = pl.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
+    torch_private.replace_signal_handlers(trainer, handler, (signal.SIGTERM,))
+    data = DataLoader(TensorDataset(torch.randn(6, 2)), batch_size=2)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    assert seen == [0, 1, 2]
+    assert handled and all(h is handler for h in handled)
