@@ -17,18 +17,19 @@ PARENT_ENV = "BLOCKS_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
-    """Get SIGKILL when the parent named in ``$BLOCKS_PARENT_PID`` dies; exit now if it is already gone.
+def die_with_parent() -> bool:
+    """Get SIGKILL when the parent named in ``$BLOCKS_PARENT_PID`` dies; False when it is already gone.
 
-    Does nothing without the variable (workers started by srun or mpirun) or off Linux.
+    Does nothing without the variable (workers started by srun or mpirun) or off Linux. The
+    process entry points that call it end the process at once on False: an orphan must not
+    start training.
     """
     expected = os.environ.get(PARENT_ENV)
     if not expected or not sys.platform.startswith("linux"):
-        return
+        return True
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != int(expected):  # the parent died before the request took effect
-        os._exit(1)
+    return os.getppid() == int(expected)  # else the parent died before the request took effect
 
 
 def children_environment(environ: dict[str, str]) -> dict[str, str]:

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    die_with_parent()
+    if not die_with_parent():
+        os._exit(1)  # an orphan: the driver that started it is gone
     os.environ.update(children_environment({}))
     args = get_args_parser().parse_args(argv)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
+from blocks.core.environment import restart_count
 from blocks.core.errors import BlocksError
 from blocks.launch.lifeline import die_with_parent
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
@@ -44,7 +45,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     summary = Summary(
         status="completed",
         world_size=plan.derived.world_size,
-        restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        restarts=restart_count(),
         resumed_from=built.resume_from,
     )
     try:
@@ -128,43 +129,51 @@ def _shut_down_process_group(*, wait_for_peers: bool) -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m blocks.launch.worker RUN_DIR``: the entry point torchrun, srun and mpirun start."""
-    parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
-    parser.add_argument("run_dir", type=Path)
-    args = parser.parse_args(argv)
-    die_with_parent()
-    _record_attempt(args.run_dir)
-    _log_warnings_to_run_dir(args.run_dir)
+def run_worker(run_dir: Path) -> int:
+    """Train the run in *run_dir* as one worker process; the exit status torchrun, srun or mpirun should see.
+
+    0 when training completed or was interrupted on purpose (its checkpoint is saved, so
+    torchrun must not restart the workers; the driver reads "interrupted" from
+    ``summary.json``); 1 when the health policy stopped it; 2 for a config mistake found here.
+    Any other exception propagates.
+    """
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
     from blocks.build.health import NonFiniteError
 
     try:
-        train(args.run_dir)
+        train(run_dir)
     except BlocksError as exc:
-        _exit_for_user_error(args.run_dir, exc)
+        return _report_user_error(run_dir, exc)
     except NonFiniteError as exc:  # the health policy stopped training: summary.json has the reason
         print(f"blocks: training stopped: {exc}", file=sys.stderr, flush=True)
-        _finalize_mpi()
-        logging.shutdown()
-        os._exit(1)
+        return 1
     except (KeyboardInterrupt, SystemExit, SIGTERMException) as exc:
-        # Interrupted on purpose, checkpoint saved: exit 0 so torchrun does not restart the
-        # workers; the driver reads "interrupted" from summary.json.
         print(f"blocks: training interrupted: {exc or type(exc).__name__}", file=sys.stderr, flush=True)
-        _finalize_mpi()
-        logging.shutdown()
-        os._exit(0)
-    # Everything is written and the process group is destroyed. Skip interpreter
-    # finalization: with gloo, a backend thread can still be joinable when C++ statics are
-    # destroyed, which aborts a finished worker ("terminate called without an active
-    # exception") and makes torchrun report a completed job as failed.
+        return 0
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m blocks.launch.worker RUN_DIR``: the entry point torchrun, srun and mpirun start."""
+    parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    if not die_with_parent():
+        os._exit(1)  # an orphan: the driver that started it is gone
+    _record_attempt(args.run_dir)
+    _log_warnings_to_run_dir(args.run_dir)
+    code = run_worker(args.run_dir)
     _finalize_mpi()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    # Everything is written and the process group is destroyed. Skip interpreter
+    # finalization: with gloo, a backend thread can still be joinable when C++ statics are
+    # destroyed, which aborts a finished worker ("terminate called without an active
+    # exception") and makes torchrun report a completed job as failed. Only this process
+    # entry point ends the process; library code returns the status.
+    os._exit(code)
 
 
 LOG_FILE = "blocks.log"
@@ -194,20 +203,18 @@ ATTEMPT_FILE = ".attempt"
 
 def _record_attempt(run_dir: Path) -> None:
     """Note torchrun's restart count, so a summary the driver writes counts the restarts that happened."""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if restart is not None and os.environ.get("RANK", "0") == "0":
-        (run_dir / ATTEMPT_FILE).write_text(restart)
+    under_torchrun = "TORCHELASTIC_RESTART_COUNT" in os.environ
+    if under_torchrun and os.environ.get("RANK", "0") == "0":
+        (run_dir / ATTEMPT_FILE).write_text(str(restart_count()))
 
 
-def _exit_for_user_error(run_dir: Path, error: BlocksError) -> None:
-    """A config mistake found in a worker (e.g. an incompatible checkpoint): say so, record it, exit 2."""
+def _report_user_error(run_dir: Path, error: BlocksError) -> int:
+    """A config mistake found in a worker (e.g. an incompatible checkpoint): say so, record it; its exit status."""
     text = "\n".join(problem.render() for problem in error.problems)
     print(f"blocks: the job cannot run:\n{text}", file=sys.stderr, flush=True)
     if int(os.environ.get("RANK", "0")) == 0:
         Summary(status="failed", reason=text).write(run_dir)
-    _finalize_mpi()
-    logging.shutdown()
-    os._exit(error.exit_code)
+    return error.exit_code
 
 
 def _finalize_mpi() -> None:

@@ -1,0 +1,71 @@
+"""Library code leaves the process alone: it returns exit statuses and raises; only entry points end the process."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import blocks
+from blocks.cli.main import run_captured
+from blocks.launch import driver
+from blocks.launch.lifeline import PARENT_ENV, die_with_parent
+from blocks.launch.worker import run_worker
+
+PACKAGE = Path(blocks.__file__).parent
+TINY = ["recipe=blobs", "data.samples=256", "trainer.max_steps=2", "monitor.progress=off"]
+
+
+def test_blocks_run_hands_its_own_arguments_to_hydra_without_rewriting_sys_argv() -> None:
+    before = list(sys.argv)
+    code, out = run_captured(["run", "--cfg", "job", *TINY])
+    assert code == 0, out
+    assert "max_steps: 2" in out
+    assert sys.argv == before
+
+
+def test_a_worker_returns_its_exit_status_for_a_config_mistake(tmp_path: Path) -> None:
+    """A run dir whose checkpoint directory holds only damaged checkpoints: the worker says so and returns 2."""
+    driver.prepare([*TINY, "checkpoint.resume=auto"], tmp_path)
+    damaged = tmp_path / "checkpoints" / "step-000000001"
+    damaged.mkdir(parents=True)
+    (damaged / "MANIFEST.json").write_text("{not json")
+    assert run_worker(tmp_path) == 2
+    assert "none is usable" in (tmp_path / "summary.json").read_text()
+
+
+def test_die_with_parent_only_reports_an_orphan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    assert die_with_parent() is True
+
+
+def exits_in(path: Path) -> list[str]:
+    """Calls of ``sys.exit``/``os._exit``/``exit`` in *path*, as ``function:line``."""
+    found = []
+    tree = ast.parse(path.read_text())
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "os._exit", "exit"):
+                found.append(f"{function.name}:{node.lineno}")
+    return found
+
+
+def test_only_process_entry_points_end_the_process() -> None:
+    """``main`` of the CLI, the worker and the torchrun wrapper; the stall watchdog's thread (see its comment)."""
+    allowed = {
+        "cli/main.py": {"main"},
+        "launch/worker.py": {"main"},
+        "launch/torchrun.py": {"main"},
+        "build/health.py": {"_fire"},
+    }
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        for call in exits_in(path):
+            if call.split(":")[0] not in allowed.get(where, set()):
+                offenders.append(f"{where}:{call}")
+    assert offenders == []
