@@ -69,3 +69,15 @@ def test_only_process_entry_points_end_the_process() -> None:
             if call.split(":")[0] not in allowed.get(where, set()):
                 offenders.append(f"{where}:{call}")
     assert offenders == []
+
+
+def test_composing_leaves_an_initialized_hydra_as_it_was(tmp_path: Path) -> None:
+    """A compose inside a running Hydra app (a pipeline stage, a sweep job) does not reset that app's Hydra."""
+    from hydra import compose, initialize_config_dir
+
+    from blocks.core import jobs
+
+    (tmp_path / "app.yaml").write_text("x: 1\n")
+    with initialize_config_dir(version_base="1.3", config_dir=str(tmp_path), job_name="outer"):
+        jobs.compose(TINY)
+        assert compose("app").x == 1

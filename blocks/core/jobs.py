@@ -30,21 +30,32 @@ from blocks.data.base import DataBlock
 
 
 def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
-    """Hydra's composition; *config_dir* is ``--config-dir`` (searched first, as Hydra does)."""
+    """Hydra's composition; *config_dir* is ``--config-dir`` (searched first, as Hydra does).
+
+    Hydra's global state is left as it was found: a compose inside a running Hydra app (a
+    pipeline stage, a sweep job) does not reset that app's Hydra.
+    """
     from hydra import compose, initialize, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
     catalog.load()
-    GlobalHydra.instance().clear()
-    context = (
-        initialize_config_dir(
-            version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
+    outer = get_gh_backup()
+    GlobalHydra.instance().clear()  # Hydra initializes only a cleared GlobalHydra
+    try:
+        context = (
+            initialize_config_dir(
+                version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
+            )
+            if config_dir
+            else initialize(version_base="1.3", config_path=None, job_name="blocks")
         )
-        if config_dir
-        else initialize(version_base="1.3", config_path=None, job_name="blocks")
-    )
-    with context:
-        return compose(PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
+        with context:
+            return compose(
+                PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True
+            )
+    finally:
+        restore_gh_from_backup(outer)
 
 
 def _refuse_hydra_targets(cfg: DictConfig) -> None:
