@@ -47,6 +47,7 @@ def export_model(source: str, out: Path) -> Path:
     config = run_config(source)
     blocks = config_to_blocks(config)
     model = blocks["model"].replace(init_from=None, freeze=())
+    blocks["data"].prepare()  # type: ignore[attr-defined]  # data=stream's source, if its cache was cleared
     spec = blocks["data"].batch_spec()  # type: ignore[attr-defined]
     weights = load_weights(source, key="source")
     out.mkdir(parents=True, exist_ok=True)

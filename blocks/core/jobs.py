@@ -238,19 +238,25 @@ class _KnownKeys(Mapping[str, list[str]]):
 
 
 def plan_blocks(
-    blocks: Mapping[str, Block], choices: Mapping[str, str] | None, environment: Environment | None = None
+    blocks: Mapping[str, Block],
+    choices: Mapping[str, str] | None,
+    environment: Environment | None = None,
+    *,
+    check_storage: bool = True,
 ) -> Plan:
     """The one way a job is planned, in three explicit steps: prepare, plan, preflight.
 
     Blocks from a package built for another block API are refused; the data prepares its
     inputs (I/O, e.g. ``data.source`` into the cache); :func:`~blocks.core.plan.make_plan`
-    checks and derives (pure); then the checks that read storage add their problems.
+    checks and derives (pure); then, with *check_storage*, the checks that read storage (the
+    checkpoint to resume) add their problems.
     """
     packages.refuse_incompatible_blocks(blocks.values())
     data = blocks.get("data")
     if isinstance(data, DataBlock):
         data.prepare()
-    return preflight(make_plan(blocks, choices, environment))
+    plan = make_plan(blocks, choices, environment)
+    return preflight(plan) if check_storage else plan
 
 
 def plan_config(composed: Composed, environment: Environment | None = None) -> Plan:

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
 from blocks.core.errors import BlocksError, Problem
-from blocks.core.plan import make_plan
+from blocks.core.jobs import plan_blocks
 from blocks.data.base import SPLITS
 
 
@@ -50,7 +50,7 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     if split not in SPLITS:
         raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
     config = eval_config(source, overrides)
-    plan = make_plan(config_to_blocks(config))
+    plan = plan_blocks(config_to_blocks(config), None, check_storage=False)  # evaluation resumes nothing
     plan.raise_for_errors()
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
