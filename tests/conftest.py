@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -17,6 +18,33 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TORCHRUN_SIGNS = ("devices=2", "check_ddp", "torchrun", "strategy=ddp", "strategy=fsdp", "nproc")
+"""Text in a test (or its parameters) that means it starts several processes through torchrun."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``pytest -n N --dist loadgroup`` (xdist reads them after this hook).
+
+    A test that reads a module- or session-scoped fixture of a test module (a trained run dir)
+    joins that module's group, so the fixture is built once, on one worker. A test that starts
+    torchrun joins the ``torchrun`` group: two of them at once would ask a small machine for
+    four or more busy processes and make step-timed tests flaky.
+    """
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("xdist_group"):
+            continue
+        shared = [
+            name
+            for name, defs in item._fixtureinfo.name2fixturedefs.items()
+            if defs and defs[-1].scope in ("module", "session") and defs[-1].baseid.startswith("tests/")
+        ]
+        params = str(getattr(item, "callspec", None) and item.callspec.params)
+        source = inspect.getsource(item.function) + params
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else shared[0]))
+        elif any(sign in source for sign in TORCHRUN_SIGNS):
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
 
 
 @dataclass
