@@ -77,6 +77,19 @@ def run_cli(
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_in_process(args: Sequence[str], *, cwd: Path) -> Result:
+    """``blocks ARGS`` in this process through the console script's own entry (``run_captured``).
+
+    For the torch-free commands (``plan``, ``list``) where a process per call shows nothing more;
+    stdout holds everything the command printed (stderr included), stderr is empty.
+    """
+    from blocks.cli.main import run_captured
+
+    with contextlib.chdir(cwd):
+        code, output = run_captured(list(args))
+    return Result(code, output, "")
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -87,6 +100,16 @@ def cli(tmp_path: Path):
 
     def invoke(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
         return run_cli(args, cwd=tmp_path, timeout=timeout, env=env)
+
+    return invoke
+
+
+@pytest.fixture
+def cli_in_process(tmp_path: Path):
+    """``cli_in_process(*args)``: :func:`run_in_process` in a fresh directory."""
+
+    def invoke(*args: str) -> Result:
+        return run_in_process(args, cwd=tmp_path)
 
     return invoke
 
