@@ -177,6 +177,23 @@ def test_the_pages_have_commands() -> None:
     assert any("blocks eval" in c for b in BLOCKS for c in b.commands)
 
 
+def test_a_run_trains_only_where_the_block_needs_its_training() -> None:
+    commands = [
+        "blocks run recipe=blobs hydra.run.dir=runs/a",
+        "blocks eval runs/a",
+        "blocks run recipe=blobs optim.lr=0.1",
+        "blocks run -m hparams_search=optuna recipe=blobs",
+        "blocks run -m recipe=blobs optim.lr=1,2 hydra.sweep.dir=sweeps/b",
+        "blocks report sweeps/b",
+    ]
+    block = DocBlock("page.md", 1, "bash", commands, [None] * len(commands), None, 0)
+    assert [trains(block, i) for i in (0, 2, 3, 4)] == [True, False, True, True]
+    shown = DocBlock("page.md", 1, "console", commands[2:3], ["run dir: ..."], None, 0)
+    failing = DocBlock("page.md", 1, "bash", commands[2:3], [None], None, 2)
+    assert trains(shown, 0) and trains(failing, 0)
+    assert fast(commands[2], plan=True).startswith('"$BLOCKS_PYTHON" -m blocks plan recipe=blobs')
+
+
 @pytest.mark.parametrize("block", _params())
 def test_doc_commands_run(block: DocBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if block.skip:
