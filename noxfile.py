@@ -13,6 +13,8 @@ nox.options.default_venv_backend = "venv"
 # The CPU build on this project's machines; set BLOCKS_TORCH to e.g. "torch==2.13.0" from another index
 # for a GPU build.
 TORCH = os.environ.get("BLOCKS_TORCH", "torch==2.13.0")
+PARALLEL = ["-n", os.environ.get("BLOCKS_TEST_WORKERS", "auto"), "--dist", "loadgroup"]
+"""pytest-xdist: a worker per core (``BLOCKS_TEST_WORKERS=3`` to choose), shared-fixture tests grouped."""
 
 
 def install_project(session: nox.Session, extras: str = "dev") -> None:
@@ -37,14 +39,20 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The pytest suite (real processes, real training on CPU).
+    """The pytest suite (real processes, real training on CPU), on every core through pytest-xdist.
 
+    Tests that share a module's trained run dir, or start torchrun, are kept on one worker
+    (``--dist loadgroup``, groups set in tests/conftest.py). Arguments go to pytest:
+    ``nox -s tests -- -m "not slow"`` for the edit loop, ``nox -s tests -- -n 0 tests/test_plan.py`` serial.
     Where the machine has Open MPI (``mpicc``), mpi4py is installed too so the mpirun test runs.
     """
     install_project(session)
     if shutil.which("mpicc"):
         session.install("-e", ".[mpi]")
-    session.run("pytest", *session.posargs)
+    args = list(session.posargs)
+    if not any(a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
+        args = [*PARALLEL, *args]
+    session.run("pytest", *args)
 
 
 @nox.session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -17,6 +18,36 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TORCHRUN_SIGNS = ("devices=2", "check_ddp", "torchrun", "strategy=ddp", "strategy=fsdp", "nproc")
+"""Text in a test (or its parameters) that means it starts several processes through torchrun."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``pytest -n N --dist loadgroup`` (xdist reads them after this hook).
+
+    A test that reads a module- or session-scoped fixture of a test module (a trained run dir)
+    joins that module's group, so the fixture is built once, on one worker. A test that starts
+    torchrun joins the ``torchrun`` group: two of them at once would ask a small machine for
+    four or more busy processes and make step-timed tests flaky.
+    """
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("xdist_group"):
+            continue
+        shared = [
+            name
+            for name, defs in item._fixtureinfo.name2fixturedefs.items()
+            if defs and defs[-1].scope in ("module", "session") and defs[-1].baseid.startswith("tests/")
+        ]
+        try:
+            source = inspect.getsource(item.function)
+        except (OSError, TypeError):  # a test made at run time has no source to read
+            source = ""
+        source += str(item.callspec.params) if hasattr(item, "callspec") else ""
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else shared[0]))
+        elif any(sign in source for sign in TORCHRUN_SIGNS):
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
 
 
 @dataclass
@@ -49,6 +80,19 @@ def run_cli(
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_in_process(args: Sequence[str], *, cwd: Path) -> Result:
+    """``blocks ARGS`` in this process through the console script's own entry (``run_captured``).
+
+    For the torch-free commands (``plan``, ``list``) where a process per call shows nothing more;
+    stdout holds everything the command printed (stderr included), stderr is empty.
+    """
+    from blocks.cli.main import run_captured
+
+    with contextlib.chdir(cwd):
+        code, output = run_captured(list(args))
+    return Result(code, output, "")
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -59,6 +103,16 @@ def cli(tmp_path: Path):
 
     def invoke(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
         return run_cli(args, cwd=tmp_path, timeout=timeout, env=env)
+
+    return invoke
+
+
+@pytest.fixture
+def cli_in_process(tmp_path: Path):
+    """``cli_in_process(*args)``: :func:`run_in_process` in a fresh directory."""
+
+    def invoke(*args: str) -> Result:
+        return run_in_process(args, cwd=tmp_path)
 
     return invoke
 

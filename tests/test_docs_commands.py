@@ -6,9 +6,16 @@ in a ``console`` block the lines starting with ``$ `` are commands and the lines
 are its output, whose first line must appear in the real output. ``text`` blocks are not run.
 
 How they run: each block is one test, in its own empty directory, its commands in order
-(so a block can train a run, then evaluate it). ``blocks`` is ``python -m blocks`` of this
-checkout, and ``blocks run`` gets small overrides appended to stay fast
+(so a block can train a run, then evaluate it). ``blocks plan`` and ``blocks list`` run in this
+process through the real CLI entry (``run_captured``); the other commands are ``python -m blocks``
+of this checkout, and ``blocks run`` gets small overrides appended to stay fast
 (:data:`FAST`, only keys the command does not set itself).
+
+A ``blocks run`` trains only where training is its point (:func:`trains`): a later command of
+the block reads what it wrote, the page shows its output, or it picks a Hydra launcher or
+sweeper (which only a run exercises). Any other ``blocks run`` is planned with the same
+arguments: the page stays true about the configuration, and the tests of test_train.py,
+test_recipes.py and test_distributed.py train those compositions.
 
 Markers: an HTML comment on the line right before the fence (invisible on the site):
 
@@ -112,11 +119,16 @@ def parse(page: Path) -> list[DocBlock]:
     return found
 
 
-def fast(command: str, *, append: bool = True) -> str:
-    """*command* with ``blocks`` → ``python -m blocks`` and (with *append*) FAST overrides for ``blocks run``."""
+def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
+    """*command* with ``blocks`` → ``python -m blocks`` and (with *append*) FAST overrides for ``blocks run``.
+
+    With *plan*, a ``blocks run`` becomes ``blocks plan`` with the same arguments.
+    """
     tokens = shlex.split(command, comments=True)
     if not tokens or tokens[0] != "blocks":
         return command
+    if plan and tokens[1:2] == ["run"]:
+        tokens[1] = "plan"
     if append and len(tokens) > 1 and tokens[1] == "run" and not INFO_FLAGS & set(tokens):
         keys = {t.split("=", 1)[0] for t in tokens}
         tokens += [f"{k}={v}" for k, v in FAST.items() if k not in keys]
@@ -125,6 +137,31 @@ def fast(command: str, *, append: bool = True) -> str:
 
 
 BLOCKS = [block for page in pages() for block in parse(page)]
+RUN_PLUGINS = ("hydra/launcher=", "hparams_search=", "hydra/sweeper=")
+"""Choices that only a real run exercises: planning does not start a launcher or a sweeper."""
+IN_PROCESS = ("plan", "list")
+"""Torch-free commands that run in the test's own process (the same entry as the console script)."""
+
+
+def _written_dirs(tokens: list[str]) -> list[str]:
+    return [t.split("=", 1)[1] for t in tokens if t.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+
+
+def trains(block: DocBlock, index: int) -> bool:
+    """Whether command *index* of *block* (a ``blocks run``) must really train.
+
+    It must where the block's point is its training: a later command reads its run dir (eval,
+    export, report, ``init_from``, a rerun of a pipeline), the page shows what it printed, it is
+    expected to fail, or it picks a launcher or sweeper. Otherwise planning shows the same thing
+    about the page: the command line composes and checks.
+    """
+    tokens = shlex.split(block.commands[index], comments=True)
+    if block.exit_code != 0 or block.expected_output[index] is not None or INFO_FLAGS & set(tokens):
+        return True
+    if any(t.startswith(RUN_PLUGINS) for t in tokens):
+        return True
+    later = " ".join(block.commands[index + 1 :])
+    return any(d in later for d in _written_dirs(tokens))
 
 
 def _params() -> list:
@@ -140,8 +177,25 @@ def test_the_pages_have_commands() -> None:
     assert any("blocks eval" in c for b in BLOCKS for c in b.commands)
 
 
+def test_a_run_trains_only_where_the_block_needs_its_training() -> None:
+    commands = [
+        "blocks run recipe=blobs hydra.run.dir=runs/a",
+        "blocks eval runs/a",
+        "blocks run recipe=blobs optim.lr=0.1",
+        "blocks run -m hparams_search=optuna recipe=blobs",
+        "blocks run -m recipe=blobs optim.lr=1,2 hydra.sweep.dir=sweeps/b",
+        "blocks report sweeps/b",
+    ]
+    block = DocBlock("page.md", 1, "bash", commands, [None] * len(commands), None, 0)
+    assert [trains(block, i) for i in (0, 2, 3, 4)] == [True, False, True, True]
+    shown = DocBlock("page.md", 1, "console", commands[2:3], ["run dir: ..."], None, 0)
+    failing = DocBlock("page.md", 1, "bash", commands[2:3], [None], None, 2)
+    assert trains(shown, 0) and trains(failing, 0)
+    assert fast(commands[2], plan=True).startswith('"$BLOCKS_PYTHON" -m blocks plan recipe=blobs')
+
+
 @pytest.mark.parametrize("block", _params())
-def test_doc_commands_run(block: DocBlock, tmp_path: Path) -> None:
+def test_doc_commands_run(block: DocBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if block.skip:
         pytest.skip(f"{block.id}: {block.skip}")
     for command in block.commands:
@@ -152,10 +206,67 @@ def test_doc_commands_run(block: DocBlock, tmp_path: Path) -> None:
         )
     env = {**os.environ, "BLOCKS_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     env["PYTHONUNBUFFERED"] = "1"
+    if any(c.startswith(SHELL_BUILTINS) for c in block.commands):
+        outputs = _run_in_bash(block, tmp_path, env)
+    else:
+        monkeypatch.chdir(tmp_path)
+        outputs = _run_each(block, tmp_path, env)
+    for index, expected in enumerate(block.expected_output):
+        if expected is None:
+            continue
+        assert _normalized(expected) in _normalized(outputs[index]), (
+            f"{block.id}: '{block.commands[index]}' did not print: {expected}"
+        )
+
+
+def _check_exit(block: DocBlock, index: int, code: int, output: str) -> None:
+    assert code == block.exit_code, (
+        f"{block.id}: '{block.commands[index]}' exited {code}, not {block.exit_code}:\n{output[-6000:]}"
+    )
+
+
+def _run_each(block: DocBlock, tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """The block's commands one by one: assignments kept, plan/list in this process, the rest as processes."""
+    from blocks.cli.main import run_captured
+
+    variables: dict[str, str] = {}
+    outputs: list[str] = []
+    for index, command in enumerate(block.commands):
+        for name, value in variables.items():
+            command = command.replace("${" + name + "}", value).replace("$" + name, value)
+        if _ASSIGNMENT.match(command):
+            name, value = shlex.split(command, comments=True)[0].split("=", 1)
+            variables[name] = value
+            outputs.append("")
+            continue
+        tokens = shlex.split(command, comments=True)
+        if tokens[1] == "run" and not trains(block, index):
+            tokens[1] = "plan"
+        if tokens[1] in IN_PROCESS:
+            code, output = run_captured(tokens[1:])
+        else:
+            script = fast(shlex.join(tokens), append=block.exit_code == 0)
+            proc = subprocess.run(
+                ["bash", "-c", script + " 2>&1"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=850,
+            )
+            code, output = proc.returncode, proc.stdout
+        _check_exit(block, index, code, output)
+        outputs.append(output)
+    return outputs
+
+
+def _run_in_bash(block: DocBlock, tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """A block that changes directory or the environment: one bash script, every command a process."""
     script: list[str] = []
     for index, command in enumerate(block.commands):
         # A command shown failing trains nothing, and its output names its own overrides.
-        script.append(fast(command, append=block.exit_code == 0) + f" > out_{index}.txt 2>&1")
+        plan = command.startswith("blocks run") and not trains(block, index)
+        script.append(fast(command, append=block.exit_code == 0, plan=plan) + f" > out_{index}.txt 2>&1")
         script.append(
             f'rc=$?; [ $rc -eq {block.exit_code} ] || {{ echo "exit $rc: {index}"; cat out_{index}.txt; exit 1; }}'
         )
@@ -165,13 +276,11 @@ def test_doc_commands_run(block: DocBlock, tmp_path: Path) -> None:
     assert proc.returncode == 0, (
         f"{block.id}: a command did not exit {block.exit_code}:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
     )
-    for index, expected in enumerate(block.expected_output):
-        if expected is None:
-            continue
-        actual = _normalized((tmp_path / f"out_{index}.txt").read_text())
-        assert _normalized(expected) in actual, (
-            f"{block.id}: '{block.commands[index]}' did not print: {expected}"
-        )
+    outputs = []
+    for index in range(len(block.commands)):
+        out = tmp_path / f"out_{index}.txt"
+        outputs.append(out.read_text() if out.exists() else "")
+    return outputs
 
 
 def _normalized(text: str) -> str:

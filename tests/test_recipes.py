@@ -28,8 +28,8 @@ def test_the_new_recipes_are_shipped() -> None:
 
 
 @pytest.mark.parametrize("name", SINGLE + PIPELINES)
-def test_every_recipe_plans(cli, name: str) -> None:
-    result = cli("plan", f"recipe={name}")
+def test_every_recipe_plans(cli_in_process, name: str) -> None:
+    result = cli_in_process("plan", f"recipe={name}")
     assert result.returncode == 0, result.output[-3000:]
     assert "valid" in result.stdout
 
