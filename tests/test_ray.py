@@ -126,13 +126,15 @@ def start_blocks_run(args: list[str], cwd: Path) -> contextlib.AbstractContextMa
     )
 
 
-def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> None:
+def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> int:
+    """Wait until a checkpoint at *step* or later is committed; returns the newest committed step."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):
             committed, _ = store.scan(str(run_dir / "checkpoints"))
-            if any(c.manifest.step >= step for c in committed):
-                return
+            steps = [c.manifest.step for c in committed]
+            if steps and max(steps) >= step:
+                return max(steps)
         time.sleep(0.5)
     raise AssertionError(f"no checkpoint at step {step} in {run_dir}")
 
@@ -177,6 +179,17 @@ def test_placement_needs_as_many_fitting_nodes_as_trainer_nodes() -> None:
 def test_the_ray_sweep_launcher_passes_the_import_seam() -> None:
     composed = jobs.compose(["recipe=blobs", "hydra/launcher=ray"])
     assert composed is not None
+
+
+@pytest.mark.slow
+def test_without_ray_address_a_local_ray_instance_runs_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(tmp_path)["status"] == "completed"
+    assert job_pids(tmp_path) == []
 
 
 # --- on the module's Ray cluster ---------------------------------------------------------------
@@ -234,14 +247,19 @@ def test_a_killed_worker_is_restarted_and_the_job_resumes_from_its_last_checkpoi
     with start_blocks_run(
         [*LONG_DDP, "trainer.max_failures=1", f"hydra.run.dir={run_dir}"], tmp_path
     ) as proc:
-        wait_for_checkpoint(run_dir, 10)
+        committed_before_kill = wait_for_checkpoint(run_dir, 10)
         kill_one_worker(run_dir)
         out, _ = proc.communicate(timeout=400)
         assert proc.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["global_step"] == 400
     assert summary["restarts"] == 1
-    assert summary["resumed_from"] is not None and "step" in summary["resumed_from"]
+    resumed = Path(summary["resumed_from"]).name
+    resumed_step = int(resumed.rsplit("-", 1)[1])
+    assert resumed == store.step_dir_name(resumed_step)
+    assert (
+        committed_before_kill <= resumed_step < 400
+    )  # the last checkpoint committed before the kill, or later
     assert "restart 1 of 1" in out
 
 

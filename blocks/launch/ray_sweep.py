@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,10 @@ class RayLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if not ray.is_initialized():
             address = self.address or os.environ.get(ADDRESS_ENV) or "local"
-            ray.init(
-                address=address,
-                logging_level="warning",
-                **({} if address != "local" else {"include_dashboard": False}),
-            )
+            local = {"include_dashboard": False} if address == "local" else {}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # see blocks.launch.ray_workers.connect
+                ray.init(address=address, logging_level="warning", **local)
         log.info(f"Ray launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
         for idx, overrides in enumerate(job_overrides):
             log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,16 +120,19 @@ def connect(plan: Plan) -> Any:
         return ray
     address = os.environ.get(ADDRESS_ENV)
     try:
-        if address:
-            ray.init(address=address, logging_level="warning", log_to_driver=True)
-        else:
-            needed = int(node_bundle(plan)["CPU"])
-            ray.init(
-                address="local",
-                num_cpus=max(os.cpu_count() or 1, needed),
-                include_dashboard=False,
-                logging_level="warning",
-            )
+        with warnings.catch_warnings():
+            # Ray's notice about a future change to CUDA_VISIBLE_DEVICES for CPU-only actors
+            warnings.simplefilter("ignore", FutureWarning)
+            if address:
+                ray.init(address=address, logging_level="warning", log_to_driver=True)
+            else:
+                needed = int(node_bundle(plan)["CPU"])
+                ray.init(
+                    address="local",
+                    num_cpus=max(os.cpu_count() or 1, needed),
+                    include_dashboard=False,
+                    logging_level="warning",
+                )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BlocksError(
             Problem(
