@@ -35,6 +35,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "checkpoint-unsafe",
     "resume-usable",
     "checkpoint-storage",
+    "ray-placement",
 ]
 
 

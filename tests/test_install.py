@@ -24,6 +24,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert "blocks/_recipes/charlm.py" in names
     assert "blocks/_conf/recipe/tiny_lm.yaml" in names
+    assert "hydra_plugins/blocks_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     subprocess.run([venv / "bin" / "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
@@ -53,3 +54,13 @@ def test_installed_cli_finds_recipes_and_presets(installed: Path, tmp_path: Path
         [blocks, "list", "--json"], capture_output=True, text=True, cwd=tmp_path, check=True
     )
     assert {e["name"] for e in json.loads(listing.stdout)} >= {"text", "transformer", "adamw"}
+
+
+def test_installed_wheel_offers_the_ray_sweep_launcher(installed: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [installed / "bin" / "blocks", "plan", "recipe=blobs", "hydra/launcher=ray"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr

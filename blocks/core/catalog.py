@@ -21,6 +21,7 @@ from blocks.core import packages, paths
 from blocks.core.block import KINDS as REGISTRY_KINDS
 from blocks.core.compose import GROUPS, block_node, primary_node, store_option
 from blocks.core.errors import Problem, RegistryError, describe_exception
+from blocks.core.launcher import RAY_LAUNCHER_NODE
 from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
@@ -182,6 +183,7 @@ def register_configs() -> None:
     for package in packages.packages():
         if package.conf is not None:
             register_package_presets(store, package.namespace, package.conf)
+    store.store(group="hydra/launcher", name="ray", node=RAY_LAUNCHER_NODE)
     conf = paths.conf_dir()
     store.store(name="blocks", node=primary_node([str(conf)] if conf else []))
 

@@ -494,6 +494,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "ray-placement",
+        ("trainer",),
+        "trainer.devices",
+        "with trainer.launcher=ray, the Ray cluster is reachable and has trainer.nodes nodes that fit trainer.devices workers each (checked before anything starts)",
+        (),
+    ),
+    Check(
         "one-lightning-logger",
         ("monitor",),
         "monitor.loggers",

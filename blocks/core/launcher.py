@@ -1,4 +1,4 @@
-"""Hydra launcher settings checked against the job they launch (submitit's tasks and GPUs)."""
+"""Hydra launcher settings checked against the job they launch (submitit's tasks and GPUs), and blocks' Ray launcher."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ from omegaconf import DictConfig
 from blocks.core.errors import Problem
 
 SUBMITIT = "hydra_submitit_launcher"
+
+RAY_LAUNCHER_NODE: dict[str, Any] = {
+    "_target_": "hydra_plugins.blocks_ray_launcher.ray_launcher.RayLauncher",
+    "address": None,
+    "job_cpus": 0.0,
+}
+"""``hydra/launcher=ray``: a sweep's jobs as Ray tasks (blocks' own launcher, see :mod:`blocks.launch.ray_sweep`)."""
 
 
 def launcher_problems(cfg: DictConfig) -> list[Problem]:

@@ -27,6 +27,7 @@ from blocks.core.imports import refuse_objects
 from blocks.core.jobs import compose, plan_blocks
 from blocks.core.plan import Plan
 from blocks.launch.lock import locked
+from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
     METRICS_FILE,
@@ -116,6 +117,10 @@ def _checked(
     plan.raise_for_errors()
     refuse_objects(plan.blocks.values())
     plan.data.preflight()  # I/O the pure plan does not do
+    if uses_ray(plan):
+        from blocks.launch.ray_workers import preflight
+
+        preflight(plan)  # can the Ray cluster place the workers?
     return frozen, plan
 
 
@@ -136,33 +141,41 @@ def held(run_dir: Path, config: DictConfig, choices: dict[str, str]) -> Iterator
 
     A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
     resume or storage that cannot work, is refused before anything is written. Multi-node jobs
-    share one run dir between the nodes' drivers, so they are not locked.
+    under torchrun share one run dir between the nodes' drivers, so they are not locked (under
+    Ray one driver starts every node's workers, so they are).
     """
     frozen, plan = _checked(config, choices, run_dir)
-    with locked(run_dir) if plan.derived.nodes == 1 else contextlib.nullcontext():
+    one_driver = plan.derived.nodes == 1 or uses_ray(plan)
+    with locked(run_dir) if one_driver else contextlib.nullcontext():
         _write_job_files(run_dir, frozen, plan)
         yield plan
 
 
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
-    """Train the run in *run_dir*: in this process, or through torchrun for several processes or restarts.
+    """Train the run in *run_dir*: in this process, through torchrun for several processes or restarts, or on Ray.
 
     A run that dies without writing ``summary.json`` (a crash before training, a killed
     process) still gets one, with status ``failed`` (``interrupted`` after a signal).
     Raises :class:`JobFailed` when the run did not complete.
     """
     plan = plan or load_plan(run_dir)
-    if needs_launcher(plan):
+    on_ray = uses_ray(plan)
+    if on_ray or needs_launcher(plan):
         for stale in (SUMMARY_FILE, FAILURES_FILE, ATTEMPT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
-        code = run_torchrun(run_dir, plan)
-        if code == 0 and plan.derived.nodes > 1:
+        if on_ray:
+            from blocks.launch.ray_workers import run_ray
+
+            code = run_ray(run_dir, plan)
+        else:
+            code = run_torchrun(run_dir, plan)
+        if code == 0 and plan.derived.nodes > 1 and not on_ray:
             _await(run_dir / SUMMARY_FILE, timeout_s=SUMMARY_WAIT_S)  # global rank 0 may run on another node
         if not (run_dir / SUMMARY_FILE).exists():
             interrupted = code == EXIT_INTERRUPTED
             Summary(
                 status="interrupted" if interrupted else "failed",
-                reason="torchrun stopped its workers on a signal before they wrote a summary"
+                reason="a signal stopped the workers before they wrote a summary"
                 if interrupted
                 else f"worker processes exited with status {code} without a summary",
                 world_size=plan.derived.world_size,

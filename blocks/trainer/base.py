@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 ACCELERATORS = ("auto", "cpu", "gpu")
+LAUNCHERS = ("torchrun", "ray")
 
 
 MAX_SEED = 2**32 - 1
@@ -41,6 +42,9 @@ class Trainer(TrainerBlock):
         val_every: validate every N optimizer steps; null validates at the end of each epoch.
             The end of training is always validated.
         max_failures: restarts after a failure before the job gives up.
+        launcher: what starts the workers: ``torchrun`` (one ``blocks run`` per node) or
+            ``ray`` (every node's workers as actors on the Ray cluster at ``$RAY_ADDRESS``, or
+            on a local Ray instance; needs ``pip install 'blocks[ray]'``).
         deterministic: make torch use deterministic algorithms (slower on GPU).
         device_memory_gb: memory of one device in GiB, for the plan's memory estimate; null
             detects it on the planning machine (GPU memory with ``nvidia-smi``, or the host's
@@ -57,6 +61,7 @@ class Trainer(TrainerBlock):
     seed: int = 0
     val_every: int | None = None
     max_failures: int = 0
+    launcher: str = "torchrun"
     deterministic: bool = False
     device_memory_gb: float | None = None
     overfit_batches: int = 0
@@ -87,6 +92,7 @@ class Trainer(TrainerBlock):
                 check="range",
             )
         ctx.choice("accelerator", self.accelerator, ACCELERATORS)
+        ctx.choice("launcher", self.launcher, LAUNCHERS)
         gpus = ctx.environment.gpus
         if self.accelerator == "gpu" and gpus and self.nodes == 1 and self.devices > gpus:
             ctx.warning(

@@ -1,0 +1,112 @@
+"""A Hydra launcher that runs a sweep's jobs as Ray tasks (``hydra/launcher=ray``).
+
+Each job's driver (plan, run dir, workers) runs in a Ray task of its own, so the jobs of a
+``-m`` sweep run side by side on one cluster. Jobs with ``trainer.launcher=ray`` place their
+workers on the same cluster through placement groups; their process groups pick free ports on
+the node of their rank 0, so jobs never clash. Hydra's own ``hydra-ray-launcher`` pins
+``cloudpickle<3`` and pulls in boto3 for its AWS mode; this one uses Ray's public API only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+class RayLauncher(Launcher):
+    """Runs each job of a sweep as a Ray task on the cluster at ``address`` (``$RAY_ADDRESS``, else a local instance).
+
+    ``job_cpus`` is what a job's driver task reserves; its workers reserve their own resources
+    (``trainer.launcher=ray``), so the default 0 lets as many jobs run as the workers fit.
+    """
+
+    def __init__(self, address: str | None = None, job_cpus: float = 0.0) -> None:
+        self.address = address
+        self.job_cpus = job_cpus
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep what each job needs (Hydra calls this once per sweep)."""
+        self.config = config
+        self.task_function = task_function
+        self.hydra_context = hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Run every job as a Ray task and return their results in order."""
+        import ray
+
+        from blocks.launch.ray_workers import ADDRESS_ENV
+
+        setup_globals()
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if not ray.is_initialized():
+            address = self.address or os.environ.get(ADDRESS_ENV) or "local"
+            local = {"include_dashboard": False} if address == "local" else {}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # see blocks.launch.ray_workers.connect
+                ray.init(address=address, logging_level="warning", **local)
+        log.info(f"Ray launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
+        for idx, overrides in enumerate(job_overrides):
+            log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
+        remote = ray.remote(num_cpus=self.job_cpus, max_retries=0)(_execute_job)
+        state = Singleton.get_state()
+        futures = [
+            remote.remote(
+                initial_job_idx + idx,
+                list(overrides),
+                self.hydra_context,
+                self.config,
+                self.task_function,
+                state,
+            )
+            for idx, overrides in enumerate(job_overrides)
+        ]
+        results: list[JobReturn] = ray.get(futures)
+        return results
+
+
+def _execute_job(
+    idx: int,
+    overrides: list[str],
+    hydra_context: HydraContext,
+    config: DictConfig,
+    task_function: TaskFunction,
+    singleton_state: dict[Any, Any],
+) -> JobReturn:
+    """One job of the sweep, inside a Ray task: what Hydra's basic launcher does for it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from blocks.launch.ray_workers import IN_RAY_TASK_ENV
+
+    os.environ[IN_RAY_TASK_ENV] = "1"
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)
+    return run_job(
+        hydra_context=hydra_context,
+        config=sweep_config,
+        task_function=task_function,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )

@@ -1,0 +1,322 @@
+"""Jobs on a Ray cluster (trainer.launcher=ray) and sweeps on Ray (hydra/launcher=ray).
+
+One local Ray cluster per module: a head and a second node on loopback, started with
+``ray start --block`` in a process group of their own (killed at teardown, never ``ray stop``,
+which would stop every Ray instance on the machine), with free ports and a short temp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blocks.checkpoint import store
+from blocks.core import jobs
+from blocks.launch import driver
+from blocks.launch.ray_workers import placement_problems
+from tests.conftest import free_port, job_pids, read_summary, run_cli, spawned
+
+pytestmark = pytest.mark.timeout(600)
+
+RAY_CLI = shutil.which("ray") or "ray"
+TINY_DDP = [
+    "recipe=blobs",
+    "trainer.max_steps=6",
+    "strategy=ddp",
+    "trainer.devices=2",
+    "monitor.progress=off",
+]
+LONG_DDP = [
+    "recipe=blobs",
+    "data.samples=200000",
+    "trainer.max_steps=400",
+    "trainer.val_every=null",
+    "strategy=ddp",
+    "trainer.devices=2",
+    "trainer.launcher=ray",
+    "checkpoint.every_n_steps=5",
+    "monitor.progress=off",
+]
+
+
+def _ray_node(args: list[str], env: dict[str, str]) -> contextlib.AbstractContextManager[subprocess.Popen]:
+    ports = [
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        "--min-worker-port=0",  # Ray's worker processes: any free port
+        "--max-worker-port=0",
+    ]
+    command = [
+        RAY_CLI,
+        "start",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        "--disable-usage-stats",
+        *ports,
+        *args,
+    ]
+    return spawned(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _alive_nodes(address: str) -> int:
+    script = (
+        f"import ray; ray.init(address={address!r}, logging_level='error'); "
+        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A two-node Ray cluster on loopback (head: 4 CPUs, second node: 2 CPUs); yields its address."""
+    temp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    head = [
+        "--head",
+        f"--port={port}",
+        "--num-cpus=4",
+        f"--temp-dir={temp}",
+        "--include-dashboard=false",
+        f"--ray-client-server-port={free_port()}",
+    ]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_ray_node(head, env))
+        deadline = time.monotonic() + 120
+        while _alive_nodes(address) < 1 and time.monotonic() < deadline:
+            time.sleep(1)
+        stack.enter_context(_ray_node([f"--address={address}", "--num-cpus=2"], env))
+        while _alive_nodes(address) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _alive_nodes(address) == 2, "the local Ray cluster did not start"
+        yield address
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def on_ray(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    return ray_address
+
+
+def start_blocks_run(args: list[str], cwd: Path) -> contextlib.AbstractContextManager[subprocess.Popen]:
+    return spawned(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> int:
+    """Wait until a checkpoint at *step* or later is committed; returns the newest committed step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            committed, _ = store.scan(str(run_dir / "checkpoints"))
+            steps = [c.manifest.step for c in committed]
+            if steps and max(steps) >= step:
+                return max(steps)
+        time.sleep(0.5)
+    raise AssertionError(f"no checkpoint at step {step} in {run_dir}")
+
+
+def kill_one_worker(run_dir: Path) -> None:
+    workers = job_pids(run_dir, workers_only=True)
+    assert len(workers) == 2, workers
+    os.kill(max(workers), signal.SIGKILL)
+
+
+# --- without a cluster -------------------------------------------------------------------------
+
+
+def test_the_launcher_key_is_checked_with_a_did_you_mean(cli) -> None:
+    result = cli("plan", "trainer.launcher=rey")
+    assert result.returncode == 2
+    assert "trainer.launcher" in result.output and "ray" in result.output
+
+
+def test_planning_a_ray_job_imports_neither_ray_nor_torch() -> None:
+    script = (
+        "import sys; from blocks.core import jobs; "
+        "jobs.plan(['recipe=blobs', 'trainer.launcher=ray', 'strategy=ddp', 'trainer.devices=2']); "
+        "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_placement_needs_as_many_fitting_nodes_as_trainer_nodes() -> None:
+    plan = jobs.plan(["recipe=blobs", "trainer.launcher=ray", "trainer.nodes=2", "data.num_workers=1"])
+    assert placement_problems(plan, [{"CPU": 4.0}, {"CPU": 2.0}]) == []
+    (problem,) = placement_problems(plan, [{"CPU": 8.0}, {"CPU": 1.0}])
+    assert problem.key == "trainer.nodes" and problem.check == "ray-placement"
+    assert "CPU=2" in problem.message  # a worker's CPU and its data loader process
+    gpu = jobs.plan(["recipe=blobs", "trainer.launcher=ray", "trainer.accelerator=gpu", "trainer.devices=2"])
+    (problem,) = placement_problems(gpu, [{"CPU": 8.0, "GPU": 1.0}])
+    assert problem.key == "trainer.devices" and "GPU=2" in problem.message
+
+
+def test_the_ray_sweep_launcher_passes_the_import_seam() -> None:
+    composed = jobs.compose(["recipe=blobs", "hydra/launcher=ray"])
+    assert composed is not None
+
+
+@pytest.mark.slow
+def test_without_ray_address_a_local_ray_instance_runs_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(tmp_path)["status"] == "completed"
+    assert job_pids(tmp_path) == []
+
+
+# --- on the module's Ray cluster ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ddp_on_ray_writes_the_same_run_dir_and_weights_as_under_torchrun(
+    on_ray: str, tmp_path: Path
+) -> None:
+    reference = driver.run(TINY_DDP, tmp_path / "torchrun")
+    result = run_cli(
+        ["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path / 'ray'}"], cwd=tmp_path
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    summary = read_summary(tmp_path / "ray")
+    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["restarts"] == 0
+    assert summary["state_digest"] == reference.state_digest
+    files = {p.name for p in (tmp_path / "torchrun").iterdir()}
+    assert files <= {p.name for p in (tmp_path / "ray").iterdir()}
+
+
+@pytest.mark.slow
+def test_a_two_node_job_runs_on_two_ray_nodes(on_ray: str, tmp_path: Path) -> None:
+    args = ["recipe=blobs", "trainer.max_steps=4", "strategy=ddp", "trainer.nodes=2", "trainer.launcher=ray"]
+    result = run_cli(["run", *args, "monitor.progress=off", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_a_job_the_cluster_cannot_place_is_refused_before_anything_is_written(
+    on_ray: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [
+        "recipe=blobs",
+        "strategy=ddp",
+        "trainer.nodes=3",
+        "trainer.launcher=ray",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_cli(["run", *args], cwd=tmp_path)
+    assert result.returncode == 2, result.output[-3000:]
+    assert "trainer.nodes" in result.output and "cannot place" in result.output
+    assert "Traceback" not in result.output
+    assert not (run_dir / "config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_the_job_resumes_from_its_last_checkpoint(
+    on_ray: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    with start_blocks_run(
+        [*LONG_DDP, "trainer.max_failures=1", f"hydra.run.dir={run_dir}"], tmp_path
+    ) as proc:
+        committed_before_kill = wait_for_checkpoint(run_dir, 10)
+        kill_one_worker(run_dir)
+        out, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["global_step"] == 400
+    assert summary["restarts"] == 1
+    resumed = Path(summary["resumed_from"]).name
+    resumed_step = int(resumed.rsplit("-", 1)[1])
+    assert resumed == store.step_dir_name(resumed_step)
+    assert (
+        committed_before_kill <= resumed_step < 400
+    )  # the last checkpoint committed before the kill, or later
+    assert "restart 1 of 1" in out
+
+
+@pytest.mark.slow
+def test_a_killed_worker_without_restarts_fails_the_job_naming_the_rank(on_ray: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with start_blocks_run([*LONG_DDP, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_checkpoint(run_dir, 5)
+        kill_one_worker(run_dir)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 1, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert "died (SIGKILL)" in summary["reason"]
+    assert summary["global_step"] >= 5
+    assert wait_gone(run_dir) == []
+
+
+def wait_gone(run_dir: Path, patience_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + patience_s
+    while job_pids(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return job_pids(run_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ray_job_saves_and_exits_130(on_ray: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with start_blocks_run([*LONG_DDP, f"hydra.run.dir={run_dir}"], tmp_path) as proc:
+        wait_for_checkpoint(run_dir, 5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 130, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and "SIGTERM" in summary["reason"]
+    committed, _ = store.scan(str(run_dir / "checkpoints"))
+    assert committed[-1].manifest.step == summary["global_step"]
+    assert wait_gone(run_dir) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    args = [
+        "run",
+        "-m",
+        *TINY_DDP,
+        "trainer.launcher=ray",
+        "hydra/launcher=ray",
+        "trainer.seed=1,2",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    result = run_cli(args, cwd=tmp_path, timeout=500)
+    assert result.returncode == 0, result.output[-3000:]
+    runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert runs == ["0", "1"]
+    summaries = [read_summary(sweep / run) for run in runs]
+    assert [s["status"] for s in summaries] == ["completed", "completed"]
+    assert all(s["world_size"] == 2 for s in summaries)
+    assert summaries[0]["state_digest"] != summaries[1]["state_digest"]  # two seeds, two jobs
