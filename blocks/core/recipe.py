@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.block import KINDS, Block
-from blocks.core.errors import RegistryError, did_you_mean
+from blocks.core.errors import DuplicateName, Problem, RegistryError, did_you_mean
 from blocks.core.pipeline import Pipeline
 from blocks.data.base import DataBlock
 from blocks.model.base import ModelBlock
@@ -54,6 +55,17 @@ class Recipe:
 
 
 RecipeFn = Callable[[], Recipe | Pipeline]
+
+
+def source_file(obj: object) -> str:
+    """The file that defines *obj* (a function or class), or its module's name when unknown."""
+    try:
+        found = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+    except TypeError:
+        found = None
+    return found or str(getattr(obj, "__module__", "?"))
+
+
 F = TypeVar("F", bound=RecipeFn)
 
 
@@ -65,6 +77,11 @@ class RecipeEntry:
     fn: RecipeFn
     package: str
     source: str
+
+    @property
+    def file(self) -> str:
+        """The file that defines the recipe function."""
+        return source_file(self.fn)
 
     @property
     def summary(self) -> str:
@@ -133,7 +150,15 @@ class RecipeBook:
         source = f"{fn.__module__}.{fn.__qualname__}"
         existing = self._entries.get(full)
         if existing is not None and existing.source != source:
-            raise RegistryError(f"recipe '{full}' is defined twice: {existing.source} and {source}")
+            raise DuplicateName(
+                Problem(
+                    "recipe",
+                    f"recipe '{full}' is defined twice: {existing.source} in {existing.file} "
+                    f"and {source} in {source_file(fn)}",
+                    "rename one of them (recipe names share one namespace with blocks' own and the project's)",
+                    check="name-clash",
+                )
+            )
         entry = RecipeEntry(full, fn, package, source)
         self._entries[full] = entry
         return entry
