@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,7 +33,30 @@ from blocks.core.registry import REGISTRY
 
 def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
     """Hydra's composition; *config_dir* is ``--config-dir`` (searched first, as Hydra does)."""
-    from hydra import compose, initialize, initialize_config_dir
+    from hydra import compose
+
+    with hydra_context(config_dir) as name:
+        return compose(name, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
+
+
+@contextlib.contextmanager
+def hydra_context(config_dir: str | None = None) -> Iterator[str]:
+    """Hydra's ``initialize`` for blocks' config, for your own code and tests; yields the config name.
+
+    Loads everything that can be composed first (blocks, recipes, installed packages, the
+    project's recipes and presets), so ``hydra.compose`` sees what ``blocks run`` sees::
+
+        from hydra import compose
+        from blocks import hydra_context
+
+        with hydra_context() as name:
+            cfg = compose(name, overrides=["recipe=mine", "optim=fastsgd"])
+
+    *config_dir* is ``--config-dir``. The composed config has every kind's node; check it and
+    get its plan with :func:`plan` (the same overrides), or its blocks with
+    :func:`blocks.core.compose.config_to_blocks`.
+    """
+    from hydra import initialize, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     catalog.load()
@@ -45,7 +69,7 @@ def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> Dic
         else initialize(version_base="1.3", config_path=None, job_name="blocks")
     )
     with context:
-        return compose(PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
+        yield PRIMARY_CONFIG
 
 
 def _refuse_hydra_targets(cfg: DictConfig) -> None:
@@ -248,4 +272,4 @@ def blocks_for(overrides: Sequence[str] = ()) -> dict[str, Block]:
     return config_to_blocks(compose(overrides).config)
 
 
-__all__ = ["BlocksError", "Composed", "blocks_for", "compose", "plan", "plan_config"]
+__all__ = ["BlocksError", "Composed", "blocks_for", "compose", "hydra_context", "plan", "plan_config"]
