@@ -112,6 +112,7 @@ def test_list_shows_project_options_beside_blocks_own(project: Path) -> None:
     assert "fast" in rows["debug"]
 
 
+@pytest.mark.slow
 def test_run_and_sweep_in_a_project(project: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = blocks_in(
@@ -272,3 +273,55 @@ def test_bash_completion_of_groups_options_and_keys(
     sgd_keys = complete(completion_script, project, "plan", "optim=fastsgd", "optim.mom")
     assert sgd_keys == ["optim.momentum="], sgd_keys
     assert sorted(complete(completion_script, project, "r")) == ["report", "run"]
+
+
+def test_digits_finetune_derives_from_digits_mlp() -> None:
+    from blocks import Recipe, derive
+    from blocks.core import catalog
+    from blocks.core.recipe import RECIPES
+    from blocks.data import Digits
+    from blocks.model import MLP
+    from blocks.optim import AdamW
+    from blocks.task import Classification
+    from blocks.trainer import Trainer
+
+    catalog.load()
+    restated = Recipe(
+        data=Digits(batch_size=64, seed=1),
+        model=MLP(hidden=(128, 64), freeze=("0",)),
+        task=Classification(label_smoothing=0.05),
+        optim=AdamW(lr=5e-4, warmup_steps=5),
+        trainer=Trainer(max_epochs=None, max_steps=100, val_every=50),
+    )
+    assert RECIPES.get("digits_finetune").build() == restated
+    assert "derive(" in Path(RECIPES.get("digits_finetune").file).read_text()
+    wide = derive("digits_mlp", model=MLP(hidden=(512,)))
+    assert wide.model == MLP(hidden=(512,)) and wide.optim == RECIPES.get("digits_mlp").build().optim
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"modle": {"hidden": (1,)}}, "did you mean 'model'"),
+        ({"model": {"hiden": (1,)}}, "has no field 'hiden'"),
+        ({"strategy": {"devices": 2}}, "leaves strategy to its default option"),
+    ],
+)
+def test_derive_names_what_is_wrong(changes: dict, message: str) -> None:
+    from blocks import derive
+    from blocks.core import catalog
+    from blocks.core.errors import RegistryError
+
+    catalog.load()
+    with pytest.raises(RegistryError, match=message):
+        derive("digits_mlp", **changes)
+
+
+def test_a_project_preset_named_like_a_block_is_an_error_naming_both_files(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "team")
+    mine = root / "conf" / "optim" / "sgd.yaml"
+    mine.write_text("_block_: sgd\nlr: 0.5\n")
+    result = blocks_in(root, "plan", "recipe=blobs")
+    assert result.returncode == 2, result.output
+    text = "".join(result.output.split())
+    assert "optim=sgd" in text and str(mine) in text and "blocks/optim/" in text, result.output

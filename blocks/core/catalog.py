@@ -278,7 +278,7 @@ def register_project_presets(store: ConfigStore, conf: Path) -> None:
     for group in GROUPS:
         directory = conf / group
         for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
-            taken = option_source(group, path.stem)
+            taken = option_source(group, path.stem, store)
             if taken is not None:
                 raise project.clash(f"preset {group}={path.stem}", taken, str(path))
             _project_presets[(group, path.stem)] = path
@@ -288,7 +288,7 @@ def register_project_presets(store: ConfigStore, conf: Path) -> None:
 _project_presets: dict[tuple[str, str], Path] = {}
 
 
-def option_source(group: str, name: str) -> str | None:
+def option_source(group: str, name: str, store: ConfigStore | None = None) -> str | None:
     """Where option *name* of *group* comes from (a file), or None when the name is free."""
     if (group, name) in _project_presets:
         return str(_project_presets[(group, name)])
@@ -296,13 +296,15 @@ def option_source(group: str, name: str) -> str | None:
         yaml = conf / group / f"{name}.yaml"
         if yaml.is_file():
             return str(yaml)
+    if store is not None and f"{name}.yaml" not in store.repo.get(group, {}):
+        return None
     if group in REGISTRY_KINDS and name in REGISTRY.names(group):
-        return f"{REGISTRY.get(group, name).cls.__module__} ({_class_file(REGISTRY.get(group, name).cls)})"
-    if group in (*REGISTRY_KINDS, "recipe"):
-        for entry in RECIPES.entries():
-            if entry.name == name:
-                return f"recipe {name} ({entry.file})"
-    return None
+        cls = REGISTRY.get(group, name).cls
+        return f"{cls.__module__}.{cls.__qualname__} ({_class_file(cls)})"
+    for entry in RECIPES.entries():
+        if entry.name == name:
+            return f"recipe {name} ({entry.file})"
+    return None if store is None else f"option {group}={name} of blocks' config store"
 
 
 def _class_file(cls: type) -> str:
