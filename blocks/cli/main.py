@@ -133,9 +133,10 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
     recipes included); ``blocks list recipe`` (or experiment, debug, hparams_search) lists
     that group's options.
     """
+    from blocks.cli.options import all_options
     from blocks.cli.render import entry_json, options_table, registry_table
     from blocks.core import catalog
-    from blocks.core.compose import GROUPS, group_options
+    from blocks.core.compose import GROUPS
     from blocks.core.registry import REGISTRY
 
     if kind is not None and kind not in GROUPS:
@@ -150,10 +151,11 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         return _fail(error, LIST_HEADER)
     catalog.load()
     if kind is not None and kind not in KINDS:
+        options = all_options()[kind]
         if as_json:
-            print(json.dumps({"group": kind, "options": group_options(kind)}, indent=2))
+            print(json.dumps({"group": kind, "options": options}, indent=2))
         else:
-            stdout.print(options_table({kind: group_options(kind)}))
+            stdout.print(options_table({kind: options}))
         return 0
     entries = REGISTRY.entries(kind)
     if as_json:
@@ -161,7 +163,7 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         return 0
     stdout.print(registry_table(entries))
     if kind is None:
-        stdout.print(options_table({group: group_options(group) for group in GROUPS}))
+        stdout.print(options_table(all_options()))
     return 0
 
 
@@ -456,10 +458,8 @@ def run_and_say_where(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 
 
-def _plan_epilog() -> str | None:
-    """Every config group and its options, for ``blocks plan --help`` only (it loads the catalog)."""
-    if not _HELP_REQUESTED:
-        return None
+def _plan_epilog() -> str:
+    """Every config group and its options, for ``blocks plan --help`` (it loads the catalog)."""
     from blocks.cli.options import groups_help
     from blocks.core import catalog
 
@@ -467,11 +467,8 @@ def _plan_epilog() -> str | None:
     return groups_help("plan")
 
 
-_HELP_REQUESTED = False
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``blocks``."""
+def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
+    """The argument parser of ``blocks``; with *plan_help*, ``plan --help`` lists every group's options."""
     parser = argparse.ArgumentParser(
         prog="blocks",
         description="Compose training runs from typed blocks, check them, run them.",
@@ -494,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="compose and check only; print the plan (exit 2 when invalid)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_plan_epilog(),
+        epilog=_plan_epilog() if plan_help else None,
     )
     plan.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4 strategy=single")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -605,10 +602,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv and argv[0] == "run":
         dispatch = lambda: cmd_run(argv[1:])  # noqa: E731 - Hydra parses run's arguments itself
     else:
-        global _HELP_REQUESTED
-        _HELP_REQUESTED = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
+        plan_help = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
         try:
-            args = build_parser().parse_args(argv)
+            args = build_parser(plan_help=plan_help).parse_args(argv)
         except BlocksError as exc:
             sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
         if args.command == "plan":
