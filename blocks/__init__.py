@@ -4,13 +4,15 @@ The top-level package is torch-free: it holds the spec layer (blocks, recipes, t
 Building (Lightning) and launching (processes) import torch when they are used.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from blocks.core.block import KINDS, Block
 from blocks.core.errors import BlocksError, ConfigError, PlanError, Problem
 from blocks.core.pipeline import Evaluate, Export, Pipeline, Train
 from blocks.core.plan import Plan, make_plan
-from blocks.core.recipe import Recipe, recipe
+from blocks.core.recipe import Recipe, derive, recipe
 from blocks.core.registry import register
 
 __version__ = "0.1.0"
@@ -21,6 +23,29 @@ def load_model(path: str) -> Any:
     from blocks.model.load import load_model as load
 
     return load(path)
+
+
+@contextmanager
+def hydra_context(config_dir: str | None = None) -> Iterator[str]:
+    """Hydra's ``initialize`` for blocks' config (catalog and project loaded); yields the config name.
+
+    ``with hydra_context() as name: cfg = hydra.compose(name, overrides=[...])``; see
+    :func:`blocks.core.jobs.hydra_context`.
+    """
+    from blocks.core.jobs import hydra_context as context
+
+    with context(config_dir) as name:
+        yield name
+
+
+def plan(overrides: Any = (), config_dir: str | None = None) -> Plan:
+    """Compose *overrides* as ``blocks plan`` does and check them; the :class:`Plan` (``plan.ok``, ``plan.errors``).
+
+    A config that does not compose raises :class:`ConfigError` naming each key.
+    """
+    from blocks.core.jobs import plan as plan_of
+
+    return plan_of(list(overrides), config_dir=config_dir)
 
 
 __all__ = [
@@ -37,8 +62,11 @@ __all__ = [
     "Recipe",
     "Train",
     "__version__",
+    "derive",
+    "hydra_context",
     "load_model",
     "make_plan",
+    "plan",
     "recipe",
     "register",
 ]

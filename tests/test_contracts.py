@@ -31,6 +31,8 @@ WITHOUT_PLAN_EXAMPLE = [
     "weights-fit",
     "freeze-prefix",
     "recipe-load",
+    "name-clash",
+    "project-config",
     "import-kind",
     "checkpoint-unsafe",
     "resume-usable",

@@ -75,8 +75,13 @@ def load_catalog() -> None:
         print_problems(stderr, problems)
 
 
-def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
-    """Compose and check; print the plan(s). 0 when valid, 2 when not."""
+def cmd_plan(
+    overrides: Sequence[str], *, as_json: bool, multirun: bool, config_dir: str | None = None
+) -> int:
+    """Compose and check; print the plan(s). 0 when valid, 2 when not.
+
+    *config_dir* is ``--config-dir``: a directory of presets searched first, as ``blocks run`` does.
+    """
     from blocks.cli.render import plan_panel
     from blocks.core import jobs
     from blocks.launch.sweep import expand_sweep
@@ -98,7 +103,7 @@ def cmd_plan(overrides: Sequence[str], *, as_json: bool, multirun: bool) -> int:
         return _invalid_plan(exc, list(overrides), as_json=as_json)
     for one in job_overrides:
         try:
-            plans.append((one, jobs.plan(one)))
+            plans.append((one, jobs.plan(one, config_dir=config_dir)))
         except BlocksError as exc:
             return _invalid_plan(exc, one, as_json=as_json)
     if as_json:
@@ -122,27 +127,43 @@ def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) ->
 
 
 def cmd_list(kind: str | None, *, as_json: bool) -> int:
-    """Print every registered block (of one kind)."""
-    from blocks.cli.render import entry_json, registry_table
+    """Print every registered block (of one kind), or the options of a config group.
+
+    Without a kind, the blocks are followed by the options of every group (presets and
+    recipes included); ``blocks list recipe`` (or experiment, debug, hparams_search) lists
+    that group's options.
+    """
+    from blocks.cli.options import all_options
+    from blocks.cli.render import entry_json, options_table, registry_table
     from blocks.core import catalog
+    from blocks.core.compose import GROUPS
     from blocks.core.registry import REGISTRY
 
-    if kind is not None and kind not in KINDS:
-        hint = did_you_mean(kind, KINDS)
+    if kind is not None and kind not in GROUPS:
+        hint = did_you_mean(kind, GROUPS)
         error = BlocksError(
             Problem(
                 "kind",
-                f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""),
-                f"blocks list <kind> with one of: {', '.join(KINDS)}",
+                f"'{kind}' is not a block kind or config group" + (f"; {hint}" if hint else ""),
+                f"blocks list <kind> with one of: {', '.join(GROUPS)}",
             )
         )
         return _fail(error, LIST_HEADER)
     catalog.load()
+    if kind is not None and kind not in KINDS:
+        options = all_options()[kind]
+        if as_json:
+            print(json.dumps({"group": kind, "options": options}, indent=2))
+        else:
+            stdout.print(options_table({kind: options}))
+        return 0
     entries = REGISTRY.entries(kind)
     if as_json:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
-    else:
-        stdout.print(registry_table(entries))
+        return 0
+    stdout.print(registry_table(entries))
+    if kind is None:
+        stdout.print(options_table(all_options()))
     return 0
 
 
@@ -383,6 +404,8 @@ def cmd_run(args: Sequence[str]) -> int:
     """Check every job, then hand the command line to Hydra, which runs the driver per job."""
     from blocks.launch.sweep import expand_group_globs
 
+    if any(arg in ("-h", "--help") for arg in args):
+        return cmd_run_help()
     args = expand_group_globs(args)
     chosen = _pipeline_of(args)
     if chosen is not None:
@@ -400,6 +423,23 @@ def cmd_run(args: Sequence[str]) -> int:
     return 1 if FAILED_JOBS else 0
 
 
+RUN_USAGE = """usage: blocks run [OVERRIDE ...] [-m] [--config-dir DIR] [--cfg job] [--info] [-sc install=bash]
+
+Compose the job from config groups and overrides, check it (as blocks plan does), then train.
+-m sweeps (a,b / range(...) / glob(...)), --config-dir DIR adds your YAML presets, --cfg job prints
+the composed config, --hydra-help shows Hydra's own flags.
+"""
+
+
+def cmd_run_help() -> int:
+    """``blocks run --help``: the usage, then every config group with its options."""
+    from blocks.cli.options import groups_help
+
+    print(RUN_USAGE)
+    print(groups_help("run"))
+    return 0
+
+
 def run_and_say_where(cfg: DictConfig) -> float | None:
     """The Hydra task of ``blocks run``: print a single run's run dir, then run the driver."""
     from hydra.core.hydra_config import HydraConfig
@@ -415,13 +455,28 @@ def run_and_say_where(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``blocks``."""
+def _plan_epilog() -> str:
+    """Every config group and its options, for ``blocks plan --help`` (it loads the catalog)."""
+    from blocks.cli.options import groups_help
+    from blocks.core import catalog
+
+    catalog.load()
+    return groups_help("plan")
+
+
+def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
+    """The argument parser of ``blocks``; with *plan_help*, ``plan --help`` lists every group's options."""
     parser = argparse.ArgumentParser(
         prog="blocks",
         description="Compose training runs from typed blocks, check them, run them.",
     )
     parser.add_argument("--version", action="version", version=f"blocks {__version__}")
+    parser.add_argument(
+        "--recipes",
+        metavar="DIR",
+        action="append",
+        help="a directory of recipe files to load (repeatable; adds to BLOCKS_PATH and [tool.blocks] recipes)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
@@ -429,12 +484,24 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     run.add_argument("args", nargs=argparse.REMAINDER)
-    plan = sub.add_parser("plan", help="compose and check only; print the plan (exit 2 when invalid)")
+    plan = sub.add_parser(
+        "plan",
+        help="compose and check only; print the plan (exit 2 when invalid)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_plan_epilog() if plan_help else None,
+    )
     plan.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4 strategy=single")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("-m", "--multirun", action="store_true", help="plan every job of a sweep")
+    plan.add_argument(
+        "-cd", "--config-dir", help="a directory of YAML presets (<group>/<name>.yaml), searched first"
+    )
     lst = sub.add_parser("list", help="every registered block with its fields")
-    lst.add_argument("kind", nargs="?", help=f"one of: {', '.join(KINDS)}")
+    lst.add_argument(
+        "kind",
+        nargs="?",
+        help=f"a block kind ({', '.join(KINDS)}) or recipe, experiment, debug, hparams_search",
+    )
     lst.add_argument("--json", action="store_true", help="print as JSON")
     new = sub.add_parser(
         "new-package", help="scaffold a pip-installable block package with its conformance test"
@@ -485,15 +552,62 @@ def run_captured(argv: Sequence[str]) -> tuple[int, str]:
     return code, buffer.getvalue()
 
 
+def take_recipes_option(argv: list[str]) -> list[str]:
+    """*argv* without ``--recipes DIR`` (anywhere); each DIR goes first into ``BLOCKS_PATH``.
+
+    The environment carries it to every process a run starts (Hydra jobs, torchrun workers),
+    which load the same recipe files.
+    """
+    import os
+
+    from blocks.core.project import ENV_VAR
+
+    rest: list[str] = []
+    dirs: list[str] = []
+    items = iter(argv)
+    for arg in items:
+        if arg == "--recipes":
+            value = next(items, None)
+            if value is None:
+                raise BlocksError(Problem("--recipes", "--recipes needs a directory", "--recipes recipes/"))
+            dirs.append(value)
+        elif arg.startswith("--recipes="):
+            dirs.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    if dirs:
+        entries = [str(Path(d).resolve()) for d in dirs]
+        old = os.environ.get(ENV_VAR, "")
+        os.environ[ENV_VAR] = os.pathsep.join([*entries, *([old] if old else [])])
+    return rest
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``blocks`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = take_recipes_option(argv)
+    except BlocksError as exc:
+        sys.exit(_fail(exc, RUN_HEADER))
+    from blocks.cli.completion import answer_query, is_query
+
+    shell = is_query(argv)
+    if shell is not None:
+        sys.exit(answer_query(shell))
+    if argv and argv[0] in ("-sc", "--shell-completion"):
+        argv = ["run", *argv]  # `blocks -sc install=bash`: Hydra's install, as `blocks run -sc` does
     if argv and argv[0] == "run":
         dispatch = lambda: cmd_run(argv[1:])  # noqa: E731 - Hydra parses run's arguments itself
     else:
-        args = build_parser().parse_args(argv)
+        plan_help = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
+        try:
+            args = build_parser(plan_help=plan_help).parse_args(argv)
+        except BlocksError as exc:
+            sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
         if args.command == "plan":
-            dispatch = lambda: cmd_plan(args.overrides, as_json=args.json, multirun=args.multirun)  # noqa: E731
+            dispatch = lambda: cmd_plan(  # noqa: E731
+                args.overrides, as_json=args.json, multirun=args.multirun, config_dir=args.config_dir
+            )
         elif args.command == "new-package":
             dispatch = lambda: cmd_new_package(args.name, args.dir, args.namespace)  # noqa: E731
         elif args.command == "report":

@@ -169,3 +169,13 @@ def _jsonable(value: object) -> object:
     if isinstance(value, tuple):
         return list(value)
     return value
+
+
+def options_table(options: dict[str, list[str]]) -> Table:
+    """Every option of each config group (blocks, presets, recipes: blocks' own, packages', the project's)."""
+    table = Table(show_header=True, header_style="bold", title="config groups", title_justify="left")
+    table.add_column("group", style="bold")
+    table.add_column("options (group=OPTION)", overflow="fold")
+    for group, names in options.items():
+        table.add_row(Text(group), Text(", ".join(names)))
+    return table

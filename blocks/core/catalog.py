@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from blocks.core import packages, paths
+from blocks.core import packages, paths, project
 from blocks.core.block import KINDS as REGISTRY_KINDS
 from blocks.core.compose import GROUPS, block_node, primary_node, store_option
-from blocks.core.errors import Problem, RegistryError, describe_exception
+from blocks.core.errors import DuplicateName, Problem, RegistryError, describe_exception
 from blocks.core.launcher import RAY_LAUNCHER_NODE
 from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
@@ -107,8 +107,61 @@ def load() -> None:
     if recipes is not None:
         load_recipe_files(recipes)
     packages.discover()
-    register_configs()
+    found = project.find()
+    load_project_recipes(found.recipes)
+    register_configs(found)
     _loaded = True
+
+
+def load_project_recipes(directories: tuple[Path, ...]) -> list[LoadProblem]:
+    """Import the project's recipe files as ``blocks_project.<stem>`` (see :mod:`blocks.core.project`).
+
+    A file that raises is skipped with a warning, as a shipped one is; a recipe or block whose
+    name is taken already (by blocks, a package or another project file) is an error that
+    names both files.
+    """
+    if not directories:
+        return []
+    project.install_module(directories)
+    seen: dict[str, Path] = {}
+    problems = []
+    for directory in directories:
+        for path in sorted(directory.glob("*.py")):
+            if path.name.startswith("_"):
+                continue
+            if path.stem in seen:
+                raise project.clash(f"recipe module '{path.stem}'", str(seen[path.stem]), str(path))
+            seen[path.stem] = path
+            module_name = project.module_name(path)
+            if module_name in sys.modules:
+                continue
+            try:
+                importlib.import_module(module_name)
+            except DuplicateName:
+                sys.modules.pop(module_name, None)
+                raise
+            except Exception as exc:
+                sys.modules.pop(module_name, None)
+                problem = LoadProblem(
+                    path.resolve(), describe_exception(exc), _declared_recipes(path), _line_in(exc, path)
+                )
+                problems.append(_record(problem))
+    _refuse_shadowed_yaml_recipes()
+    return problems
+
+
+def _refuse_shadowed_yaml_recipes() -> None:
+    """A Python recipe named like a YAML recipe of blocks' own ``conf/recipe`` is a clash."""
+    for directory in _shipped_conf_dirs():
+        for entry in RECIPES.entries():
+            yaml = directory / "recipe" / f"{entry.name}.yaml"
+            if yaml.is_file():
+                raise project.clash(f"recipe '{entry.name}'", str(yaml), entry.file)
+
+
+def _shipped_conf_dirs() -> list[Path]:
+    conf = paths.conf_dir()
+    return [conf] if conf is not None else []
 
 
 def load_recipe_files(directory: Path, *, package: str = "blocks") -> list[LoadProblem]:
@@ -164,8 +217,12 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
     return line
 
 
-def register_configs() -> None:
-    """Store every block and recipe in Hydra's ConfigStore, plus the primary config."""
+def register_configs(found: project.Project | None = None) -> None:
+    """Store every block and recipe in Hydra's ConfigStore, plus the primary config.
+
+    The presets of *found* (the user's project) are stored beside blocks' own, under their
+    plain names (``optim=fastsgd``).
+    """
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -183,6 +240,8 @@ def register_configs() -> None:
     for package in packages.packages():
         if package.conf is not None:
             register_package_presets(store, package.namespace, package.conf)
+    for conf_dir in found.conf if found is not None else ():
+        register_project_presets(store, conf_dir)
     store.store(group="hydra/launcher", name="ray", node=RAY_LAUNCHER_NODE)
     conf = paths.conf_dir()
     store.store(name="blocks", node=primary_node([str(conf)] if conf else []))
@@ -212,8 +271,55 @@ def _register_recipe(store: ConfigStore, recipe_entry: RecipeEntry) -> None:
     store_option(store, "recipe", recipe_entry.name, {"defaults": defaults}, package="_global_")
 
 
+def register_project_presets(store: ConfigStore, conf: Path) -> None:
+    """Store each ``conf/<group>/<name>.yaml`` of the project as option ``<group>=<name>``.
+
+    An option of that name already in the group (blocks' own YAML preset, a block, a recipe or
+    its preset, another project conf dir) is an error naming both files.
+    """
+    for group in GROUPS:
+        directory = conf / group
+        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+            taken = option_source(group, path.stem, store)
+            if taken is not None:
+                raise project.clash(f"preset {group}={path.stem}", taken, str(path))
+            _project_presets[(group, path.stem)] = path
+    register_package_presets(store, "", conf)
+
+
+_project_presets: dict[tuple[str, str], Path] = {}
+
+
+def option_source(group: str, name: str, store: ConfigStore | None = None) -> str | None:
+    """Where option *name* of *group* comes from (a file), or None when the name is free."""
+    if (group, name) in _project_presets:
+        return str(_project_presets[(group, name)])
+    for conf in _shipped_conf_dirs():
+        yaml = conf / group / f"{name}.yaml"
+        if yaml.is_file():
+            return str(yaml)
+    if store is not None and f"{name}.yaml" not in store.repo.get(group, {}):
+        return None
+    if group in REGISTRY_KINDS and name in REGISTRY.names(group):
+        cls = REGISTRY.get(group, name).cls
+        return f"{cls.__module__}.{cls.__qualname__} ({_class_file(cls)})"
+    for entry in RECIPES.entries():
+        if entry.name == name:
+            return f"recipe {name} ({entry.file})"
+    return None if store is None else f"option {group}={name} of blocks' config store"
+
+
+def _class_file(cls: type) -> str:
+    try:
+        return inspect.getsourcefile(cls) or cls.__module__
+    except TypeError:
+        return cls.__module__
+
+
 def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> None:
     """Store each ``conf/<group>/<name>.yaml`` of a package as option ``<group>=<namespace>/<name>``.
+
+    With an empty *namespace* (the user's project) the option is ``<group>=<name>``.
 
     A preset that names its block (``_block_: resnet``, or ``acme/resnet``) is merged onto that
     block's typed node, so overriding one of its fields is checked like any block's. A file
@@ -228,6 +334,7 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
         if not directory.is_dir():
             continue
         for path in sorted(directory.glob("*.yaml")):
+            option = f"{namespace}/{path.stem}" if namespace else path.stem
             try:
                 text = path.read_text()
                 header = config_header(text)
@@ -236,10 +343,10 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
                     raise RegistryError(f"{path} holds a list, not a mapping of config keys")
                 block = node.get("_block_") if group in REGISTRY_KINDS else None
                 if block is not None:
-                    name = str(block) if "/" in str(block) else f"{namespace}/{block}"
+                    name = str(block) if "/" in str(block) or not namespace else f"{namespace}/{block}"
                     node["_block_"] = name
                     typed = block_node(REGISTRY.get(group, name).cls())
                     node = OmegaConf.merge(typed, node)
-                store_option(store, group, f"{namespace}/{path.stem}", node, package=header.get("package"))
+                store_option(store, group, option, node, package=header.get("package"))
             except Exception as exc:
-                _record(LoadProblem(path.resolve(), describe_exception(exc), (f"{namespace}/{path.stem}",)))
+                _record(LoadProblem(path.resolve(), describe_exception(exc), (option,)))

@@ -466,6 +466,20 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "name-clash",
+        ("config",),
+        "project",
+        "a project's recipe, block or preset does not take a name blocks, a package or another project file has (the error names both files)",
+        (),
+    ),
+    Check(
+        "project-config",
+        ("config",),
+        "tool.blocks.recipes",
+        "the [tool.blocks] recipes and conf entries of the project's pyproject.toml (and BLOCKS_PATH) name directories",
+        (),
+    ),
+    Check(
         "import-kind",
         ("model", "data", "monitor"),
         "model.target",

@@ -85,6 +85,10 @@ class RegistryError(BlocksError):
     """A block, recipe or package could not be registered or found."""
 
 
+class DuplicateName(RegistryError):
+    """Two recipes, blocks or presets claim one name; the message names both files."""
+
+
 def did_you_mean(word: str, candidates: Iterable[str], *, n: int = 3) -> str:
     """A ``did you mean ...?`` phrase for *word*, or an empty string if nothing is close."""
     matches = difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)

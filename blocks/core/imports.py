@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from blocks.core.errors import ConfigError, Problem
+from blocks.core.project import nearest_pyproject
 
 ENV_VAR = "BLOCKS_ALLOW_IMPORTS"
 TARGET_KEY = "_target_"
@@ -189,25 +190,23 @@ ANY_CLASS = Kind("a class")
 def allowed_prefixes(cwd: Path | None = None) -> tuple[str, ...]:
     """The module prefixes the user allows: ``BLOCKS_ALLOW_IMPORTS`` plus the project's pyproject."""
     prefixes = [p.strip() for p in os.environ.get(ENV_VAR, "").split(",") if p.strip()]
-    pyproject = _nearest_pyproject(cwd or Path.cwd())
+    pyproject = nearest_pyproject(cwd or Path.cwd())
     if pyproject is not None:
         prefixes += _pyproject_prefixes(pyproject)
     return tuple(dict.fromkeys(prefixes))
 
 
 def implicit_prefixes() -> tuple[str, ...]:
-    """Always importable: blocks' own modules and the module of every loaded block package."""
-    from blocks.core import packages
+    """Always importable: blocks' own modules, every loaded block package's module, the project's recipe files.
 
-    return (*OWN_PREFIXES, *(package.module for package in packages.packages()))
+    The project's recipe files (``blocks_project.*``, see :mod:`blocks.core.project`) are
+    admitted only once this process has loaded them: they are the user's own code, which
+    ``blocks`` ran already when it found them.
+    """
+    from blocks.core import packages, project
 
-
-def _nearest_pyproject(start: Path) -> Path | None:
-    for directory in (start.resolve(), *start.resolve().parents):
-        candidate = directory / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
-    return None
+    own = (project.MODULE,) if project.MODULE in sys.modules else ()
+    return (*OWN_PREFIXES, *(package.module for package in packages.packages()), *own)
 
 
 def _pyproject_prefixes(path: Path) -> list[str]:

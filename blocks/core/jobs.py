@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,12 +31,32 @@ from blocks.data.base import DataBlock
 
 
 def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
-    """Hydra's composition; *config_dir* is ``--config-dir`` (searched first, as Hydra does).
+    """Hydra's composition; *config_dir* is ``--config-dir`` (searched first, as Hydra does)."""
+    from hydra import compose
 
-    Hydra's global state is left as it was found: a compose inside a running Hydra app (a
-    pipeline stage, a sweep job) does not reset that app's Hydra.
+    with hydra_context(config_dir) as name:
+        return compose(name, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True)
+
+
+@contextlib.contextmanager
+def hydra_context(config_dir: str | None = None) -> Iterator[str]:
+    """Hydra's ``initialize`` for blocks' config, for your own code and tests; yields the config name.
+
+    Loads everything that can be composed first (blocks, recipes, installed packages, the
+    project's recipes and presets), so ``hydra.compose`` sees what ``blocks run`` sees::
+
+        from hydra import compose
+        from blocks import hydra_context
+
+        with hydra_context() as name:
+            cfg = compose(name, overrides=["recipe=mine", "optim=fastsgd"])
+
+    *config_dir* is ``--config-dir``. The composed config has every kind's node; check it and
+    get its plan with :func:`plan` (the same overrides), or its blocks with
+    :func:`blocks.core.compose.config_to_blocks`. Hydra's global state is left as it was found:
+    a compose inside a running Hydra app (a pipeline stage, a sweep job) does not reset that app.
     """
-    from hydra import compose, initialize, initialize_config_dir
+    from hydra import initialize, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
@@ -51,9 +72,7 @@ def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> Dic
             else initialize(version_base="1.3", config_path=None, job_name="blocks")
         )
         with context:
-            return compose(
-                PRIMARY_CONFIG, overrides=keep_shipped_searchpath(overrides), return_hydra_config=True
-            )
+            yield PRIMARY_CONFIG
     finally:
         restore_gh_from_backup(outer)
 
@@ -293,4 +312,4 @@ def blocks_for(overrides: Sequence[str] = ()) -> dict[str, Block]:
     return config_to_blocks(compose(overrides).config)
 
 
-__all__ = ["BlocksError", "Composed", "blocks_for", "compose", "plan", "plan_config"]
+__all__ = ["BlocksError", "Composed", "blocks_for", "compose", "hydra_context", "plan", "plan_config"]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.block import KINDS, Block
-from blocks.core.errors import RegistryError, did_you_mean
+from blocks.core.errors import DuplicateName, Problem, RegistryError, did_you_mean
 from blocks.core.pipeline import Pipeline
 from blocks.data.base import DataBlock
 from blocks.model.base import ModelBlock
@@ -54,6 +56,17 @@ class Recipe:
 
 
 RecipeFn = Callable[[], Recipe | Pipeline]
+
+
+def source_file(obj: object) -> str:
+    """The file that defines *obj* (a function or class), or its module's name when unknown."""
+    try:
+        found = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+    except TypeError:
+        found = None
+    return found or str(getattr(obj, "__module__", "?"))
+
+
 F = TypeVar("F", bound=RecipeFn)
 
 
@@ -65,6 +78,11 @@ class RecipeEntry:
     fn: RecipeFn
     package: str
     source: str
+
+    @property
+    def file(self) -> str:
+        """The file that defines the recipe function."""
+        return source_file(self.fn)
 
     @property
     def summary(self) -> str:
@@ -133,7 +151,15 @@ class RecipeBook:
         source = f"{fn.__module__}.{fn.__qualname__}"
         existing = self._entries.get(full)
         if existing is not None and existing.source != source:
-            raise RegistryError(f"recipe '{full}' is defined twice: {existing.source} and {source}")
+            raise DuplicateName(
+                Problem(
+                    "recipe",
+                    f"recipe '{full}' is defined twice: {existing.source} in {existing.file} "
+                    f"and {source} in {source_file(fn)}",
+                    "rename one of them (recipe names share one namespace with blocks' own and the project's)",
+                    check="name-clash",
+                )
+            )
         entry = RecipeEntry(full, fn, package, source)
         self._entries[full] = entry
         return entry
@@ -155,7 +181,82 @@ RECIPES = RecipeBook()
 """The process-wide recipe book."""
 
 
-def recipe(name: str) -> Callable[[F], F]:
+Changes = Block | Mapping[str, Any]
+"""What :func:`derive` takes for a kind: a whole block, or the fields to change on the base's block."""
+
+
+def derive(base: str, **changes: Changes) -> Recipe:
+    """The blocks of recipe *base* with *changes*, one keyword per kind.
+
+    A kind given a block replaces the base's block; given a mapping, it changes those fields
+    of the base's block (``model={"freeze": ("0",)}``). The base is looked up when the
+    derived recipe is called, so the two may live in any files. It is the same as
+    ``dataclasses.replace`` on the base recipe's output, for a base you cannot import.
+
+    Example::
+
+        @recipe("digits_wide")
+        def digits_wide() -> Recipe:
+            return derive("digits_mlp", model={"hidden": (512, 256)}, optim=SGD(lr=0.05))
+    """
+    made = RECIPES.get(base).build()
+    unknown = [kind for kind in changes if kind not in KINDS]
+    if unknown:
+        hint = did_you_mean(unknown[0], KINDS)
+        raise RegistryError(
+            f"derive('{base}', {unknown[0]}=...): '{unknown[0]}' is not a block kind"
+            + (f"; {hint}" if hint else "")
+            + f" (kinds: {', '.join(KINDS)})"
+        )
+    replaced: dict[str, Block] = {}
+    for kind, change in changes.items():
+        if isinstance(change, Block):
+            replaced[kind] = change
+            continue
+        current = getattr(made, kind)
+        if current is None:
+            raise RegistryError(
+                f"derive('{base}', {kind}={{...}}): recipe '{base}' leaves {kind} to its default option, "
+                f"so there are no fields to change; give a whole block ({kind}=...)"
+            )
+        names = {f.name for f in dataclasses.fields(current)}
+        wrong = [key for key in change if key not in names]
+        if wrong:
+            raise RegistryError(
+                f"derive('{base}', {kind}={{...}}): {kind}={current.block_name} has no field '{wrong[0]}' "
+                f"(fields: {', '.join(sorted(names))})"
+            )
+        replaced[kind] = dataclasses.replace(current, **change)
+    return dataclasses.replace(made, **replaced)  # type: ignore[arg-type]
+
+
+class RecipeDecorator:
+    """What :func:`recipe` returns: a decorator for a recipe function, or :meth:`based_on`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, fn: F) -> F:
+        """Register *fn* as the recipe."""
+        RECIPES.add(self.name, fn)
+        return fn
+
+    def based_on(self, base: str, /, **changes: Changes) -> RecipeFn:
+        """Register a recipe that is recipe *base* with *changes* (see :func:`derive`); returns its function."""
+
+        def derived() -> Recipe:
+            return derive(base, **changes)
+
+        derived.__doc__ = f"Recipe {base}, changing {', '.join(changes) or 'nothing'}."
+        derived.__qualname__ = derived.__name__ = f"{self.name}_based_on_{base}".replace("/", "_").replace(
+            "-", "_"
+        )
+        derived.__module__ = sys._getframe(1).f_globals.get("__name__", __name__)
+        RECIPES.add(self.name, derived)
+        return derived
+
+
+def recipe(name: str) -> RecipeDecorator:
     """Decorator: make a function returning a :class:`Recipe` an option of the ``recipe`` group.
 
     Example::
@@ -163,10 +264,9 @@ def recipe(name: str) -> Callable[[F], F]:
         @recipe("charlm")
         def charlm() -> Recipe:
             return Recipe(data=Text(), model=Transformer(), task=LanguageModeling())
+
+    A recipe that only changes another one can be declared in one line::
+
+        recipe("digits_wide").based_on("digits_mlp", model={"hidden": (512, 256)})
     """
-
-    def decorate(fn: F) -> F:
-        RECIPES.add(name, fn)
-        return fn
-
-    return decorate
+    return RecipeDecorator(name)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
 from blocks.core.block import KINDS, Block
-from blocks.core.errors import RegistryError, did_you_mean
+from blocks.core.errors import DuplicateName, Problem, RegistryError, did_you_mean
 
 B = TypeVar("B", bound=type[Block])
 
@@ -79,10 +80,15 @@ class Registry:
         full = f"{namespace}/{name}" if namespace else name
         existing = self._entries[kind].get(full)
         if existing is not None and existing.cls is not cls:
-            raise RegistryError(
-                f"{kind} block '{full}' is registered twice: by {existing.package} "
-                f"({existing.cls.__module__}.{existing.cls.__qualname__}) and by {package} "
-                f"({cls.__module__}.{cls.__qualname__})"
+            raise DuplicateName(
+                Problem(
+                    kind,
+                    f"{kind} block '{full}' is registered twice: by {existing.package} "
+                    f"({existing.cls.__module__}.{existing.cls.__qualname__} in {_file(existing.cls)}) "
+                    f"and by {package} ({cls.__module__}.{cls.__qualname__} in {_file(cls)})",
+                    "rename one of them (@register(NAME))",
+                    check="name-clash",
+                )
             )
         entry = Entry(kind, full, cls, package, version)
         self._entries[kind][full] = entry
@@ -119,6 +125,13 @@ class Registry:
         """All entries, or those of one kind, in kind order then name order."""
         kinds = [kind] if kind else list(KINDS)
         return [self._entries[k][n] for k in kinds for n in sorted(self._entries[k])]
+
+
+def _file(cls: type) -> str:
+    try:
+        return inspect.getsourcefile(cls) or cls.__module__
+    except TypeError:
+        return cls.__module__
 
 
 REGISTRY = Registry()
