@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
+from blocks.build.callbacks import build_callbacks
 from blocks.build.checkpointing import CheckpointCallback
 from blocks.build.datamodule import BlocksDataModule
 from blocks.build.health import HealthGuard, StallWatchdog
@@ -130,6 +131,9 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
+    callbacks += build_callbacks(
+        list(trainer_block.callbacks)
+    )  # after blocks' own: they see this step's metrics
     preemption = Preemption(derived.accumulate)
     callbacks.append(preemption)
     callbacks.append(
@@ -149,9 +153,13 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_epochs=-1,
         accumulate_grad_batches=derived.accumulate,
         gradient_clip_val=plan.optim.grad_clip,
+        gradient_clip_algorithm=trainer_block.gradient_clip_algorithm if plan.optim.grad_clip else None,
         val_check_interval=val_every * derived.accumulate if (val_every and has_val) else None,
         check_val_every_n_epoch=None if val_every else 1,
-        limit_val_batches=None if has_val else 0,
+        limit_train_batches=_micro_batches(trainer_block.limit_train_batches, derived.accumulate),
+        limit_val_batches=trainer_block.limit_val_batches if has_val else 0,
+        profiler=_profiler(trainer_block.profiler, run_dir),
+        detect_anomaly=trainer_block.detect_anomaly,
         num_sanity_val_steps=0,
         logger=False,
         enable_checkpointing=False,
@@ -164,6 +172,23 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     )
     preemption.install(trainer)
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
+
+
+def _micro_batches(steps: int | None, accumulate: int) -> int | None:
+    """``trainer.limit_train_batches`` (optimizer steps per epoch) as Lightning's count of micro-batches."""
+    return None if steps is None else steps * accumulate
+
+
+def _profiler(name: str, run_dir: Path) -> pl.profilers.Profiler | None:
+    """Lightning's profiler *name*, writing its report into ``<run dir>/profiler``."""
+    if not name:
+        return None
+    classes = {
+        "simple": pl.profilers.SimpleProfiler,
+        "advanced": pl.profilers.AdvancedProfiler,
+        "pytorch": pl.profilers.PyTorchProfiler,
+    }
+    return classes[name](dirpath=str(run_dir / "profiler"), filename="report")
 
 
 def metric_sinks(monitor: Monitor, run_dir: Path, resumed_step: int | None) -> list[MetricSink]:
