@@ -469,7 +469,15 @@ CHECKS: tuple[Check, ...] = (
         "import-kind",
         ("model", "data", "monitor"),
         "model.target",
-        "an imported path is a class of the kind its field expects (nn.Module, DataModule, Logger, Callback), never a function",
+        "an imported path is a class of the kind its field expects (nn.Module, DataModule, Logger, Callback), never a "
+        "function, and a LightningModule defines no training_step/validation_step/configure_optimizers blocks would ignore",
+        (),
+    ),
+    Check(
+        "loader-options",
+        ("data",),
+        "data.target",
+        "a LightningDataModule's loaders have no collate_fn, sampler or training batch size that blocks' loaders would drop",
         (),
     ),
     Check(
