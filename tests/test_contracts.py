@@ -32,6 +32,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "freeze-prefix",
     "recipe-load",
     "import-kind",
+    "logger-start",
     "loader-options",
     "checkpoint-unsafe",
     "resume-usable",

@@ -226,3 +226,34 @@ def test_a_csv_logger_keeps_its_rows_and_has_each_step_once(killed_and_resumed: 
     assert params["derived.total_steps"] == 12 and "optim.lr" in params
     with (killed_and_resumed["run"] / "metrics.csv").open(newline="") as fh:
         assert [int(r["step"]) for r in csv.DictReader(fh)] == STEPS, "the run dir's metrics.csv too"
+
+
+@pytest.mark.parametrize(
+    ("logger", "said", "fix"),
+    [
+        (
+            "{_target_: pytorch_lightning.loggers.MLFlowLogger, tracking_uri: 'file:./mlruns'}",
+            "could not start",
+            "sqlite:///mlflow.db",
+        ),
+        (
+            "{_target_: pytorch_lightning.loggers.CSVLogger, no_such_argument: 1}",
+            "could not be built",
+            "CSVLogger",
+        ),
+    ],
+)
+def test_a_logger_that_cannot_start_fails_before_the_first_step(
+    logger: str, said: str, fix: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("mlflow")
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["run", *BLOBS, "trainer.max_steps=3", f"monitor.loggers=[csv,{logger}]", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    text = " ".join(result.output.split())
+    assert said in text and fix in text, text[-2000:]
+    assert "Traceback" not in result.output
+    assert not (run_dir / "metrics.csv").exists(), "no training step ran"

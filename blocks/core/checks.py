@@ -474,6 +474,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "logger-start",
+        ("monitor",),
+        "monitor.loggers",
+        "every logger is built and started (its experiment, run or tracking URI) before the first training step",
+        (),
+    ),
+    Check(
         "loader-options",
         ("data",),
         "data.target",
