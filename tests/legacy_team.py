@@ -33,7 +33,7 @@ class TinyNet(nn.Module):
 
 
 class LitNet(pl.LightningModule):
-    """A LightningModule with its own training step (blocks uses only its forward)."""
+    """A LightningModule with its own training step (model=torch_module refuses it: it would use only forward)."""
 
     def __init__(self, in_features: int = 8, num_classes: int = 3) -> None:
         super().__init__()
@@ -53,9 +53,12 @@ class LitNet(pl.LightningModule):
 class ClustersDM(pl.LightningDataModule):
     """Generated clusters as (features, label) pairs: 192 train, 64 val."""
 
-    def __init__(self, num_features: int = 8, num_classes: int = 3, seed: int = 0) -> None:
+    def __init__(
+        self, num_features: int = 8, num_classes: int = 3, seed: int = 0, batch_size: int = 32
+    ) -> None:
         super().__init__()
         self.num_features, self.num_classes, self.seed = num_features, num_classes, seed
+        self.batch_size = batch_size
 
     def setup(self, stage: str) -> None:
         gen = torch.Generator().manual_seed(self.seed)
@@ -66,7 +69,41 @@ class ClustersDM(pl.LightningDataModule):
         self.val_set = TensorDataset(features[192:], labels[192:])
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=32)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=32)
+        return DataLoader(self.val_set, batch_size=64)
+
+
+class PlainLitNet(pl.LightningModule):
+    """A LightningModule with only a forward: nothing of it would be ignored, so model=torch_module takes it."""
+
+    def __init__(self, in_features: int = 8, num_classes: int = 3) -> None:
+        super().__init__()
+        self.body = TinyNet(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _stack(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+class CollatingDM(ClustersDM):
+    """ClustersDM whose train loader brings its own collate_fn (blocks would not use it)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, collate_fn=_stack)
+
+
+class WeightedDM(ClustersDM):
+    """ClustersDM whose train loader draws with a weighted sampler (blocks would not use it)."""
+
+    def train_dataloader(self) -> DataLoader:
+        from torch.utils.data import WeightedRandomSampler
+
+        weights = torch.ones(len(self.train_set))
+        return DataLoader(
+            self.train_set, batch_size=self.batch_size, sampler=WeightedRandomSampler(weights, 192)
+        )

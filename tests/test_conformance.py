@@ -47,6 +47,7 @@ ADAPTER_OVERRIDES = {
         "data.train_samples=192",
         "data.val_samples=64",
         "data.batch_size=16",
+        "data.kwargs={batch_size:16}",
     ],
 }
 NEEDS_GPU = {("precision", "16-mixed")}

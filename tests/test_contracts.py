@@ -34,6 +34,8 @@ WITHOUT_PLAN_EXAMPLE = [
     "name-clash",
     "project-config",
     "import-kind",
+    "logger-start",
+    "loader-options",
     "checkpoint-unsafe",
     "resume-usable",
     "checkpoint-storage",

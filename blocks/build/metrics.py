@@ -190,6 +190,8 @@ class MetricsRecorder(pl.Callback):
 
     def _emit(self, trainer: pl.Trainer, row: Row) -> None:
         self.last.update(row)
+        # Lightning callbacks (EarlyStopping, ...) read metrics by blocks' names, train/loss included.
+        trainer.callback_metrics.update({name: torch.tensor(value) for name, value in row.items()})
         if trainer.is_global_zero:
             for sink in self.sinks:
                 sink.write(trainer.global_step, row)

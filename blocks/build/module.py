@@ -68,7 +68,9 @@ class BlocksModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""
         values = {f"val/{name}": value for name, value in self.objective.compute().items()}
-        self.log_dict(values, sync_dist=True)  # already synced by the metrics; keeps Lightning quiet
+        # sync_dist: already synced by the metrics, keeps Lightning quiet; logger=False: the metrics
+        # callback hands the loggers these values (with the training row of the same step).
+        self.log_dict(values, sync_dist=True, logger=False)
         self.val_metrics = {name: float(value) for name, value in values.items()}
         self.validated_at_step = self.trainer.global_step
         self.objective.reset()

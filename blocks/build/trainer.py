@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 
+from blocks.build.callbacks import build_callbacks
 from blocks.build.checkpointing import CheckpointCallback
 from blocks.build.datamodule import BlocksDataModule
 from blocks.build.health import HealthGuard, StallWatchdog
-from blocks.build.logger_state import LoggerRunState
+from blocks.build.loggers import LoggerSink, build_loggers, hyperparameters
 from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
 from blocks.build.preemption import Preemption
@@ -24,9 +27,8 @@ from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.data.base import TokenBatch
-from blocks.launch.run_dir import CHECKPOINTS_DIR, Summary
-from blocks.monitor.base import BUILTIN_LOGGERS, Monitor
-from blocks.monitor.loggers import LightningLoggerSink, TensorBoardSink
+from blocks.launch.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, Summary
+from blocks.monitor.base import Monitor
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
 from blocks.trainer.base import Trainer
 
@@ -79,7 +81,10 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         seed=trainer_block.seed,
         overfit_batches=trainer_block.overfit_batches,
     )
-    sinks = metric_sinks(monitor, run_dir, resumed_step)
+    loggers = build_loggers(
+        monitor, run_dir, resumed_step=resumed_step, hyperparameters=run_hyperparameters(plan, run_dir)
+    )
+    sinks = metric_sinks(run_dir, resumed_step, loggers)
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
     health = HealthGuard(
@@ -107,9 +112,6 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         health,
         *plan.strategy.callbacks(accumulate=derived.accumulate),
     ]
-    adapters = [sink for sink in sinks if isinstance(sink, LightningLoggerSink)]
-    if adapters:
-        callbacks.append(LoggerRunState(adapters))  # keeps their run ids in checkpoints
     if monitor.stall_timeout_s:
         callbacks.append(
             StallWatchdog(monitor.stall_timeout_s, run_dir, on_stall=_stall_summary(run_dir, plan))
@@ -130,6 +132,9 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
+    callbacks += build_callbacks(
+        list(trainer_block.callbacks)
+    )  # after blocks' own: they see this step's metrics
     preemption = Preemption(derived.accumulate)
     callbacks.append(preemption)
     callbacks.append(
@@ -149,11 +154,15 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_epochs=-1,
         accumulate_grad_batches=derived.accumulate,
         gradient_clip_val=plan.optim.grad_clip,
+        gradient_clip_algorithm=trainer_block.gradient_clip_algorithm if plan.optim.grad_clip else None,
         val_check_interval=val_every * derived.accumulate if (val_every and has_val) else None,
         check_val_every_n_epoch=None if val_every else 1,
-        limit_val_batches=None if has_val else 0,
+        limit_train_batches=_micro_batches(trainer_block.limit_train_batches, derived.accumulate),
+        limit_val_batches=trainer_block.limit_val_batches if has_val else 0,
+        profiler=_profiler(trainer_block.profiler, run_dir),
+        detect_anomaly=trainer_block.detect_anomaly,
         num_sanity_val_steps=0,
-        logger=False,
+        logger=[sink.logger for sink in loggers] or False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -162,19 +171,40 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         default_root_dir=str(run_dir),
         callbacks=callbacks,
     )
+    module._log_hyperparams = datamodule._log_hyperparams = False  # the loggers got the whole config above
     preemption.install(trainer)
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
 
 
-def metric_sinks(monitor: Monitor, run_dir: Path, resumed_step: int | None) -> list[MetricSink]:
-    """``metrics.csv`` (always) and the loggers of ``monitor.loggers``."""
-    sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step)]
-    for name in monitor.loggers:
-        if name == "tensorboard":
-            sinks.append(TensorBoardSink(run_dir, resumed_step=resumed_step))
-        elif name not in BUILTIN_LOGGERS:
-            sinks.append(LightningLoggerSink(name, dict(monitor.logger_args)))
-    return sinks
+def _micro_batches(steps: int | None, accumulate: int) -> int | None:
+    """``trainer.limit_train_batches`` (optimizer steps per epoch) as Lightning's count of micro-batches."""
+    return None if steps is None else steps * accumulate
+
+
+def _profiler(name: str, run_dir: Path) -> pl.profilers.Profiler | None:
+    """Lightning's profiler *name*, writing its report into ``<run dir>/profiler``."""
+    if not name:
+        return None
+    classes = {
+        "simple": pl.profilers.SimpleProfiler,
+        "advanced": pl.profilers.AdvancedProfiler,
+        "pytorch": pl.profilers.PyTorchProfiler,
+    }
+    return classes[name](dirpath=str(run_dir / "profiler"), filename="report")
+
+
+def metric_sinks(run_dir: Path, resumed_step: int | None, loggers: list[LoggerSink]) -> list[MetricSink]:
+    """``metrics.csv`` (always; see :mod:`blocks.build.loggers` for why it is no Lightning logger), then the loggers."""
+    return [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step), *loggers]
+
+
+def run_hyperparameters(plan: Plan, run_dir: Path) -> dict[str, Any]:
+    """What every logger gets as hyperparameters: the resolved ``config.yaml`` flattened, and the derived numbers."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=True)
+    flat = {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
+    return hyperparameters(flat, dataclasses.asdict(plan.derived))
 
 
 def _stall_summary(run_dir: Path, plan: Plan) -> Callable[[str, int], None]:

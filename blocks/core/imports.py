@@ -152,11 +152,14 @@ class Kind:
         what: how the refusal names it ("a torch.nn.Module class").
         accepts: whether an imported object is of this kind (only called on classes).
         also_allowed: module prefixes this field may always name (a library's own plugins).
+        refuses: ``(why, fix)`` when a class of this kind still cannot be used as the field would
+            use it (a LightningModule whose own steps would be ignored), else None.
     """
 
     what: str
     accepts: Callable[[type], bool] = lambda cls: True
     also_allowed: tuple[str, ...] = ()
+    refuses: Callable[[type], tuple[str, str] | None] = lambda cls: None
 
     def admits(self, obj: Any) -> bool:
         """True when *obj* is a class of this kind (functions never are: they could wrap anything)."""
@@ -337,6 +340,9 @@ def resolve(path: str, key: str, allowed: Sequence[str] | None = None, *, kind: 
                 check="import-kind",
             )
         )
+    unusable = kind.refuses(obj)
+    if unusable is not None:
+        raise ConfigError(Problem(key, f"'{path}' {unusable[0]}", unusable[1], check="import-kind"))
     return obj
 
 

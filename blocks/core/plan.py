@@ -49,9 +49,9 @@ class Derived:
         accumulate: micro-batches per optimizer step (``optim.accumulate``).
         global_batch: samples per optimizer step (micro_batch × world_size × accumulate).
         train_samples: samples in the training split.
-        val_samples: samples in the validation split.
+        val_samples: samples in the validation split (0 with ``trainer.limit_val_batches=0``).
         steps_per_epoch: optimizer steps per pass over the training split (partial global
-            batches are dropped).
+            batches are dropped; at most ``trainer.limit_train_batches``).
         total_steps: optimizer steps the job will take.
         total_tokens: tokens the job trains on (steps × global batch × ``seq_len``; 0 unless the
             data yields tokens).
@@ -454,6 +454,11 @@ def _derive(state: _State) -> None:
     if parameters is not None and parameters <= 0:
         parameters = None
     steps_per_epoch = train // global_batch if global_batch else 0
+    limit_train = getattr(trainer, "limit_train_batches", None)
+    if limit_train and limit_train > 0:
+        steps_per_epoch = min(steps_per_epoch, limit_train)
+    if getattr(trainer, "limit_val_batches", None) == 0:
+        val = 0  # validation is turned off: no val/ metric exists
     max_steps = getattr(trainer, "max_steps", None)
     max_epochs = getattr(trainer, "max_epochs", None)
     candidates = []

@@ -38,7 +38,10 @@ class LightningData(DataBlock):
     """An existing ``LightningDataModule`` class, named by import path; blocks makes the loaders.
 
     Its ``train_dataloader().dataset`` and ``val_dataloader().dataset`` are used; items may be
-    ``{inputs, targets}`` dicts or ``(inputs, targets)`` pairs.
+    ``{inputs, targets}`` dicts or ``(inputs, targets)`` pairs. Loader options blocks would not
+    honour are refused when the run builds the data, never dropped: a ``collate_fn`` of its own,
+    a sampler other than a plain shuffled or sequential one, or a training ``batch_size`` other
+    than ``data.batch_size``.
 
     Attributes:
         target: import path of the LightningDataModule class (its module prefix must be allowed).
@@ -87,6 +90,7 @@ class LightningData(DataBlock):
         datamodule.prepare_data()
         datamodule.setup("fit")
         loader = datamodule.train_dataloader() if split == "train" else datamodule.val_dataloader()
+        refuse_loader_options(loader, split, self.batch_size, self.target)
         dataset = loader.dataset
         declared = self.num_samples(split)
         if len(dataset) != declared:
@@ -116,3 +120,57 @@ class LightningData(DataBlock):
                     check="range",
                 )
         ctx.positive("val_samples", self.val_samples, allow_zero=True)
+
+
+def refuse_loader_options(loader: Any, split: str, batch_size: int, target: str) -> None:
+    """Raise :class:`ConfigError` when *loader* has options blocks' own loader would drop.
+
+    blocks makes the loaders (its seeded, resumable, distributed order and its collate), taking
+    only the dataset: a custom ``collate_fn`` or sampler would be silently lost, and so would a
+    training batch size other than ``data.batch_size``.
+    """
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, default_collate
+
+    where = f"{target}'s {split}_dataloader()"
+    problems = []
+    collate = getattr(loader, "collate_fn", default_collate)
+    if collate is not default_collate:
+        problems.append(
+            Problem(
+                "data.target",
+                f"{where} has its own collate_fn ({getattr(collate, '__qualname__', collate)}), which "
+                "data=lightning_data would not use: blocks batches the dataset's items itself",
+                "make the dataset's items tensors or (inputs, targets) pairs that need no collate_fn, "
+                "or write a data block (see the docs: Write a block)",
+                check="loader-options",
+            )
+        )
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if type(sampler) not in (RandomSampler, SequentialSampler) or type(batch_sampler) not in (
+        BatchSampler,
+        type(None),
+    ):
+        custom = sampler if type(sampler) not in (RandomSampler, SequentialSampler) else batch_sampler
+        problems.append(
+            Problem(
+                "data.target",
+                f"{where} uses the sampler {type(custom).__name__}, which data=lightning_data would not "
+                "use: blocks orders the samples itself (seeded, resumable, split across processes)",
+                "drop the custom sampler (shuffle=True or False is fine), or write a data block",
+                check="loader-options",
+            )
+        )
+    own_batch = getattr(loader, "batch_size", None)
+    if split == "train" and own_batch is not None and own_batch != batch_size:
+        problems.append(
+            Problem(
+                "data.batch_size",
+                f"is {batch_size}, but {where} batches {own_batch} samples; blocks makes the loader with "
+                "data.batch_size",
+                f"data.batch_size={own_batch}",
+                check="loader-options",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)

@@ -66,7 +66,8 @@ class Summary:
 
     Attributes:
         status: completed, failed or interrupted.
-        reason: why it failed or was interrupted (null when completed).
+        reason: why it failed or was interrupted; for a completed run, why it stopped before
+            ``total_steps`` (an EarlyStopping callback), else null.
         global_step: optimizer steps taken.
         epoch: full passes over the training split completed.
         world_size: processes that trained.

@@ -36,6 +36,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
 
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+    from blocks.build.callbacks import early_stop_reason
     from blocks.build.health import stall_detected
     from blocks.build.trainer import build_run
     from blocks.build.weights import full_state_dict, is_sharded, save_weights, state_digest
@@ -50,6 +51,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     )
     try:
         trainer.fit(module, datamodule=built.datamodule, ckpt_path=built.resume_from, weights_only=True)
+        summary.reason = early_stop_reason(trainer, plan.derived.total_steps)
         if plan.derived.val_samples and module.validated_at_step != trainer.global_step:
             trainer.validate(module, datamodule=built.datamodule, verbose=False)
     except BaseException as exc:

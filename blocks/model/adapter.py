@@ -24,17 +24,59 @@ if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 
-MODULE_CLASS = Kind("a torch.nn.Module class", subclass_of("torch.nn.Module"))
-"""What ``model.target`` must name."""
+IGNORED_LIGHTNING_METHODS = (
+    "training_step",
+    "validation_step",
+    "test_step",
+    "predict_step",
+    "configure_optimizers",
+    "configure_callbacks",
+)
+"""What a LightningModule may define that ``model=torch_module`` would not run (it uses ``forward``)."""
+
+
+def ignored_lightning_methods(cls: type) -> list[str]:
+    """The methods of :data:`IGNORED_LIGHTNING_METHODS` that LightningModule class *cls* defines itself."""
+    mro = cls.__mro__
+    base = next(
+        (i for i, c in enumerate(mro) if c.__name__ == "LightningModule" and "lightning" in c.__module__),
+        None,
+    )
+    if base is None:
+        return []
+    own = mro[:base]
+    return [name for name in IGNORED_LIGHTNING_METHODS if any(name in vars(c) for c in own)]
+
+
+def _refuse_lightning_steps(cls: type) -> tuple[str, str] | None:
+    """Refuse a LightningModule whose own steps would be silently replaced by the task and optim blocks."""
+    ignored = ignored_lightning_methods(cls)
+    if not ignored:
+        return None
+    return (
+        f"is a LightningModule that defines {', '.join(ignored)}; model=torch_module uses only its "
+        "forward (the task block computes the loss and metrics, the optim block makes the optimizer), "
+        "so these would be ignored",
+        "name the nn.Module it wraps (its forward maps inputs to logits), or a subclass that keeps only "
+        "forward; move the loss into task=... and the optimizer into optim=...",
+    )
+
+
+MODULE_CLASS = Kind(
+    "a torch.nn.Module class", subclass_of("torch.nn.Module"), refuses=_refuse_lightning_steps
+)
+"""What ``model.target`` must name: a LightningModule only when blocks would not ignore its own steps."""
 
 
 @register("torch_module")
 @dataclass(frozen=True, kw_only=True)
 class TorchModule(ModelBlock):
-    """An existing ``nn.Module`` (or ``LightningModule``) class, named by import path.
+    """An existing ``nn.Module`` class, named by import path.
 
     Its ``forward`` maps the batch's ``inputs`` to what the task scores (logits); the task and
-    optim blocks replace a LightningModule's own ``training_step`` and ``configure_optimizers``.
+    optim blocks compute the loss and make the optimizer. A LightningModule that defines its
+    own ``training_step``, ``validation_step``, ``configure_optimizers``, ... is refused
+    (before anything starts) rather than having them silently ignored.
 
     Attributes:
         target: import path of the class, e.g. ``mylab.nets.ResNet`` (its module prefix must be allowed).

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from blocks.core.block import Block
-from blocks.core.imports import Kind, path_problem, subclass_of, targets_in
+from blocks.core.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
 from blocks.core.registry import register
 
 if TYPE_CHECKING:
@@ -54,11 +55,14 @@ class Monitor(MonitorBlock):
         grad_norm: log the global gradient norm (before clipping) at each logged step.
         rank_spread_tolerance: with several processes, warn when the ranks' training losses
             differ by more than this fraction of their mean ((max - min) / mean).
-        loggers: where metric rows go besides ``metrics.csv`` (always written): ``csv``,
-            ``tensorboard`` (event files in ``<run dir>/tensorboard``), or the import path of
-            any Lightning logger class (``pytorch_lightning.loggers.MLFlowLogger``), built
-            with ``logger_args``.
-        logger_args: keyword arguments of the Lightning logger class in ``loggers``.
+        loggers: Lightning loggers the metric rows go to besides ``metrics.csv`` (always
+            written; ``csv`` names it): ``tensorboard`` (a ``TensorBoardLogger`` writing into
+            ``<run dir>/tensorboard``), the import path of any Lightning logger class
+            (``pytorch_lightning.loggers.MLFlowLogger``), built with ``logger_args``, or
+            ``{_target_: <import path>, <argument>: <value>}`` to give several loggers their
+            own arguments. Each gets the resolved config as hyperparameters and continues its
+            run on resume.
+        logger_args: keyword arguments of the Lightning logger class named by its path in ``loggers``.
         on_nonfinite: a non-finite loss or gradient: ``stop`` the run (status ``failed``),
             ``skip`` the optimizer step, or ``rollback`` to the last committed checkpoint and
             go on with the next batches. ``skip`` and ``rollback`` check every step (one
@@ -85,7 +89,7 @@ class Monitor(MonitorBlock):
     progress: str = "auto"
     grad_norm: bool = True
     rank_spread_tolerance: float = 0.05
-    loggers: list[str] = field(default_factory=lambda: ["csv"])
+    loggers: list[Any] = field(default_factory=lambda: ["csv"])
     logger_args: dict[str, Any] = field(default_factory=dict)
     on_nonfinite: str = "stop"
     max_bad_steps: int = 20
@@ -106,8 +110,17 @@ class Monitor(MonitorBlock):
         return tuple(names)
 
     def import_paths(self) -> list[tuple[str, str, Kind]]:
-        """The Lightning logger classes of ``loggers`` (names with a dot)."""
-        return [("monitor.loggers", name, LOGGER_CLASS) for name in self.loggers if "." in name]
+        """The Lightning logger classes of ``loggers`` (names with a dot, ``_target_`` of entries)."""
+        paths = []
+        for i, entry in enumerate(self.loggers):
+            if isinstance(entry, Mapping):
+                key = f"monitor.loggers[{i}]"
+                paths.append((f"{key}.{TARGET_KEY}", str(entry.get(TARGET_KEY)), LOGGER_CLASS))
+                args = {k: v for k, v in entry.items() if k != TARGET_KEY}
+                paths += [(where, path, ANY_CLASS) for where, path in targets_in(args, key)]
+            elif "." in str(entry):
+                paths.append(("monitor.loggers", str(entry), LOGGER_CLASS))
+        return paths
 
     def check(self, ctx: CheckContext) -> None:
         """Positive interval, known modes and policies, importable-looking logger names."""
@@ -136,7 +149,10 @@ class Monitor(MonitorBlock):
             fallback="a sweeper gets train/loss instead",
         )
         ctx.positive("peak_flops", self.peak_flops, allow_zero=True)
-        lightning = [name for name in self.loggers if name not in BUILTIN_LOGGERS]
+        for i, entry in enumerate(self.loggers):
+            if isinstance(entry, Mapping):
+                self._check_entry(ctx, i, entry)
+        lightning = [name for name in self.loggers if isinstance(name, str) and name not in BUILTIN_LOGGERS]
         for name in lightning:
             if "." not in name:
                 ctx.error(
@@ -160,8 +176,8 @@ class Monitor(MonitorBlock):
         if len(lightning) > 1:
             ctx.error(
                 "loggers",
-                f"{len(lightning)} Lightning loggers are listed; logger_args can configure only one",
-                "keep one Lightning logger class in monitor.loggers",
+                f"{len(lightning)} Lightning loggers are named by path; logger_args can configure only one",
+                "give each its arguments: monitor.loggers=[{_target_: <class>, <argument>: <value>}, ...]",
                 check="one-lightning-logger",
             )
         if self.on_nonfinite == "rollback" and not getattr(ctx.block("checkpoint"), "enabled", True):
@@ -171,3 +187,24 @@ class Monitor(MonitorBlock):
                 "set checkpoint.enabled=true, or monitor.on_nonfinite=skip",
                 check="rollback-checkpoints",
             )
+
+    @staticmethod
+    def _check_entry(ctx: CheckContext, i: int, entry: Mapping[str, Any]) -> None:
+        """A ``{_target_: ..., args}`` logger entry: an allowed logger class; nested ``_target_`` allowed too."""
+        key = f"monitor.loggers[{i}]"
+        target = entry.get(TARGET_KEY)
+        if not isinstance(target, str):
+            ctx.error(
+                key,
+                "a logger entry is {_target_: <import path of a Lightning logger class>, <argument>: <value>}",
+                "monitor.loggers=[{_target_: pytorch_lightning.loggers.CSVLogger, save_dir: logs}]",
+                check="import-path",
+            )
+            return
+        args = {k: v for k, v in entry.items() if k != TARGET_KEY}
+        for where, path, kind in [(f"{key}.{TARGET_KEY}", target, LOGGER_CLASS)] + [
+            (where, path, ANY_CLASS) for where, path in targets_in(args, key)
+        ]:
+            problem = path_problem(path, where, kind=kind)
+            if problem is not None:
+                ctx.error(where, problem.message, problem.fix, check=problem.check)

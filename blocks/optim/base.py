@@ -33,7 +33,8 @@ class OptimBlock(Block):
         warmup_steps: optimizer steps of linear warmup.
         schedule: decay after warmup: cosine, linear or constant.
         min_lr_ratio: the LR at the end of the decay as a fraction of ``lr``.
-        grad_clip: clip the global gradient norm to this value; null disables clipping.
+        grad_clip: clip the global gradient norm (or each element, with
+            ``trainer.gradient_clip_algorithm=value``) to this value; null disables clipping.
         lr_scaling: scale ``lr`` with the global batch: ``none``, ``linear``
             (``lr × global batch / reference_batch``) or ``sqrt`` (``lr × √(global batch /
             reference_batch)``). The plan shows the result as the effective LR, and the

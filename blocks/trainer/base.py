@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from blocks.core.block import Block
 from blocks.core.registry import register
+from blocks.trainer.callbacks import callback_paths, check_callbacks
+
+if TYPE_CHECKING:
+    from blocks.core.imports import Kind
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 ACCELERATORS = ("auto", "cpu", "gpu")
 LAUNCHERS = ("torchrun", "ray")
+CLIP_ALGORITHMS = ("norm", "value")
+PROFILERS = ("", "simple", "advanced", "pytorch")
 
 
 MAX_SEED = 2**32 - 1
@@ -51,6 +57,20 @@ class Trainer(TrainerBlock):
             memory shared by ``devices`` on CPU), which may not be the machine that trains.
         overfit_batches: train and validate on only the first N global batches of the
             training split (a debugging check that the model can memorize them); 0 disables.
+        limit_train_batches: optimizer steps (global batches) per epoch; null: the whole
+            training split. The plan's ``steps_per_epoch`` and ``total_steps`` count with it.
+        limit_val_batches: validation batches per process at each validation; null: the whole
+            validation split, 0: no validation.
+        gradient_clip_algorithm: how ``optim.grad_clip`` clips: ``norm`` (the global gradient
+            norm) or ``value`` (each gradient element).
+        profiler: Lightning's profiler: ``simple``, ``advanced`` or ``pytorch``; its report is
+            written into the run dir (empty: none).
+        detect_anomaly: torch's anomaly detection: a NaN in backward fails the step with the
+            operation that made it (slow; for debugging).
+        callbacks: Lightning callbacks, each ``{_target_: <import path of a Callback class>,
+            <argument>: <value>}``, e.g. ``{_target_: pytorch_lightning.callbacks.EarlyStopping,
+            monitor: val/loss, patience: 3}``. Metric arguments (``monitor``) take blocks' metric
+            names. Lightning's callbacks need no permission; others follow the import allow-list.
     """
 
     max_steps: int | None = None
@@ -65,6 +85,16 @@ class Trainer(TrainerBlock):
     deterministic: bool = False
     device_memory_gb: float | None = None
     overfit_batches: int = 0
+    limit_train_batches: int | None = None
+    limit_val_batches: int | None = None
+    gradient_clip_algorithm: str = "norm"
+    profiler: str = ""
+    detect_anomaly: bool = False
+    callbacks: list[Any] = field(default_factory=list)
+
+    def import_paths(self) -> list[tuple[str, str, Kind]]:
+        """The callback classes of ``callbacks`` and the nested ``_target_`` of their arguments."""
+        return callback_paths(list(self.callbacks))
 
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""
@@ -84,6 +114,12 @@ class Trainer(TrainerBlock):
         ctx.positive("max_failures", self.max_failures, allow_zero=True)
         ctx.positive("device_memory_gb", self.device_memory_gb)
         ctx.positive("overfit_batches", self.overfit_batches, allow_zero=True)
+        ctx.positive("limit_train_batches", self.limit_train_batches)
+        ctx.positive("limit_val_batches", self.limit_val_batches, allow_zero=True)
+        ctx.choice("gradient_clip_algorithm", self.gradient_clip_algorithm, CLIP_ALGORITHMS)
+        ctx.choice("profiler", self.profiler, PROFILERS)
+        self._check_knobs(ctx)
+        check_callbacks(ctx, list(self.callbacks))
         if not 0 <= self.seed <= MAX_SEED:
             ctx.error(
                 "seed",
@@ -108,3 +144,56 @@ class Trainer(TrainerBlock):
                 "trainer.accelerator=auto",
                 check="gpu-available",
             )
+
+    def _check_knobs(self, ctx: CheckContext) -> None:
+        """Combinations of the debugging and clipping knobs that cannot work together."""
+        if self.overfit_batches and self.limit_train_batches is not None:
+            ctx.error(
+                "limit_train_batches",
+                "trainer.overfit_batches already chooses the batches to train on; the two cannot combine",
+                "remove trainer.limit_train_batches (or set trainer.overfit_batches=0)",
+                check="limit-overfit",
+                related=("trainer.overfit_batches",),
+            )
+        if self.gradient_clip_algorithm == "value":
+            optim = ctx.block("optim")
+            if not getattr(optim, "grad_clip", None):
+                ctx.error(
+                    "gradient_clip_algorithm",
+                    "clips by value, but optim.grad_clip (the value to clip at) is not set",
+                    "optim.grad_clip=1.0",
+                    check="clip-algorithm",
+                    related=("optim.grad_clip",),
+                )
+            if ctx.block("strategy").block_name == "fsdp":
+                ctx.error(
+                    "gradient_clip_algorithm",
+                    "strategy=fsdp clips only by the gradient norm (Lightning's FSDP refuses value clipping)",
+                    "trainer.gradient_clip_algorithm=norm",
+                    check="clip-algorithm-strategy",
+                    related=("strategy",),
+                )
+        if self.detect_anomaly and getattr(ctx.block("monitor"), "on_nonfinite", "stop") != "stop":
+            ctx.error(
+                "detect_anomaly",
+                "anomaly detection fails the step at the first NaN in backward, so "
+                "monitor.on_nonfinite's skip or rollback never runs",
+                "monitor.on_nonfinite=stop (or trainer.detect_anomaly=false)",
+                check="anomaly-nonfinite",
+                related=("monitor.on_nonfinite",),
+            )
+        if self.limit_val_batches == 0 and _split_size(ctx, "val"):
+            ctx.warning(
+                "limit_val_batches",
+                "0 turns validation off: no val/ metric is logged",
+                "remove trainer.limit_val_batches",
+                check="limit-val-off",
+            )
+
+
+def _split_size(ctx: CheckContext, split: str) -> int:
+    """The samples of the data block's *split* (0 when unknown)."""
+    try:
+        return int(ctx.block("data").num_samples(split))  # type: ignore[attr-defined]
+    except Exception:
+        return 0

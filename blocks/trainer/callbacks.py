@@ -1,0 +1,86 @@
+"""``trainer.callbacks``: Lightning callbacks named by import path, checked before anything is imported.
+
+Each entry is ``{_target_: package.module.Class, arg: value, ...}``. The class goes through the
+same import seam as every other path a config names (:mod:`blocks.core.imports`): at plan time
+the string is checked (allowed prefix, never a refused module), and ``blocks run`` imports it
+before anything starts and checks it is a Lightning ``Callback`` class. Lightning's own
+callbacks (``pytorch_lightning.callbacks``) need no permission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from blocks.core.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
+
+if TYPE_CHECKING:
+    from blocks.core.plan import CheckContext
+
+CALLBACK_CLASS = Kind(
+    "a Lightning Callback class (pytorch_lightning.Callback)",
+    subclass_of("pytorch_lightning.callbacks.callback.Callback"),
+    also_allowed=("pytorch_lightning.callbacks",),
+)
+"""What a ``trainer.callbacks[i]._target_`` must name."""
+
+OWNED_BY_BLOCKS = {
+    "ModelCheckpoint": ("the checkpoint block saves checkpoints", "checkpoint.every_n_steps=100"),
+    "TQDMProgressBar": ("monitor.progress draws the progress", "monitor.progress=bar"),
+    "RichProgressBar": ("monitor.progress draws the progress", "monitor.progress=bar"),
+}
+"""Lightning callbacks whose job a block does (the Trainer is built without them), with the block's key."""
+
+METRIC_ARGUMENT = "monitor"
+"""The argument Lightning's metric-watching callbacks (EarlyStopping, ...) name a metric in."""
+
+
+def callback_paths(callbacks: list[Any]) -> list[tuple[str, str, Kind]]:
+    """Every import path of *callbacks*: each entry's class and the nested ``_target_`` of its arguments."""
+    paths: list[tuple[str, str, Kind]] = []
+    for i, entry in enumerate(callbacks):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get(TARGET_KEY), str):
+            continue
+        key = f"trainer.callbacks[{i}]"
+        paths.append((f"{key}.{TARGET_KEY}", entry[TARGET_KEY], CALLBACK_CLASS))
+        args = {k: v for k, v in entry.items() if k != TARGET_KEY}
+        paths += [(where, path, ANY_CLASS) for where, path in targets_in(args, key)]
+    return paths
+
+
+def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
+    """Each entry names an allowed class with ``_target_``; a ``monitor`` argument names a logged metric."""
+    for i, entry in enumerate(callbacks):
+        field = f"trainer.callbacks[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get(TARGET_KEY), str):
+            ctx.error(
+                field,
+                "a callback is {_target_: <import path of a Lightning Callback class>, <argument>: <value>, ...}",
+                "trainer.callbacks=[{_target_: pytorch_lightning.callbacks.EarlyStopping, monitor: val/loss}]",
+                check="import-path",
+            )
+            continue
+        target = entry[TARGET_KEY]
+        owned = OWNED_BY_BLOCKS.get(target.rsplit(".", 1)[-1])
+        if owned is not None:
+            ctx.error(
+                f"{field}.{TARGET_KEY}",
+                f"'{target}' is not used: {owned[0]}",
+                f"remove it from trainer.callbacks and set {owned[1]}",
+                check="callback-owned-by-block",
+            )
+        args = {k: v for k, v in entry.items() if k != TARGET_KEY}
+        for key, path, kind in [(f"{field}.{TARGET_KEY}", target, CALLBACK_CLASS)] + [
+            (where, path, ANY_CLASS) for where, path in targets_in(args, field)
+        ]:
+            problem = path_problem(path, key, kind=kind)
+            if problem is not None:
+                ctx.error(key, problem.message, problem.fix, check=problem.check)
+        metric = args.get(METRIC_ARGUMENT)
+        if isinstance(metric, str):
+            ctx.monitored_metric(
+                f"{field}.{METRIC_ARGUMENT}",
+                metric,
+                check="callback-metric",
+                validation_check="callback-validation",
+            )

@@ -1,0 +1,27 @@
+"""A team's own Lightning callback, named by import path in ``trainer.callbacks`` by the tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytorch_lightning as pl
+
+
+class StepLog(pl.Callback):
+    """Writes the optimizer step of every training batch end into *path* (one JSON list)."""
+
+    def __init__(self, path: str, tag: str = "") -> None:
+        self.path = Path(path)
+        self.tag = tag
+        self.steps: list[int] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        self.steps.append(trainer.global_step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.path.write_text(json.dumps({"tag": self.tag, "steps": self.steps}))
+
+
+def not_a_callback() -> None:
+    """A function: never a callback."""

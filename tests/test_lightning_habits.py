@@ -1,0 +1,259 @@
+"""Lightning habits a team brings: callbacks by import path, Trainer knobs, loggers, their own modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from blocks.launch import driver
+from tests.conftest import REPO, blocks_run_until_step, read_summary, run_cli
+
+pytestmark = pytest.mark.timeout(600)
+
+BLOBS = ["recipe=blobs", "monitor.log_every_n_steps=1", "monitor.progress=off"]
+EARLY_STOP = (
+    "trainer.callbacks=[{_target_: pytorch_lightning.callbacks.EarlyStopping,"
+    " monitor: val/loss, patience: 1, min_delta: 100.0}]"
+)
+
+
+def test_early_stopping_on_val_loss_stops_the_run_and_the_summary_says_so(tmp_path: Path) -> None:
+    summary = driver.run([*BLOBS, "trainer.max_steps=20", "trainer.val_every=2", EARLY_STOP], tmp_path)
+    assert summary.status == "completed"
+    # val/loss "improves" once (from +inf), then never by 100: patience 1 stops at the second validation.
+    assert summary.global_step == 4
+    assert summary.reason is not None and "stopped early by EarlyStopping at step 4 of 20" in summary.reason
+    assert "val/loss" in summary.reason
+    assert read_summary(tmp_path)["reason"] == summary.reason
+
+
+def test_early_stopping_reads_blocks_training_metrics_too(tmp_path: Path) -> None:
+    stop = (
+        "trainer.callbacks=[{_target_: pytorch_lightning.callbacks.EarlyStopping,"
+        " monitor: train/loss, patience: 1, min_delta: 100.0, check_on_train_epoch_end: false}]"
+    )
+    summary = driver.run([*BLOBS, "trainer.max_steps=20", "trainer.val_every=3", stop], tmp_path)
+    assert summary.global_step == 6 and "train/loss" in (summary.reason or "")
+
+
+def test_a_teams_own_callback_runs_with_its_arguments(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    out = tmp_path / "steps.json"
+    callback = f"trainer.callbacks=[{{_target_: tests.lightning_habits.StepLog, path: '{out}', tag: ours}}]"
+    summary = driver.run([*BLOBS, "trainer.max_steps=3", callback], tmp_path / "run")
+    assert summary.status == "completed" and summary.reason is None
+    assert json.loads(out.read_text()) == {"tag": "ours", "steps": [1, 2, 3]}
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.callbacks=[{_target_: os.system, command: touch pwned}]",
+        "monitor.loggers=[os.system]",
+        "trainer.callbacks=[{_target_: tests.lightning_habits.not_a_callback}]",
+        "trainer.callbacks=[{_target_: tests.lightning_habits.StepLog, path: {_target_: os.system}}]",
+    ],
+)
+def test_code_that_is_no_callback_is_refused_before_anything_starts(override: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["run", *BLOBS, "trainer.max_steps=2", override, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 2, result.output
+    assert not run_dir.exists() and not (tmp_path / "pwned").exists()
+    assert "trainer.callbacks" in result.output or "monitor.loggers" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_trainer_knobs_reach_lightning(tmp_path: Path) -> None:
+    knobs = [
+        "trainer.max_steps=null",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.gradient_clip_algorithm=value",
+        "optim.grad_clip=0.5",
+        "trainer.profiler=simple",
+        "trainer.detect_anomaly=true",
+    ]
+    summary = driver.run([*BLOBS, *knobs], tmp_path)
+    assert summary.status == "completed"
+    assert summary.global_step == 4, "two epochs of two optimizer steps"
+    assert json.loads((tmp_path / "plan.json").read_text())["derived"]["total_steps"] == 4
+    assert "val/loss" in summary.metrics
+    reports = list((tmp_path / "profiler").iterdir())
+    assert reports and "run_training_epoch" in "".join(p.read_text() for p in reports)
+
+
+def test_a_lightning_module_whose_own_steps_would_be_ignored_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            "run",
+            *BLOBS,
+            "model=torch_module",
+            "model.target=tests.legacy_team.LitNet",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 2, result.output
+    assert not run_dir.exists()
+    text = " ".join(result.output.split())
+    assert "defines training_step, configure_optimizers" in text
+    assert "uses only its forward" in text and "name the nn.Module it wraps" in text
+
+
+@pytest.mark.parametrize(
+    ("target", "kwargs", "batch_size", "said"),
+    [
+        ("CollatingDM", {}, 32, "has its own collate_fn"),
+        ("WeightedDM", {}, 32, "uses the sampler WeightedRandomSampler"),
+        ("ClustersDM", {"batch_size": 16}, 32, "batches 16 samples"),
+    ],
+)
+def test_datamodule_loader_options_blocks_would_drop_are_refused(
+    target: str, kwargs: dict, batch_size: int, said: str, monkeypatch
+) -> None:
+    from blocks.core.errors import ConfigError
+    from blocks.data.adapter import LightningData
+
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    data = LightningData(
+        target=f"tests.legacy_team.{target}",
+        kwargs=kwargs,
+        num_features=8,
+        num_classes=3,
+        train_samples=192,
+        val_samples=64,
+        batch_size=batch_size,
+    )
+    with pytest.raises(ConfigError) as refused:
+        data.build("train")
+    assert said in str(refused.value)
+    assert len(data.replace(target="tests.legacy_team.ClustersDM", kwargs={}).build("train")) == 192
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One run with TensorBoard, MLflow (sqlite) and a CSVLogger: killed (-9) at step 8, resumed to step 12."""
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("loggers")
+    paths = {"run": root / "run", "mlflow": root / "mlflow.db", "csv": root / "csvlogs"}
+    loggers = (
+        "monitor.loggers=[csv,tensorboard,"
+        f"{{_target_: pytorch_lightning.loggers.MLFlowLogger, tracking_uri: 'sqlite:///{paths['mlflow']}',"
+        " experiment_name: habits},"
+        f"{{_target_: pytorch_lightning.loggers.CSVLogger, save_dir: '{paths['csv']}', name: exp}}]"
+    )
+    args = [
+        "recipe=blobs",
+        "monitor.log_every_n_steps=1",
+        "trainer.max_epochs=null",
+        "trainer.max_steps=12",
+        "trainer.val_every=4",
+        "checkpoint.every_n_steps=3",
+        "checkpoint.async_save=false",
+        loggers,
+    ]
+    with blocks_run_until_step([*args, f"hydra.run.dir={paths['run']}"], cwd=root, step=8) as proc:
+        assert proc.poll() is None, "still training when killed"
+    assert not (paths["run"] / "summary.json").exists(), "killed -9: no summary"
+    summary = driver.run([*args, "monitor.progress=off"], paths["run"])
+    assert summary.status == "completed" and summary.resumed_from, summary
+    assert int(summary.resumed_from.rsplit("-", 1)[1]) in (6, 9) and summary.global_step == 12
+    return paths
+
+
+STEPS = list(range(1, 13))
+
+
+def test_tensorboard_has_each_step_once_and_the_config_as_hparams(
+    killed_and_resumed: dict[str, Path],
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(killed_and_resumed["run"] / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == STEPS
+    assert [e.step for e in events.Scalars("val/loss")] == [4, 8, 12]
+    hparams = set()
+    for content in events.PluginTagToContent("hparams").values():
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+        hparams |= set(data.session_start_info.hparams)
+    assert {"optim.lr", "trainer.max_steps", "derived.total_steps", "derived.global_batch"} <= hparams
+
+
+def test_mlflow_continues_one_run_with_each_step_once_and_the_config_as_params(
+    killed_and_resumed: dict[str, Path],
+) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{killed_and_resumed['mlflow']}")
+    experiment = client.get_experiment_by_name("habits")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, "the resumed run continued the killed one's MLflow run"
+    run = runs[0]
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
+    assert steps == STEPS, "every step exactly once: the replayed steps were not logged twice"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/loss")) == [4, 8, 12]
+    config = OmegaConf.load(killed_and_resumed["run"] / "config.yaml")
+    assert float(run.data.params["optim.lr"]) == pytest.approx(config.optim.lr)
+    assert int(run.data.params["derived.total_steps"]) == 12
+    assert run.info.status == "FINISHED"
+
+
+def test_a_csv_logger_keeps_its_rows_and_has_each_step_once(killed_and_resumed: dict[str, Path]) -> None:
+    import csv
+
+    import yaml
+
+    (version,) = (killed_and_resumed["csv"] / "exp").iterdir()
+    with (version / "metrics.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(int(r["step"]) for r in rows if r.get("train/loss")) == STEPS
+    assert sorted(int(r["step"]) for r in rows if r.get("val/loss")) == [4, 8, 12]
+    params = yaml.safe_load((version / "hparams.yaml").read_text())
+    assert params["derived.total_steps"] == 12 and "optim.lr" in params
+    with (killed_and_resumed["run"] / "metrics.csv").open(newline="") as fh:
+        assert [int(r["step"]) for r in csv.DictReader(fh)] == STEPS, "the run dir's metrics.csv too"
+
+
+@pytest.mark.parametrize(
+    ("logger", "said", "fix"),
+    [
+        (
+            "{_target_: pytorch_lightning.loggers.MLFlowLogger, tracking_uri: 'file:./mlruns'}",
+            "could not start",
+            "sqlite:///mlflow.db",
+        ),
+        (
+            "{_target_: pytorch_lightning.loggers.CSVLogger, no_such_argument: 1}",
+            "could not be built",
+            "CSVLogger",
+        ),
+    ],
+)
+def test_a_logger_that_cannot_start_fails_before_the_first_step(
+    logger: str, said: str, fix: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("mlflow")
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["run", *BLOBS, "trainer.max_steps=3", f"monitor.loggers=[csv,{logger}]", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    text = " ".join(result.output.split())
+    assert said in text and fix in text, text[-2000:]
+    assert "Traceback" not in result.output
+    assert not (run_dir / "metrics.csv").exists(), "no training step ran"
