@@ -130,7 +130,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
-    preemption = Preemption(derived.accumulate)
+        recorder.stall_clock = lambda: checkpointer.stall_s
+    preemption = Preemption(derived.accumulate, monitor.log_every_n_steps)
     callbacks.append(preemption)
     callbacks.append(
         recorder.batch_end_marker()
