@@ -79,6 +79,7 @@ class HealthGuard(pl.Callback):
         self.divergence_factor = divergence_factor
         self.divergences = 0
         self._first_loss: float | None = None
+        self._first_loss_on_device: torch.Tensor | None = None
         self.grad_scaler = grad_scaler
         self.max_bad_steps = max_bad_steps
         self.spike_factor = spike_factor
@@ -128,8 +129,11 @@ class HealthGuard(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Remember the first micro-batch's loss (mean over ranks, one sync once): the scale divergence is judged by."""
-        if not self.divergence_factor or self._first_loss is not None:
+        """Remember the first micro-batch's loss (mean over ranks): the scale divergence is judged by.
+
+        It stays on the device until the first logged row is checked (no sync in the step).
+        """
+        if not self.divergence_factor or self._first_loss_on_device is not None:
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
@@ -137,7 +141,7 @@ class HealthGuard(pl.Callback):
         mean = trainer.strategy.reduce(
             loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean"
         )
-        self._first_loss = float(mean)
+        self._first_loss_on_device = mean.detach()
 
     def _rollback(self, trainer: pl.Trainer) -> bool:
         """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.
@@ -189,6 +193,8 @@ class HealthGuard(pl.Callback):
 
         The loss is the mean over ranks, so every rank decides the same.
         """
+        if self._first_loss is None and self._first_loss_on_device is not None:
+            self._first_loss = float(self._first_loss_on_device)
         if not self.divergence_factor or loss is None or not math.isfinite(loss) or self._first_loss is None:
             return
         if not math.isfinite(self._first_loss) or self._first_loss <= 0:

@@ -6,6 +6,7 @@ import logging
 import resource
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -73,6 +74,14 @@ class MetricsRecorder(pl.Callback):
         self.samples_seen = 0
         self._batch_end = 0.0
         self._data_wait = 0.0
+        self._windows = 0
+        self._paused = 0.0
+        self._validation_start: float | None = None
+        self._stall_seen = 0.0
+        self.stall_clock: Callable[[], float] = lambda: 0.0
+        """Seconds training has waited for checkpoint saves so far (set by the builder)."""
+        self.steady_samples = 0
+        self.steady_seconds = 0.0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the clocks."""
@@ -146,11 +155,26 @@ class MetricsRecorder(pl.Callback):
         if self.health is not None:
             row.update(self.health.row())
         self.samples_seen += self._steps * self.global_batch
+        self._count_steady(elapsed)
         self._emit(trainer, row)
         self._loss_sum, self._grad_norm, self._steps, self._data_wait = None, None, 0, 0.0
         self._window_start = now
         if self.health is not None:
             self.health.check_row(trainer, row)
+
+    def _count_steady(self, elapsed: float) -> None:
+        """Add the window to the steady state unless it is the first (warm-up); validation and save stalls excluded."""
+        stalls = self.stall_clock()
+        paused = self._paused + stalls - self._stall_seen
+        self._stall_seen, self._paused = stalls, 0.0
+        self._windows += 1
+        if self._windows > 1:
+            self.steady_samples += self._steps * self.global_batch
+            self.steady_seconds += max(elapsed - paused, 1e-9)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Start the validation clock: its time is no training throughput."""
+        self._validation_start = time.perf_counter()
 
     def _loss_row(self, trainer: pl.Trainer, loss: torch.Tensor) -> Row:
         """The window's mean loss; across ranks its mean, spread and (for a few ranks) each value."""
@@ -177,6 +201,9 @@ class MetricsRecorder(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Record the validation metrics at the current step."""
+        if self._validation_start is not None:
+            self._paused += time.perf_counter() - self._validation_start
+            self._validation_start = None
         if trainer.sanity_checking:
             return
         values = getattr(pl_module, "val_metrics", {})
@@ -209,8 +236,22 @@ class MetricsRecorder(pl.Callback):
 
     @property
     def samples_per_s(self) -> float:
-        """Average training throughput over the whole run."""
+        """Average training throughput over the whole run: warm-up, validation and checkpoint stalls included."""
         return self.samples_seen / self.train_seconds if self.train_seconds else 0.0
+
+    @property
+    def steady_samples_per_s(self) -> float | None:
+        """Training throughput after the first logged window, without validation and checkpoint stalls.
+
+        None until two windows were logged (the first one is warm-up).
+        """
+        return self.steady_samples / self.steady_seconds if self.steady_seconds else None
+
+    @property
+    def steady_tokens_per_s(self) -> float | None:
+        """:attr:`steady_samples_per_s` in tokens (token batches only)."""
+        steady = self.steady_samples_per_s
+        return steady * self.tokens_per_sample if steady is not None and self.tokens_per_sample else None
 
 
 class _BatchEndMarker(pl.Callback):

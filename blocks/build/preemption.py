@@ -1,7 +1,9 @@
 """Preemption: SIGTERM or SIGINT stops training at the next optimizer step, on every rank at once.
 
-The signal handler only sets a flag. At each optimizer-step boundary the ranks agree on the
-flag (a one-element all-reduce) and, when any rank got the signal, every rank raises
+The signal handler only sets a flag. A single process looks at it at every optimizer-step
+boundary. Several processes agree on it (a one-element all-reduce, read back on the host) at
+the step boundaries of the logging interval only, where the metrics read the loss anyway, so
+no step waits for the device in between; when any rank got the signal, every rank raises
 :class:`Preempted` at the same point, so the checkpoint callback saves collectively and the
 run ends ``interrupted``. Lightning's own SIGTERM handler is replaced: it runs a collective
 inside the signal handler, which deadlocks or desynchronizes ranks that got the signal at
@@ -34,8 +36,9 @@ class Preemption(pl.Callback):
     A second SIGINT (Ctrl-C twice) interrupts at once, without the synchronized stop.
     """
 
-    def __init__(self, accumulate: int) -> None:
+    def __init__(self, accumulate: int, every_n_steps: int = 1) -> None:
         self.accumulate = accumulate
+        self.every = max(1, every_n_steps)
         self.received: int = 0
         self.stopped_by: str | None = None
 
@@ -57,8 +60,14 @@ class Preemption(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """At an optimizer-step boundary, stop on every rank when any rank got a signal."""
+        """At an optimizer-step boundary, stop on every rank when any rank got a signal.
+
+        With several processes, only at the boundaries of the logging interval (the all-reduce
+        is read on the host, a sync with the device).
+        """
         if processed_micro_batches(trainer) % self.accumulate:
+            return
+        if trainer.world_size > 1 and trainer.global_step % self.every:
             return
         signum = agreed(self.received, trainer.strategy.root_device)
         if signum:

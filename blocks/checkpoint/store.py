@@ -239,17 +239,48 @@ def replace_ours(url: str) -> None:
     remove(url)
 
 
+_VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
+"""Files this process hashed and found matching: ``(protocol, path)`` → (fingerprint, sha256)."""
+
+
+def _fingerprint(info: Mapping[str, Any]) -> Any:
+    """What changes when a file is rewritten: its size and modification time (or ETag); None when unknown."""
+    changed = next(
+        (
+            info[key]
+            for key in ("mtime", "LastModified", "last_modified", "ETag", "etag", "updated")
+            if info.get(key)
+        ),
+        None,
+    )
+    return None if changed is None else (info.get("size"), str(changed))
+
+
 def verify(url: str) -> Manifest:
-    """Check every file against the manifest (size, then sha256); raise :class:`CheckpointError` on a mismatch."""
+    """Check every file against the manifest (size, then sha256); raise :class:`CheckpointError` on a mismatch.
+
+    Each file is hashed at most once per process: a file whose size and modification time (or
+    ETag) are unchanged since this process found it matching is not read again (the driver's,
+    the worker's and the loader's checks of one resume share one read).
+    """
     manifest = read_manifest(url)
     fs, root = url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     for relative, expected in manifest.files.items():
         path = join(root, relative)
-        if not fs.exists(path):
-            raise CheckpointError(f"{url}: {relative} is missing")
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{url}: {relative} is missing") from None
+        fingerprint, key = _fingerprint(info), (protocol, path)
+        if fingerprint is not None and _VERIFIED.get(key) == (fingerprint, expected["sha256"]):
+            continue
         size, sha = file_digest(fs, path)
         if size != expected["size"] or sha != expected["sha256"]:
+            _VERIFIED.pop(key, None)
             raise CheckpointError(f"{url}: {relative} does not match the manifest (corrupt or modified)")
+        if fingerprint is not None:
+            _VERIFIED[key] = (fingerprint, sha)
     return manifest
 
 

@@ -74,7 +74,12 @@ class Summary:
         restarts: times the job was restarted after a failure.
         resumed_from: checkpoint URL the run resumed from, or null.
         metrics: the last value of every metric by name (``train/loss``, ``val/loss``, ...).
-        samples_per_s: training samples per second over the run.
+        samples_per_s: training samples per second over the whole run, warm-up, validation and
+            checkpoint stalls included (total samples / training seconds).
+        steady_samples_per_s: training samples per second in the steady state: every logged
+            window after the first (warm-up), without the time spent in validation and checkpoint
+            saves; null when fewer than two windows were logged.
+        steady_tokens_per_s: the same in tokens per second (token data only, else null).
         wall_s: seconds from the start of the worker to the end.
         state_digest: sha256 of the final weights (see ``blocks.build.digest``).
         checkpoint_stall_s: seconds training waited for checkpoint saves (with
@@ -90,6 +95,8 @@ class Summary:
     resumed_from: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     samples_per_s: float = 0.0
+    steady_samples_per_s: float | None = None
+    steady_tokens_per_s: float | None = None
     wall_s: float = 0.0
     state_digest: str | None = None
     checkpoint_stall_s: float = 0.0

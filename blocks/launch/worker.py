@@ -69,6 +69,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         summary.epoch = trainer.global_step // steps_per_epoch if steps_per_epoch else 0
         summary.metrics = dict(built.recorder.last)
         summary.samples_per_s = built.recorder.samples_per_s
+        summary.steady_samples_per_s = built.recorder.steady_samples_per_s
+        summary.steady_tokens_per_s = built.recorder.steady_tokens_per_s
         summary.checkpoint_stall_s = built.checkpointer.stall_s if built.checkpointer else 0.0
         # Gathering sharded weights is a collective: only safe when every rank got this far.
         if summary.status == "completed" or not is_sharded(module.model):

@@ -1,0 +1,80 @@
+"""A resume reads each checkpoint file for its hash at most once per process; summary.json's two throughputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blocks.checkpoint import store
+from blocks.launch import driver
+
+BLOBS = [
+    "recipe=blobs",
+    "monitor.progress=off",
+    "monitor.log_every_n_steps=2",
+    "trainer.max_epochs=null",
+    "checkpoint.every_n_steps=4",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    run_dir = tmp_path_factory.mktemp("hashing") / "run"
+    summary = driver.run([*BLOBS, "trainer.max_steps=8"], run_dir)
+    assert summary.status == "completed"
+    return run_dir, summary
+
+
+def test_a_resume_hashes_each_checkpoint_file_once(
+    trained: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir, _ = trained
+    hashed: Counter[str] = Counter()
+    digest = store.file_digest
+
+    def counted(fs: Any, path: str) -> tuple[int, str]:
+        hashed[path] += 1
+        return digest(fs, path)
+
+    monkeypatch.setattr(store, "file_digest", counted)
+    monkeypatch.setattr(store, "_VERIFIED", {})  # a fresh process: nothing verified yet
+    summary = driver.run([*BLOBS, "trainer.max_steps=10"], run_dir)
+    assert summary.resumed_from and summary.resumed_from.endswith(store.step_dir_name(8))
+    assert hashed, "the resumed checkpoint was verified"
+    assert max(hashed.values()) == 1, hashed
+
+
+def test_a_file_changed_after_its_check_is_hashed_again(
+    trained: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import shutil
+
+    copy = tmp_path / "step"
+    shutil.copytree(run_dir_step(trained[0]), copy)
+    monkeypatch.setattr(store, "_VERIFIED", {})
+    store.verify(str(copy))
+    state = copy / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    stat = state.stat()
+    os.utime(
+        state, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000)
+    )  # coarse clocks: make the change visible
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        store.verify(str(copy))
+
+
+def run_dir_step(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / store.step_dir_name(8)
+
+
+def test_summary_reports_the_whole_run_and_the_steady_state_throughput(trained: tuple[Path, Any]) -> None:
+    _, summary = trained
+    assert summary.samples_per_s > 0
+    assert summary.steady_samples_per_s is not None and summary.steady_samples_per_s > 0
+    assert summary.steady_tokens_per_s is None  # blobs are not token data
