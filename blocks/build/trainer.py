@@ -133,7 +133,9 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         )
         callbacks.append(checkpointer)
         recorder.stall_clock = lambda: checkpointer.stall_s
-    callbacks += build_callbacks(list(trainer_block.callbacks))  # after blocks' own: they see this step's metrics
+    callbacks += build_callbacks(
+        list(trainer_block.callbacks)
+    )  # after blocks' own: they see this step's metrics
     preemption = Preemption(derived.accumulate, monitor.log_every_n_steps)
     callbacks.append(preemption)
     callbacks.append(
