@@ -49,15 +49,28 @@ def test_a_teams_own_callback_runs_with_its_arguments(tmp_path: Path, monkeypatc
 
 
 @pytest.mark.parametrize(
-    "override",
+    ("override", "said"),
     [
-        "trainer.callbacks=[{_target_: os.system, command: touch pwned}]",
-        "monitor.loggers=[os.system]",
-        "trainer.callbacks=[{_target_: tests.lightning_habits.not_a_callback}]",
-        "trainer.callbacks=[{_target_: tests.lightning_habits.StepLog, path: {_target_: os.system}}]",
+        (
+            "trainer.callbacks=[{_target_: os.system, command: touch pwned}]",
+            "trainer.callbacks[0]._target_: 'os.system' is refused",
+        ),
+        ("monitor.loggers=[csv,{_target_: os.system, command: touch pwned}]", "'os.system' is refused"),
+        ("monitor.loggers=[os.system]", "'os.system' is refused"),
+        (
+            "trainer.callbacks=[{_target_: tests.lightning_habits.not_a_callback}]",
+            "not a Lightning Callback class",
+        ),
+        (
+            "trainer.callbacks=[{_target_: tests.lightning_habits.StepLog, path: {_target_: os.system}}]",
+            "trainer.callbacks[0].path._target_: 'os.system' is refused",
+        ),
+        ("trainer.callbacks=[{_target_: tests.legacy_team.Shell}]", "is really subprocess.Popen"),
     ],
 )
-def test_code_that_is_no_callback_is_refused_before_anything_starts(override: str, tmp_path: Path) -> None:
+def test_code_that_is_no_callback_or_logger_is_refused_before_anything_starts(
+    override: str, said: str, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     result = run_cli(
         ["run", *BLOBS, "trainer.max_steps=2", override, f"hydra.run.dir={run_dir}"],
@@ -66,7 +79,7 @@ def test_code_that_is_no_callback_is_refused_before_anything_starts(override: st
     )
     assert result.returncode == 2, result.output
     assert not run_dir.exists() and not (tmp_path / "pwned").exists()
-    assert "trainer.callbacks" in result.output or "monitor.loggers" in result.output
+    assert said in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
 
 
