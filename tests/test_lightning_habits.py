@@ -189,6 +189,7 @@ def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
 STEPS = list(range(1, 13))
 
 
+@pytest.mark.slow
 def test_tensorboard_has_each_step_once_and_the_config_as_hparams(
     killed_and_resumed: dict[str, Path],
 ) -> None:
@@ -206,6 +207,7 @@ def test_tensorboard_has_each_step_once_and_the_config_as_hparams(
     assert {"optim.lr", "trainer.max_steps", "derived.total_steps", "derived.global_batch"} <= hparams
 
 
+@pytest.mark.slow
 def test_mlflow_continues_one_run_with_each_step_once_and_the_config_as_params(
     killed_and_resumed: dict[str, Path],
 ) -> None:
@@ -225,6 +227,7 @@ def test_mlflow_continues_one_run_with_each_step_once_and_the_config_as_params(
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_a_csv_logger_keeps_its_rows_and_has_each_step_once(killed_and_resumed: dict[str, Path]) -> None:
     import csv
 
