@@ -246,7 +246,7 @@ def test_a_plan_title_with_markup_in_the_recipe_prints_literally() -> None:
 def test_exported_weights_follow_the_umask(tmp_path: Path) -> None:
     import torch
 
-    from blocks.build.weights import save_weights
+    from blocks.checkpoint.weights import save_weights
 
     previous = os.umask(0o022)
     try:

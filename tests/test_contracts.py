@@ -71,7 +71,7 @@ def test_every_check_in_the_code_is_in_the_catalog() -> None:
     omegaconf_checks = source.split("def _omegaconf_check", 1)[1].split("\ndef ", 1)[0]
     written |= set(re.findall(r'return "([a-z0-9-]+)"', omegaconf_checks))
     refusals = (
-        (REPO / "blocks" / "core" / "imports.py")
+        (REPO / "blocks" / "spec" / "imports.py")
         .read_text()
         .split("def _refusal", 1)[1]
         .split("\ndef ", 1)[0]

@@ -19,16 +19,14 @@ from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
 from blocks.build.preemption import Preemption
 from blocks.checkpoint import store
-from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
 from blocks.core.plan import Plan
+from blocks.core.run_files import CHECKPOINTS_DIR, Summary
 from blocks.data.base import TokenBatch
-from blocks.launch.run_dir import CHECKPOINTS_DIR, Summary
-from blocks.monitor.base import BUILTIN_LOGGERS, Monitor
+from blocks.monitor.base import BUILTIN_LOGGERS, MonitorBlock
 from blocks.monitor.loggers import LightningLoggerSink, TensorBoardSink
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
-from blocks.trainer.base import Trainer
 
 _QUIET_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda")
 
@@ -60,13 +58,10 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     quiet_lightning()
     derived = plan.derived
     trainer_block = plan.trainer
-    assert isinstance(trainer_block, Trainer)
     monitor = plan.monitor
-    assert isinstance(monitor, Monitor)
     pl.seed_everything(trainer_block.seed, workers=True, verbose=False)
     spec = plan.data.batch_spec()
     checkpoint_block = plan.checkpoint
-    assert isinstance(checkpoint_block, Checkpoint)
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
@@ -87,7 +82,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_bad_steps=monitor.max_bad_steps,
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
-        grad_scaler=getattr(plan.precision, "lightning", "") == "16-mixed",
+        grad_scaler=plan.precision.needs_grad_scaler,
         divergence_factor=monitor.loss_divergence_factor,
     )
     recorder = MetricsRecorder(
@@ -100,7 +95,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         tokens_per_sample=spec.seq_len if isinstance(spec, TokenBatch) else None,
         flops_per_sample=plan.model.flops_per_sample(spec),
         peak_flops=monitor.peak_flops,
-        precision=str(getattr(plan.precision, "lightning", "32-true")),  # the compute precision, FSDP too
+        precision=plan.precision.lightning,  # the compute precision, FSDP too
     )
     callbacks: list[pl.Callback] = [
         recorder,
@@ -166,7 +161,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
 
 
-def metric_sinks(monitor: Monitor, run_dir: Path, resumed_step: int | None) -> list[MetricSink]:
+def metric_sinks(monitor: MonitorBlock, run_dir: Path, resumed_step: int | None) -> list[MetricSink]:
     """``metrics.csv`` (always) and the loggers of ``monitor.loggers``."""
     sinks: list[MetricSink] = [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step)]
     for name in monitor.loggers:

@@ -24,21 +24,13 @@ from blocks.core.errors import Problem, RegistryError, describe_exception
 from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
 from blocks.core.registry import REGISTRY
+from blocks.spec.kinds import KIND_TABLE
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
 
-BUILTIN_KINDS = (
-    "blocks.data",
-    "blocks.model",
-    "blocks.task",
-    "blocks.optim",
-    "blocks.strategy",
-    "blocks.precision",
-    "blocks.checkpoint",
-    "blocks.monitor",
-    "blocks.trainer",
-)
+BUILTIN_KINDS = tuple(kind.package for kind in KIND_TABLE)
+"""The packages whose import registers the built-in blocks (from the kind table)."""
 
 _loaded = False
 _RECIPE_DECORATOR = re.compile(r"""@recipe\(\s*["']([^"']+)["']""")

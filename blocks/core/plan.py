@@ -21,21 +21,13 @@ from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
 from blocks.precision.base import PrecisionBlock
+from blocks.spec.kinds import KIND_TABLE
 from blocks.strategy.base import StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock
 
-KIND_BASES: dict[str, type[Block]] = {
-    "data": DataBlock,
-    "model": ModelBlock,
-    "task": TaskBlock,
-    "optim": OptimBlock,
-    "strategy": StrategyBlock,
-    "precision": PrecisionBlock,
-    "checkpoint": CheckpointBlock,
-    "monitor": MonitorBlock,
-    "trainer": TrainerBlock,
-}
+KIND_BASES: dict[str, type[Block]] = {kind.name: kind.base_class() for kind in KIND_TABLE}
+"""Each kind's base class (from the kind table); a block of a kind must subclass it."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +210,11 @@ class CheckContext:
         return self._state.blocks["model"]  # type: ignore[return-value]
 
     @property
+    def checkpoint(self) -> CheckpointBlock:
+        """The checkpoint block."""
+        return _typed(self.block("checkpoint"), CheckpointBlock)
+
+    @property
     def batch_spec(self) -> BatchSpec | None:
         """The data's batch spec, or None when the data block could not say."""
         return self._state.batch_spec
@@ -389,9 +386,9 @@ def _derive(state: _State) -> None:
     data: DataBlock = state.blocks["data"]  # type: ignore[assignment]
     model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
     optim: OptimBlock = state.blocks["optim"]  # type: ignore[assignment]
-    trainer = state.blocks["trainer"]
-    devices = max(1, int(getattr(trainer, "devices", 1) or 1))
-    nodes = max(1, int(getattr(trainer, "nodes", 1) or 1))
+    trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
+    devices = max(1, int(trainer.devices or 1))
+    nodes = max(1, int(trainer.nodes or 1))
     world = devices * nodes
     micro = max(0, data.batch_size)
     accumulate = max(1, optim.accumulate)
@@ -414,8 +411,8 @@ def _derive(state: _State) -> None:
     if parameters is not None and parameters <= 0:
         parameters = None
     steps_per_epoch = train // global_batch if global_batch else 0
-    max_steps = getattr(trainer, "max_steps", None)
-    max_epochs = getattr(trainer, "max_epochs", None)
+    max_steps = trainer.max_steps
+    max_epochs = trainer.max_epochs
     candidates = []
     if max_steps:
         candidates.append(max_steps)
@@ -423,7 +420,7 @@ def _derive(state: _State) -> None:
         candidates.append(max_epochs * steps_per_epoch)
     total = min(candidates) if candidates else 0
     state.derived = Derived(
-        accelerator=state.environment.resolve_accelerator(str(getattr(trainer, "accelerator", "auto"))),
+        accelerator=state.environment.resolve_accelerator(str(trainer.accelerator)),
         devices=devices,
         nodes=nodes,
         world_size=world,
@@ -434,7 +431,9 @@ def _derive(state: _State) -> None:
         val_samples=val,
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
-        total_tokens=total * global_batch * getattr(state.batch_spec, "seq_len", 0),
+        total_tokens=total
+        * global_batch
+        * (state.batch_spec.seq_len if isinstance(state.batch_spec, TokenBatch) else 0),
         epochs=round(total / steps_per_epoch, 3) if steps_per_epoch else 0.0,
         warmup_steps=optim.warmup_steps,
         lr=optim.lr,
@@ -457,16 +456,15 @@ def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
     param_bytes = DTYPE_BYTES.get(precision.param_dtype, 4)
     compute_bytes = DTYPE_BYTES.get(precision.compute_dtype, 4)
     mixed = precision.param_dtype != precision.compute_dtype
-    sharded = strategy.shards_parameters
-    checkpointing = (
-        bool(getattr(strategy, "activation_checkpointing", False)) and model.shard_units() is not None
-    )
-    offload = bool(getattr(strategy, "cpu_offload", False))
-    held = -(-parameters // d.world_size) if sharded else parameters
+    layout = strategy.memory_layout()
+    sharded = layout.shards_parameters
+    checkpointing = layout.activation_checkpointing and model.shard_units() is not None
+    offload = layout.cpu_offload
+    held = -(-parameters // strategy.mesh(d.world_size).shard) if sharded else parameters
     resident = held * param_bytes
     if sharded:
         unit = model.unit_parameters(spec) or 0
-        units = _unit_count(model)
+        units = model.unit_count() if model.shard_units() is not None else 0
         gathered = max(0, parameters - units * unit) + min(units, 2) * unit
         resident = (0 if offload else resident) + gathered * compute_bytes
     elif mixed:
@@ -493,16 +491,9 @@ def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
     )
 
 
-def _unit_count(model: ModelBlock) -> int:
-    """How many shard units the model has (its ``n_layers`` when it declares units)."""
-    if model.shard_units() is None:
-        return 0
-    return max(0, int(getattr(model, "n_layers", 0) or 0))
-
-
 def _device_memory(state: _State) -> tuple[int | None, str]:
-    trainer = state.blocks["trainer"]
-    configured = getattr(trainer, "device_memory_gb", None)
+    trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
+    configured = trainer.device_memory_gb
     if configured:
         in_bytes = configured * GIB
         # NaN, inf, 1e308 and values <= 0 are the trainer's errors; the estimate has no device then
@@ -545,8 +536,8 @@ def _check_batch_arithmetic(state: _State) -> None:
 
 
 def _check_validation(state: _State) -> None:
-    trainer = state.blocks["trainer"]
-    val_every = getattr(trainer, "val_every", None)
+    trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
+    val_every = trainer.val_every
     total = state.derived.total_steps
     if val_every and total and val_every > total and state.derived.val_samples:
         state.problems.append(

@@ -91,7 +91,7 @@ def failed_objective(cfg: DictConfig) -> float:
 
 def objective(plan: Plan, summary: Summary) -> float | None:
     """The value a sweeper optimizes: ``monitor.objective``, else ``train/loss`` (None when the run has neither)."""
-    name = str(getattr(plan.monitor, "objective", "val/loss"))
+    name = plan.monitor.objective
     value = summary.metrics.get(name, summary.metrics.get("train/loss"))
     return None if value is None else float(value)
 
@@ -118,7 +118,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``."""
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory)
-    if getattr(plan.checkpoint, "enabled", False):
+    if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     write_job_files(run_dir, frozen, plan)
     if resume_from:

@@ -10,10 +10,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from blocks.core.errors import BlocksError, Problem
-from blocks.core.imports import resolve
 from blocks.monitor.base import LOGGER_CLASS
 from blocks.monitor.sinks import Row
+from blocks.spec.errors import BlocksError, Problem
+from blocks.spec.imports import resolve
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.block import Block
-from blocks.core.registry import register
+from blocks.spec.block import Block
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
@@ -20,15 +20,10 @@ MAX_SEED = 2**32 - 1
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerBlock(Block):
-    """Base of trainer settings blocks."""
+    """Base of trainer settings blocks: the fields the plan, build and launch layers read.
 
-    kind: ClassVar[str] = "trainer"
-
-
-@register("default")
-@dataclass(frozen=True, kw_only=True)
-class Trainer(TrainerBlock):
-    """Length of training, hardware, seed and validation cadence.
+    A trainer block of another package subclasses this base and gets the same treatment as the
+    built-in: every layer reads only what is declared here.
 
     Attributes:
         max_steps: optimizer steps to train; null means until ``max_epochs``.
@@ -49,6 +44,8 @@ class Trainer(TrainerBlock):
             training split (a debugging check that the model can memorize them); 0 disables.
     """
 
+    kind: ClassVar[str] = "trainer"
+
     max_steps: int | None = None
     max_epochs: int | None = 1
     devices: int = 1
@@ -60,6 +57,15 @@ class Trainer(TrainerBlock):
     deterministic: bool = False
     device_memory_gb: float | None = None
     overfit_batches: int = 0
+
+
+@register("default")
+@dataclass(frozen=True, kw_only=True)
+class Trainer(TrainerBlock):
+    """Length of training, hardware, seed and validation cadence.
+
+    Its fields are declared on :class:`TrainerBlock`.
+    """
 
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""

@@ -25,17 +25,11 @@ from mkdocs.exceptions import PluginError
 PAGE = "reference/blocks.md"
 MARKER = "<!-- blocks-reference -->"
 
-_KIND_ABOUT = {
-    "data": "where samples come from, and the batch contract (`TokenBatch` or `FeatureBatch`)",
-    "model": "the network; declares which batch specs it accepts",
-    "task": "the loss and the validation metrics; declares which batch specs it scores",
-    "optim": "optimizer, LR schedule, gradient accumulation and clipping",
-    "strategy": "how training is spread over processes and devices",
-    "precision": "numeric formats for parameters and computation",
-    "checkpoint": "where and when training state is saved, and what a run resumes from",
-    "monitor": "what a run reports while it trains, and how often",
-    "trainer": "length of training, hardware, seed, validation cadence",
-}
+
+def _about(kind: str) -> str:
+    from blocks.spec.kinds import BY_NAME
+
+    return BY_NAME[kind].doc
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **_: Any) -> str:
@@ -72,9 +66,7 @@ def _kinds_overview() -> str:
     rows = ["| kind | what | default option | options |", "|---|---|---|---|"]
     for kind in KINDS:
         options = ", ".join(f"[`{e.name}`](#{_anchor(kind, e.name)})" for e in REGISTRY.entries(kind))
-        rows.append(
-            f"| [{kind}](#{kind}) | {_KIND_ABOUT.get(kind, '')} | {_default(kind, GROUP_DEFAULTS)} | {options} |"
-        )
+        rows.append(f"| [{kind}](#{kind}) | {_about(kind)} | {_default(kind, GROUP_DEFAULTS)} | {options} |")
     return "## Kinds\n\n" + "\n".join(rows)
 
 
@@ -92,7 +84,7 @@ def _kind_section(kind: str) -> str:
     lines = [
         f"## {kind} {{#{kind}}}",
         "",
-        f"{_sentence(_KIND_ABOUT.get(kind, ''))}. Base class `{base.__module__}.{base.__qualname__}`; "
+        f"{_sentence(_about(kind))}. Base class `{base.__module__}.{base.__qualname__}`; "
         f"default option: {_default(kind, GROUP_DEFAULTS)}.",
     ]
     presets = _recipe_presets().get(kind, [])
