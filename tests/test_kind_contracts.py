@@ -105,3 +105,40 @@ def test_every_list_of_kinds_is_derived_from_the_kind_table() -> None:
         assert kind.base_class() in typing.get_args(hints[kind.name]) or hints[kind.name] is kind.base_class()
     defaults = primary_node([])["defaults"]
     assert [next(iter(d)) for d in defaults if isinstance(d, dict)] == [*KINDS, *CROSS_KIND_GROUPS]
+
+
+def test_no_layer_reads_a_block_field_by_name_with_a_default() -> None:
+    """A field another layer reads is declared on the kind's base, so nothing needs ``getattr(block, "x", default)``."""
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(
+        r"getattr\((plan\.\w+|ctx\.\w+(\([^)]*\))?|block|\w+_block|trainer|strategy|model|precision|monitor|checkpoint)"
+        r"\s*,\s*[\"']"
+    )
+    package = Path(__file__).resolve().parents[1] / "blocks"
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in package.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []
+
+
+def test_importing_blocks_imports_nothing_until_a_name_is_used() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, blocks\n"
+        "print(sorted(m for m in sys.modules if m.startswith('blocks')))\n"
+        "blocks.Plan\n"
+        "print('blocks.model.base' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, env={"PYTHONPATH": str(root)}
+    )
+    assert out.stdout.split("\n")[:2] == ["['blocks']", "True"], out.stdout + out.stderr
