@@ -142,3 +142,26 @@ def test_importing_blocks_imports_nothing_until_a_name_is_used() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, env={"PYTHONPATH": str(root)}
     )
     assert out.stdout.split("\n")[:2] == ["['blocks']", "True"], out.stdout + out.stderr
+
+
+def test_a_kind_added_by_one_table_entry_and_one_package_is_registered_and_planned() -> None:
+    from blocks.core.compose import primary_node
+    from blocks.spec.kinds import KIND_TABLE
+    from blocks.spec.registry import Registry
+    from tests.extra_kind import KIND
+    from tests.extra_kind.base import CallbacksBlock, NoCallbacks
+
+    table = (*KIND_TABLE, KIND)
+    assert KIND.base_class() is CallbacksBlock
+    registry = Registry(kinds=[kind.name for kind in table])
+    registry.add(NoCallbacks, "none")
+    assert registry.names("callbacks") == ["none"]
+    assert {"callbacks": "none"} in primary_node([], table)["defaults"]
+
+    builtin = jobs.plan(["recipe=charlm", "trainer.max_steps=5"], GPU)
+    blocks = {**builtin.blocks, "callbacks": NoCallbacks(every_n_steps=50)}
+    plan = make_plan(blocks, environment=GPU, kinds=table)
+    assert plan.blocks["callbacks"] == NoCallbacks(every_n_steps=50)
+    assert "callbacks.every_n_steps" in [p.key for p in plan.warnings]
+    bad = make_plan({**blocks, "callbacks": NoCallbacks(every_n_steps=0)}, environment=GPU, kinds=table)
+    assert "callbacks.every_n_steps" in [p.key for p in bad.errors]

@@ -25,7 +25,7 @@ from blocks.core.block import KINDS, Block
 from blocks.core.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.core.registry import REGISTRY
 from blocks.core.secrets import resolve_keeping_env
-from blocks.spec.kinds import CROSS_KIND_GROUPS, KIND_TABLE
+from blocks.spec.kinds import CROSS_KIND_GROUPS, KIND_TABLE, BlockKind
 from blocks.spec.kinds import GROUPS as ALL_GROUPS
 
 if TYPE_CHECKING:
@@ -91,10 +91,10 @@ def group_options(group: str) -> list[str]:
     return sorted(set(walk(group, "")))
 
 
-def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
-    """The primary config: the defaults list of every group, and Hydra's run-dir layout."""
+def primary_node(conf_dirs: Sequence[str], kinds: Sequence[BlockKind] = KIND_TABLE) -> dict[str, Any]:
+    """The primary config: the defaults list of every group (kinds from the kind table), and Hydra's run-dir layout."""
     defaults: list[Any] = ["_self_"]
-    defaults += [{kind: GROUP_DEFAULTS[kind]} for kind in KINDS]
+    defaults += [{kind.name: kind.default} for kind in kinds]
     defaults += [{group: DEFAULT_RECIPE if group == "recipe" else None} for group in CROSS_KIND_GROUPS]
     return {
         "defaults": defaults,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
 from blocks.precision.base import PrecisionBlock
-from blocks.spec.kinds import KIND_TABLE
+from blocks.spec.kinds import KIND_TABLE, BlockKind
 from blocks.strategy.base import StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock
@@ -126,6 +126,7 @@ class _State:
     batch_spec: BatchSpec | None = None
     derived: Derived = field(default_factory=Derived)
     problems: list[Problem] = field(default_factory=list)
+    kinds: tuple[str, ...] = KINDS
 
 
 class CheckContext:
@@ -346,23 +347,27 @@ def make_plan(
     blocks: Mapping[str, Block],
     choices: Mapping[str, str] | None = None,
     environment: Environment | None = None,
+    *,
+    kinds: Sequence[BlockKind] = KIND_TABLE,
 ) -> Plan:
-    """Check *blocks* (one per kind) together and derive the job's numbers."""
-    for kind in KINDS:
+    """Check *blocks* (one per kind of the kind table *kinds*) together and derive the job's numbers."""
+    bases = KIND_BASES if kinds is KIND_TABLE else {kind.name: kind.base_class() for kind in kinds}
+    names = tuple(kind.name for kind in kinds)
+    for kind in names:
         block = blocks.get(kind)
-        if not isinstance(block, KIND_BASES[kind]):
-            raise TypeError(f"plan needs a {KIND_BASES[kind].__name__} for '{kind}', got {block!r}")
-    state = _State(blocks=blocks, environment=environment or Environment.detect())
+        if not isinstance(block, bases[kind]):
+            raise TypeError(f"plan needs a {bases[kind].__name__} for '{kind}', got {block!r}")
+    state = _State(blocks=blocks, environment=environment or Environment.detect(), kinds=names)
     _derive(state)
     _check_finite(state)
-    for kind in KINDS:
+    for kind in names:
         blocks[kind].check(CheckContext(state, kind))
     _check_batch_arithmetic(state)
     _check_validation(state)
     _check_memory(state)
     return Plan(
         blocks=dict(blocks),
-        choices=dict(choices or {kind: blocks[kind].block_name for kind in KINDS}),
+        choices=dict(choices or {kind: blocks[kind].block_name for kind in names}),
         derived=state.derived,
         problems=tuple(problem_list(state.problems)),
     )
@@ -370,7 +375,7 @@ def make_plan(
 
 def _check_finite(state: _State) -> None:
     """NaN and infinities in any block's float field are errors (they pass every range check)."""
-    for kind in KINDS:
+    for kind in state.kinds:
         for name, value in non_finite_fields(state.blocks[kind]):
             state.problems.append(
                 Problem(

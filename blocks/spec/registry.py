@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,8 +32,10 @@ class Registry:
     under ``<entry point name>/<name>`` (see :mod:`blocks.core.packages`).
     """
 
-    def __init__(self) -> None:
-        self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+    def __init__(self, kinds: Sequence[str] = KINDS) -> None:
+        self.kinds = tuple(kinds)
+        """The kinds (config groups) this registry holds: the kind table's names unless given."""
+        self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in self.kinds}
         self._namespace: str = ""
         self._package: tuple[str, str] = ("blocks", "")
         self.owner: Callable[[str], tuple[str, str, str] | None] = lambda module: None
@@ -61,7 +63,7 @@ class Registry:
         if kind not in self._entries:
             raise RegistryError(
                 f"{cls.__qualname__} has kind '{kind}', which is not a block kind; "
-                f"subclass one of the kind bases ({', '.join(KINDS)})"
+                f"subclass one of the kind bases ({', '.join(self.kinds)})"
             )
         if "__dataclass_fields__" not in cls.__dict__:
             raise RegistryError(
@@ -100,7 +102,7 @@ class Registry:
     def get(self, kind: str, name: str) -> Entry:
         """The entry for *kind*/*name*, or a :class:`RegistryError` with a did-you-mean."""
         if kind not in self._entries:
-            hint = did_you_mean(kind, KINDS)
+            hint = did_you_mean(kind, self.kinds)
             raise RegistryError(f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""))
         try:
             return self._entries[kind][name]
@@ -119,7 +121,7 @@ class Registry:
 
     def entries(self, kind: str | None = None) -> list[Entry]:
         """All entries, or those of one kind, in kind order then name order."""
-        kinds = [kind] if kind else list(KINDS)
+        kinds = [kind] if kind else list(self.kinds)
         return [self._entries[k][n] for k in kinds for n in sorted(self._entries[k])]
 
 
