@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import nox
 
@@ -24,10 +25,11 @@ def install_project(session: nox.Session, extras: str = "dev") -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check."""
-    session.install("ruff==0.17.6")
+    """ruff lint and format check, and the import layers (lint-imports: a back-edge or a cycle fails)."""
+    session.install("ruff==0.17.6", "import-linter==2.17")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports", env={"PYTHONPATH": str(Path(__file__).parent)})
 
 
 @nox.session

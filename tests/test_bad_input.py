@@ -18,7 +18,7 @@ import pytest
 from blocks.cli.main import run_captured
 from blocks.core import jobs
 from blocks.core.checks import CPU
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 from tests.conftest import run_cli
 
 
@@ -246,7 +246,7 @@ def test_a_plan_title_with_markup_in_the_recipe_prints_literally() -> None:
 def test_exported_weights_follow_the_umask(tmp_path: Path) -> None:
     import torch
 
-    from blocks.build.weights import save_weights
+    from blocks.checkpoint.weights import save_weights
 
     previous = os.umask(0o022)
     try:

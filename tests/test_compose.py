@@ -11,12 +11,12 @@ from omegaconf import MISSING
 
 from blocks.core import catalog, jobs
 from blocks.core.compose import PRIMARY_CONFIG, config_to_blocks, split_hydra
-from blocks.core.errors import ConfigError
 from blocks.core.recipe import RECIPES
-from blocks.core.registry import REGISTRY, register
 from blocks.data import Text
 from blocks.launch.sweep import expand_sweep
 from blocks.model import MLP, Transformer
+from blocks.spec.errors import ConfigError
+from blocks.spec.registry import REGISTRY, register
 
 catalog.load()
 

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from blocks import register
 from blocks.core import catalog, jobs
-from blocks.core.registry import REGISTRY
 from blocks.data import FeatureBatch
 from blocks.model import MLP, ModelBlock
+from blocks.spec.registry import REGISTRY
 from blocks.testing import (
     ConformanceError,
     check_config_round_trip,

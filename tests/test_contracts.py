@@ -15,7 +15,7 @@ import pytest
 from blocks.core import jobs
 from blocks.core.checks import CHECKS, CPU, Check, problems_of, triggered
 from blocks.core.environment import Environment
-from blocks.core.errors import ConfigError
+from blocks.spec.errors import ConfigError
 from tests.conftest import REPO
 
 EXEMPLIFIED = [c for c in CHECKS if c.example]
@@ -76,7 +76,7 @@ def test_every_check_in_the_code_is_in_the_catalog() -> None:
     omegaconf_checks = source.split("def _omegaconf_check", 1)[1].split("\ndef ", 1)[0]
     written |= set(re.findall(r'return "([a-z0-9-]+)"', omegaconf_checks))
     refusals = (
-        (REPO / "blocks" / "core" / "imports.py")
+        (REPO / "blocks" / "spec" / "imports.py")
         .read_text()
         .split("def _refusal", 1)[1]
         .split("\ndef ", 1)[0]

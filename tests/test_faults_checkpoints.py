@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from blocks.checkpoint import store
-from blocks.core.errors import BlocksError
 from blocks.launch import driver
+from blocks.spec.errors import BlocksError
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.timeout(600)

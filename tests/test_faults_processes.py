@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from blocks.checkpoint import store
-from blocks.core.errors import BlocksError
 from blocks.launch import driver
 from blocks.launch.lock import LOCK_FILE, RunDirBusy
+from blocks.spec.errors import BlocksError
 from tests.conftest import blocks_run_until_step, job_pids, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)

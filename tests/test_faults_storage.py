@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from blocks.checkpoint.storage import out_of_space, preflight_storage
-from blocks.core.errors import BlocksError
 from blocks.launch import driver
+from blocks.spec.errors import BlocksError
 from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(600)

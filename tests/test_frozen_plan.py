@@ -55,7 +55,7 @@ def test_the_worker_trains_with_the_frozen_accelerator(gpu_planned: Path) -> Non
 
 
 def test_a_run_dir_without_a_frozen_plan_is_refused(tmp_path: Path) -> None:
-    from blocks.core.errors import BlocksError
+    from blocks.spec.errors import BlocksError
 
     (tmp_path / "config.yaml").write_text("{}\n")
     with pytest.raises(BlocksError, match=r"plan\.json"):

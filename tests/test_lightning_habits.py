@@ -136,8 +136,8 @@ def test_a_lightning_module_whose_own_steps_would_be_ignored_is_refused_before_a
 def test_datamodule_loader_options_blocks_would_drop_are_refused(
     target: str, kwargs: dict, batch_size: int, said: str, monkeypatch
 ) -> None:
-    from blocks.core.errors import ConfigError
     from blocks.data.adapter import LightningData
+    from blocks.spec.errors import ConfigError
 
     monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     data = LightningData(

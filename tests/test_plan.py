@@ -6,7 +6,7 @@ import pytest
 
 from blocks.core import jobs
 from blocks.core.environment import Environment
-from blocks.core.errors import PlanError
+from blocks.spec.errors import PlanError
 
 CPU = Environment(gpus=0)
 GPU = Environment(gpus=8)

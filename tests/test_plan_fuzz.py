@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from blocks.cli.main import run_captured
 from blocks.core import catalog
-from blocks.core.block import KINDS
-from blocks.core.registry import REGISTRY
+from blocks.spec.block import KINDS
+from blocks.spec.registry import REGISTRY
 from tests.test_bad_input import hang_guard
 
 catalog.load()

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blocks.core import catalog, jobs
-from blocks.core.block import KINDS
 from blocks.core.checks import GPU
 from blocks.core.environment import Environment
-from blocks.core.errors import BlocksError
 from blocks.core.recipe import RECIPES
-from blocks.core.registry import REGISTRY
+from blocks.spec.block import KINDS
+from blocks.spec.errors import BlocksError
+from blocks.spec.registry import REGISTRY
 
 catalog.load()
 

@@ -310,7 +310,7 @@ def test_digits_finetune_derives_from_digits_mlp() -> None:
 def test_derive_names_what_is_wrong(changes: dict, message: str) -> None:
     from blocks import derive
     from blocks.core import catalog
-    from blocks.core.errors import RegistryError
+    from blocks.spec.errors import RegistryError
 
     catalog.load()
     with pytest.raises(RegistryError, match=message):

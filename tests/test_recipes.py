@@ -243,7 +243,7 @@ def test_experiment_preset_pins_a_recipe_and_its_changes(cli) -> None:
 
 def test_pipeline_stages_refer_to_earlier_train_stages() -> None:
     from blocks import Evaluate, Export, Pipeline, Train
-    from blocks.core.errors import RegistryError
+    from blocks.spec.errors import RegistryError
 
     with pytest.raises(RegistryError, match="source='pretrain', which is not an earlier train stage"):
         Pipeline(stages=(Evaluate("evaluate", source="pretrain"), Train("pretrain")))

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from blocks.core import catalog, jobs
-from blocks.core.block import block_fields
-from blocks.core.errors import ConfigError, RegistryError
 from blocks.core.recipe import RECIPES, Recipe, RecipeBook
-from blocks.core.registry import REGISTRY, Registry
 from blocks.data import Blobs
 from blocks.model import MLP
 from blocks.model.base import ModelBlock
 from blocks.optim import AdamW
+from blocks.spec.block import block_fields
+from blocks.spec.errors import ConfigError, RegistryError
+from blocks.spec.registry import REGISTRY, Registry
 from blocks.task import Classification
 
 

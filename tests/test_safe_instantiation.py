@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from blocks.core.errors import ConfigError
-from blocks.core.imports import allowed_prefixes, resolve
+from blocks.spec.errors import ConfigError
+from blocks.spec.imports import allowed_prefixes, resolve
 from tests.conftest import read_summary
 
 ADAPTED = [

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from blocks.cli.main import main
-from blocks.core.errors import ConfigError
-from blocks.core.imports import resolve
+from blocks.spec.errors import ConfigError
+from blocks.spec.imports import resolve
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -15,11 +15,11 @@ from omegaconf import OmegaConf
 
 from blocks.build.trainer import build_run
 from blocks.core import jobs
-from blocks.core.registry import register
 from blocks.launch import driver
 from blocks.launch.run_dir import load_plan
 from blocks.model.base import ModelBlock
 from blocks.model.mlp import MLP
+from blocks.spec.registry import register
 
 TINY_BLOBS = ["recipe=blobs", "data.samples=512", "monitor.progress=off"]
 TINY_LM = ["recipe=tiny_lm", "trainer.max_steps=6", "trainer.val_every=3", "monitor.progress=off"]

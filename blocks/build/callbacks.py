@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import EarlyStopping
 from pytorch_lightning.callbacks.early_stopping import EarlyStoppingReason
 
-from blocks.core.imports import TARGET_KEY, instantiate, resolve
+from blocks.spec.imports import TARGET_KEY, instantiate, resolve
 from blocks.trainer.callbacks import CALLBACK_CLASS
 
 

@@ -14,7 +14,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from blocks.checkpoint import store
-from blocks.checkpoint.base import Checkpoint
+from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.compat.torch_private import processed_micro_batches, saved_batch_progress
 
@@ -101,7 +101,7 @@ class CheckpointCallback(pl.Callback):
 
     def __init__(
         self,
-        block: Checkpoint,
+        block: CheckpointBlock,
         io: FsspecCheckpointIO,
         *,
         directory: str,

@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from blocks.build.checkpointing import ResumableLoader
 from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.compat.torch_private import processed_micro_batches
-from blocks.core.errors import BlocksError, Problem
 from blocks.core.plan import Derived
 from blocks.data.base import DataBlock
+from blocks.spec.errors import BlocksError, Problem
 
 
 def collate(fetched: Any) -> Any:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.model.base import ModelBlock
+from blocks.spec.errors import BlocksError, Problem
 
 
 def initialize(module: nn.Module, block: ModelBlock) -> None:

@@ -30,10 +30,10 @@ from typing import Any
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from blocks.core.errors import BlocksError, Problem
-from blocks.core.imports import TARGET_KEY, instantiate, resolve
-from blocks.monitor.base import BUILTIN_LOGGERS, LOGGER_CLASS, Monitor
+from blocks.monitor.base import BUILTIN_LOGGERS, LOGGER_CLASS, MonitorBlock
 from blocks.monitor.sinks import Row
+from blocks.spec.errors import BlocksError, Problem
+from blocks.spec.imports import TARGET_KEY, instantiate, resolve
 
 STATE_FILE = "loggers.json"
 TENSORBOARD_DIR = "tensorboard"
@@ -108,7 +108,7 @@ class LoggerSink:
 
 
 def build_loggers(
-    monitor: Monitor, run_dir: Path, *, resumed_step: int | None, hyperparameters: dict[str, Any]
+    monitor: MonitorBlock, run_dir: Path, *, resumed_step: int | None, hyperparameters: dict[str, Any]
 ) -> list[LoggerSink]:
     """One started logger per ``monitor.loggers`` entry but ``csv`` (``metrics.csv``, written always)."""
     state = LoggerState.load(run_dir) if resumed_step is not None else LoggerState(run_dir / STATE_FILE)

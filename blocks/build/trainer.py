@@ -21,16 +21,13 @@ from blocks.build.metrics import MetricsRecorder
 from blocks.build.module import BlocksModule
 from blocks.build.preemption import Preemption
 from blocks.checkpoint import store
-from blocks.checkpoint.base import Checkpoint
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
+from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
 from blocks.data.base import TokenBatch
-from blocks.launch.run_dir import CHECKPOINTS_DIR, CONFIG_FILE, Summary
-from blocks.monitor.base import Monitor
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
-from blocks.trainer.base import Trainer
 
 _QUIET_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda")
 
@@ -62,13 +59,10 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     quiet_lightning()
     derived = plan.derived
     trainer_block = plan.trainer
-    assert isinstance(trainer_block, Trainer)
     monitor = plan.monitor
-    assert isinstance(monitor, Monitor)
     pl.seed_everything(trainer_block.seed, workers=True, verbose=False)
     spec = plan.data.batch_spec()
     checkpoint_block = plan.checkpoint
-    assert isinstance(checkpoint_block, Checkpoint)
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
@@ -92,7 +86,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_bad_steps=monitor.max_bad_steps,
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
-        grad_scaler=getattr(plan.precision, "lightning", "") == "16-mixed",
+        grad_scaler=plan.precision.needs_grad_scaler,
         divergence_factor=monitor.loss_divergence_factor,
     )
     recorder = MetricsRecorder(
@@ -105,7 +99,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         tokens_per_sample=spec.seq_len if isinstance(spec, TokenBatch) else None,
         flops_per_sample=plan.model.flops_per_sample(spec),
         peak_flops=monitor.peak_flops,
-        precision=str(getattr(plan.precision, "lightning", "32-true")),  # the compute precision, FSDP too
+        precision=plan.precision.lightning,  # the compute precision, FSDP too
     )
     callbacks: list[pl.Callback] = [
         recorder,

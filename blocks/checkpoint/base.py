@@ -3,33 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
-from blocks.core.block import Block
-from blocks.core.registry import register
+from blocks.spec.block import Block
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
+    from blocks.strategy.base import StrategyBlock
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointBlock(Block):
-    """Base of checkpoint blocks."""
+    """Base of checkpoint blocks: the fields the plan, build and launch layers read.
 
-    kind: ClassVar[str] = "checkpoint"
-
-    def preflight(self, ctx: CheckContext) -> None:
-        """Checks that read storage (e.g. the checkpoint to resume), run after the pure plan; report through *ctx*."""
-
-
-@register("default")
-@dataclass(frozen=True, kw_only=True)
-class Checkpoint(CheckpointBlock):
-    """Committed checkpoints of the full training state on any fsspec URL, retention and exact resume.
-
-    A checkpoint counts only once its manifest (sizes and sha256 of its files) is written;
-    resume skips corrupt or unfinished ones. Restored: model, optimizer, LR schedule, loop
-    counters, every rank's RNG states and the position in the global batch stream.
+    A checkpoint block of another package subclasses this base and gets the same treatment as the
+    built-in: every layer reads only what is declared here.
 
     Attributes:
         dir: where checkpoints go (local path or fsspec URL such as ``s3://bucket/run``);
@@ -49,6 +38,8 @@ class Checkpoint(CheckpointBlock):
             and committing happen in the background, one save in flight at a time.
     """
 
+    kind: ClassVar[str] = "checkpoint"
+
     dir: str | None = None
     every_n_steps: int = 0
     every_seconds: float | None = None
@@ -61,6 +52,22 @@ class Checkpoint(CheckpointBlock):
     enabled: bool = True
     save_weights: bool = True
     async_save: bool = False
+
+    def preflight(self, ctx: CheckContext) -> None:
+        """Checks that read storage (e.g. the checkpoint to resume), run after the pure plan; report through *ctx*."""
+
+
+@register("default")
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(CheckpointBlock):
+    """Committed checkpoints of the full training state on any fsspec URL, retention and exact resume.
+
+    A checkpoint counts only once its manifest (sizes and sha256 of its files) is written;
+    resume skips corrupt or unfinished ones. Restored: model, optimizer, LR schedule, loop
+    counters, every rank's RNG states and the position in the global batch stream.
+
+    Its fields are declared on :class:`CheckpointBlock`.
+    """
 
     def check(self, ctx: CheckContext) -> None:
         """Sane triggers and retention; the monitored metric must be one the task logs."""
@@ -122,8 +129,8 @@ class Checkpoint(CheckpointBlock):
                 check="resume-committed",
             )
             return
-        strategy = ctx.block("strategy")
-        sharded = bool(getattr(strategy, "shards_parameters", False))
+        strategy = cast("StrategyBlock", ctx.block("strategy"))
+        sharded = strategy.memory_layout().shards_parameters
         if manifest.sharded != sharded:
             saved, now = ("sharded (FSDP)", "full") if manifest.sharded else ("full", "sharded (FSDP)")
             ctx.error(

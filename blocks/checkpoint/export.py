@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from blocks.build.weights import save_weights
 from blocks.checkpoint import store
 from blocks.checkpoint.io import load_state
+from blocks.checkpoint.weights import save_weights
 
 MODEL_PREFIX = "model."
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from blocks.checkpoint import store
-from blocks.checkpoint.base import Checkpoint
-from blocks.core.environment import restart_count
-from blocks.core.errors import BlocksError, Problem
-from blocks.core.plan import Plan
+from blocks.spec.errors import BlocksError, Problem
+from blocks.spec.restarts import restart_count
+
+if TYPE_CHECKING:
+    from blocks.core.plan import Plan
 
 
 def checkpoint_dir(plan: Plan, default: str) -> str:
     """The job's checkpoint directory (*default* when ``checkpoint.dir`` is unset)."""
     block = plan.checkpoint
-    return (block.dir if isinstance(block, Checkpoint) and block.dir else None) or default
+    return block.dir or default
 
 
 def job_digests(plan: Plan) -> dict[str, str]:
@@ -23,7 +25,7 @@ def job_digests(plan: Plan) -> dict[str, str]:
     The weights' shape (model, task), the data (without batch size and workers), the
     optimizer kind (its state is restored as saved) and the seed (it orders the samples).
     """
-    trainer_seed = getattr(plan.trainer, "seed", 0)
+    trainer_seed = plan.trainer.seed
     return store.block_digests(
         {
             "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
@@ -50,7 +52,7 @@ def resolve_resume(plan: Plan, directory: str) -> str | None:
     rather than silently training from step 0.
     """
     block = plan.checkpoint
-    if not isinstance(block, Checkpoint) or not block.enabled:
+    if not block.enabled:
         return None
     if block.resume == "auto" or is_restart():
         found = _newest(directory)
@@ -151,7 +153,7 @@ def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
                 "the same batch stream",
             )
         )
-    if manifest.sharded != plan.strategy.shards_parameters:
+    if manifest.sharded != plan.strategy.memory_layout().shards_parameters:
         saved, now = ("sharded (FSDP)", "full") if manifest.sharded else ("full", "sharded (FSDP)")
         problems.append(
             Problem(

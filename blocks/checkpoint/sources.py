@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from fsspec.core import url_to_fs
 
 from blocks.checkpoint import store
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 
 if TYPE_CHECKING:
     import torch

@@ -18,7 +18,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from blocks.checkpoint import store
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 
 log = logging.getLogger(__name__)
 

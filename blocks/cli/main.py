@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from blocks import __version__
-from blocks.core.block import KINDS
-from blocks.core.errors import BlocksError, Problem, did_you_mean
+from blocks.spec.block import KINDS
+from blocks.spec.errors import BlocksError, Problem, did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -137,7 +137,7 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
     from blocks.cli.render import entry_json, options_table, registry_table
     from blocks.core import catalog
     from blocks.core.compose import GROUPS
-    from blocks.core.registry import REGISTRY
+    from blocks.spec.registry import REGISTRY
 
     if kind is not None and kind not in GROUPS:
         hint = did_you_mean(kind, GROUPS)
@@ -210,7 +210,7 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 
 def cmd_export(source: str, out: str) -> int:
     """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
-    from blocks.checkpoint.model_export import export_model
+    from blocks.build.model_export import export_model
 
     written = export_model(source, Path(out))
     stdout.print(
@@ -239,8 +239,8 @@ def _precheck(args: Sequence[str]) -> int | None:
     from blocks.cli.render import plan_panel, print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
-    from blocks.core.imports import refuse_objects
     from blocks.launch.sweep import expand_sweep
+    from blocks.spec.imports import refuse_objects
 
     parsed = hydra_args_parser().parse_args(list(args))
     _refuse_combined_modes(parsed)

@@ -11,11 +11,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from blocks.core.block import Block, block_fields
-from blocks.core.errors import Problem
 from blocks.core.packages import API_VERSION, package_of
 from blocks.core.plan import MemoryEstimate, Plan, format_bytes
-from blocks.core.registry import Entry
+from blocks.spec.block import Block, block_fields
+from blocks.spec.errors import Problem
+from blocks.spec.registry import Entry
 
 _DERIVED_LABELS = {
     "accelerator": "accelerator",

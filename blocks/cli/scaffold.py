@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 from string import Template
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.core.packages import API_VERSION
+from blocks.spec.errors import BlocksError, Problem
 
 _DIST = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
 _NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")

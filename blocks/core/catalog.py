@@ -18,28 +18,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from blocks.core import packages, paths, project
-from blocks.core.block import KINDS as REGISTRY_KINDS
 from blocks.core.compose import GROUPS, block_node, primary_node, store_option
-from blocks.core.errors import DuplicateName, Problem, RegistryError, describe_exception
 from blocks.core.launcher import RAY_LAUNCHER_NODE
 from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeEntry
-from blocks.core.registry import REGISTRY
+from blocks.spec.block import KINDS as REGISTRY_KINDS
+from blocks.spec.errors import DuplicateName, Problem, RegistryError, describe_exception
+from blocks.spec.kinds import KIND_TABLE
+from blocks.spec.registry import REGISTRY
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
 
-BUILTIN_KINDS = (
-    "blocks.data",
-    "blocks.model",
-    "blocks.task",
-    "blocks.optim",
-    "blocks.strategy",
-    "blocks.precision",
-    "blocks.checkpoint",
-    "blocks.monitor",
-    "blocks.trainer",
-)
+BUILTIN_KINDS = tuple(kind.package for kind in KIND_TABLE)
+"""The packages whose import registers the built-in blocks (from the kind table)."""
 
 _loaded = False
 _RECIPE_DECORATOR = re.compile(r"""@recipe\(\s*["']([^"']+)["']""")

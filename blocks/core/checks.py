@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from blocks.core.environment import Environment
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 
 CPU = Environment(gpus=0, host_memory_bytes=16 * 2**30)
 GPU = Environment(gpus=8, gpu_memory_bytes=80 * 2**30, host_memory_bytes=512 * 2**30)

@@ -21,10 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from blocks.compat.hydra_private import config_child, hydra_config_loader, hydra_message
-from blocks.core.block import KINDS, Block
-from blocks.core.errors import ConfigError, Problem, RegistryError, did_you_mean
-from blocks.core.registry import REGISTRY
 from blocks.core.secrets import resolve_keeping_env
+from blocks.spec.block import KINDS, Block
+from blocks.spec.errors import ConfigError, Problem, RegistryError, did_you_mean
+from blocks.spec.kinds import CROSS_KIND_GROUPS, KIND_TABLE, BlockKind
+from blocks.spec.kinds import GROUPS as ALL_GROUPS
+from blocks.spec.registry import REGISTRY
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
@@ -32,18 +34,9 @@ if TYPE_CHECKING:
 PRIMARY_CONFIG = "blocks"
 BLOCK_KEY = "_block_"
 DEFAULT_RECIPE = "charlm"
-GROUP_DEFAULTS: dict[str, str] = {
-    "data": "???",
-    "model": "???",
-    "task": "???",
-    "optim": "adamw",
-    "strategy": "single",
-    "precision": "32-true",
-    "checkpoint": "default",
-    "monitor": "default",
-    "trainer": "default",
-}
-GROUPS = (*KINDS, "recipe", "experiment", "debug", "hparams_search")
+GROUP_DEFAULTS: dict[str, str] = {kind.name: kind.default for kind in KIND_TABLE}
+"""The option each kind takes when a recipe names none (from the kind table)."""
+GROUPS = ALL_GROUPS
 
 
 def block_node(block: Block) -> DictConfig:
@@ -94,14 +87,11 @@ def group_options(group: str) -> list[str]:
     return sorted(set(walk(group, "")))
 
 
-def primary_node(conf_dirs: Sequence[str]) -> dict[str, Any]:
-    """The primary config: the defaults list of every group, and Hydra's run-dir layout."""
+def primary_node(conf_dirs: Sequence[str], kinds: Sequence[BlockKind] = KIND_TABLE) -> dict[str, Any]:
+    """The primary config: the defaults list of every group (kinds from the kind table), and Hydra's run-dir layout."""
     defaults: list[Any] = ["_self_"]
-    defaults += [{kind: GROUP_DEFAULTS[kind]} for kind in KINDS]
-    defaults.append({"recipe": DEFAULT_RECIPE})
-    defaults.append({"experiment": None})
-    defaults.append({"debug": None})
-    defaults.append({"hparams_search": None})
+    defaults += [{kind.name: kind.default} for kind in kinds]
+    defaults += [{group: DEFAULT_RECIPE if group == "recipe" else None} for group in CROSS_KIND_GROUPS]
     return {
         "defaults": defaults,
         "hydra": {

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blocks.spec.restarts import restart_count as restart_count
+
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
@@ -84,11 +86,3 @@ def _gpu_memory_bytes() -> int | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return min(sizes) * 2**20 if sizes else None
-
-
-def restart_count() -> int:
-    """Which attempt this worker process is: torchrun's restart count (0 on the first run and outside torchrun)."""
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    except ValueError:
-        return 0

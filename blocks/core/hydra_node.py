@@ -5,7 +5,7 @@ Hydra instantiates ``hydra.callbacks``, ``hydra.launcher`` and ``hydra.sweeper``
 ``logging.config.dictConfig``, which imports ``class`` and calls ``()`` factories. An override
 (``+hydra.callbacks.x._target_=...``) or a preset loaded with ``--config-dir`` or
 ``hydra.searchpath`` could name any of them; :func:`hydra_problems` checks each one with
-:func:`blocks.core.imports.resolve` (imported and checked, never called), so ``blocks run``
+:func:`blocks.spec.imports.resolve` (imported and checked, never called), so ``blocks run``
 refuses them before Hydra starts and before any run dir exists.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from blocks.core.errors import ConfigError, Problem
-from blocks.core.imports import ANY_CLASS, TARGET_KEY, Kind, resolve, subclass_of, targets_in
+from blocks.spec.errors import ConfigError, Problem
+from blocks.spec.imports import ANY_CLASS, TARGET_KEY, Kind, resolve, subclass_of, targets_in
 
 HYDRA_PLUGINS = ("hydra._internal.core_plugins", "hydra_plugins")
 """Where Hydra's own launchers and sweepers and its installed plugins live."""

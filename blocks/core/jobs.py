@@ -11,7 +11,6 @@ from typing import TypeVar
 from omegaconf import DictConfig
 
 from blocks.core import catalog, packages
-from blocks.core.block import Block
 from blocks.core.compose import (
     BLOCK_KEY,
     DEFAULT_RECIPE,
@@ -22,12 +21,13 @@ from blocks.core.compose import (
     translate_compose_error,
 )
 from blocks.core.environment import Environment
-from blocks.core.errors import BlocksError, ConfigError, Problem
 from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
 from blocks.data.base import DataBlock
+from blocks.spec.block import Block
+from blocks.spec.errors import BlocksError, ConfigError, Problem
 
 
 def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:

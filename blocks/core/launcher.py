@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from blocks.core.errors import Problem
+from blocks.spec.errors import Problem
 
 SUBMITIT = "hydra_submitit_launcher"
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from blocks.core import paths
-from blocks.core.block import KINDS
-from blocks.core.errors import Problem, did_you_mean
-from blocks.core.registry import REGISTRY
+from blocks.spec.block import KINDS
+from blocks.spec.errors import Problem, did_you_mean
+from blocks.spec.registry import REGISTRY
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override

@@ -27,9 +27,10 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Literal
 
-from blocks.core.errors import ConfigError, Problem, describe_exception
 from blocks.core.recipe import RECIPES
-from blocks.core.registry import REGISTRY, Entry
+from blocks.spec.block import Block
+from blocks.spec.errors import ConfigError, Problem, describe_exception
+from blocks.spec.registry import REGISTRY, Entry
 
 ENTRY_POINT_GROUP = "blocks"
 API_VERSION = 1
@@ -186,6 +187,7 @@ def _load(name: str, ep: EntryPoint) -> None:
     conf = Path(source).parent / "conf" if source else None
     package = BlockPackage(name, ep.module, dist_name, version, api, conf if conf and conf.is_dir() else None)
     _packages[name] = package
+    REGISTRY.package_modules.append(ep.module)
     if not package.compatible:
         declared = f"targets block API {api}" if api is not None else "declares no BLOCKS_API"
         _problems[name] = PackageProblem(
@@ -248,11 +250,11 @@ def refuse_unusable(namespaces: Sequence[str]) -> None:
         raise ConfigError(problems)
 
 
-def refuse_incompatible_blocks(blocks: Iterable[object]) -> None:
+def refuse_incompatible_blocks(blocks: Iterable[Block]) -> None:
     """Refuse a composition whose blocks come from a package that targets another block API."""
     namespaces = []
     for block in blocks:
-        namespace, sep, _ = str(getattr(block, "block_name", "")).partition("/")
+        namespace, sep, _ = block.block_name.partition("/")
         if sep and namespace not in namespaces:
             namespaces.append(namespace)
     refuse_unusable(namespaces)

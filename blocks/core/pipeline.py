@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from blocks.core.block import KINDS
-from blocks.core.errors import RegistryError
+from blocks.spec.errors import RegistryError
+from blocks.spec.kinds import GROUPS
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-RESERVED = frozenset({*KINDS, "recipe", "experiment", "debug", "hydra"})
+RESERVED = frozenset({*GROUPS, "hydra"})
 
 
 @dataclass(frozen=True)

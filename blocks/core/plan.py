@@ -8,34 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.core.block import KINDS, Block, non_finite_fields
 from blocks.core.environment import Environment
-from blocks.core.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
 from blocks.data.base import BatchSpec, DataBlock, TokenBatch
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
 from blocks.precision.base import PrecisionBlock
+from blocks.spec.block import KINDS, Block, non_finite_fields
+from blocks.spec.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
+from blocks.spec.kinds import KIND_TABLE, BlockKind
 from blocks.strategy.base import StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock
 
-KIND_BASES: dict[str, type[Block]] = {
-    "data": DataBlock,
-    "model": ModelBlock,
-    "task": TaskBlock,
-    "optim": OptimBlock,
-    "strategy": StrategyBlock,
-    "precision": PrecisionBlock,
-    "checkpoint": CheckpointBlock,
-    "monitor": MonitorBlock,
-    "trainer": TrainerBlock,
-}
+KIND_BASES: dict[str, type[Block]] = {kind.name: kind.base_class() for kind in KIND_TABLE}
+"""Each kind's base class (from the kind table); a block of a kind must subclass it."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +126,7 @@ class _State:
     batch_spec: BatchSpec | None = None
     derived: Derived = field(default_factory=Derived)
     problems: list[Problem] = field(default_factory=list)
+    kinds: tuple[str, ...] = KINDS
 
 
 class CheckContext:
@@ -216,6 +209,11 @@ class CheckContext:
     def model(self) -> ModelBlock:
         """The model block."""
         return self._state.blocks["model"]  # type: ignore[return-value]
+
+    @property
+    def checkpoint(self) -> CheckpointBlock:
+        """The checkpoint block."""
+        return _typed(self.block("checkpoint"), CheckpointBlock)
 
     @property
     def batch_spec(self) -> BatchSpec | None:
@@ -378,24 +376,28 @@ def make_plan(
     blocks: Mapping[str, Block],
     choices: Mapping[str, str] | None = None,
     environment: Environment | None = None,
+    *,
+    kinds: Sequence[BlockKind] = KIND_TABLE,
 ) -> Plan:
-    """Check *blocks* (one per kind) together and derive the job's numbers."""
-    for kind in KINDS:
+    """Check *blocks* (one per kind of the kind table *kinds*) together and derive the job's numbers."""
+    bases = KIND_BASES if kinds is KIND_TABLE else {kind.name: kind.base_class() for kind in kinds}
+    names = tuple(kind.name for kind in kinds)
+    for kind in names:
         block = blocks.get(kind)
-        if not isinstance(block, KIND_BASES[kind]):
-            raise TypeError(f"plan needs a {KIND_BASES[kind].__name__} for '{kind}', got {block!r}")
+        if not isinstance(block, bases[kind]):
+            raise TypeError(f"plan needs a {bases[kind].__name__} for '{kind}', got {block!r}")
     environment = environment or Environment.detect()
-    state = _State(blocks=blocks, environment=environment)
+    state = _State(blocks=blocks, environment=environment, kinds=names)
     _derive(state)
     _check_finite(state)
-    for kind in KINDS:
+    for kind in names:
         blocks[kind].check(CheckContext(state, kind))
     _check_batch_arithmetic(state)
     _check_validation(state)
     _check_memory(state)
     return Plan(
         blocks=dict(blocks),
-        choices=dict(choices or {kind: blocks[kind].block_name for kind in KINDS}),
+        choices=dict(choices or {kind: blocks[kind].block_name for kind in names}),
         derived=state.derived,
         problems=tuple(problem_list(state.problems)),
         environment=environment,
@@ -413,7 +415,7 @@ def preflight(plan: Plan) -> Plan:
 
 def _check_finite(state: _State) -> None:
     """NaN and infinities in any block's float field are errors (they pass every range check)."""
-    for kind in KINDS:
+    for kind in state.kinds:
         for name, value in non_finite_fields(state.blocks[kind]):
             state.problems.append(
                 Problem(
@@ -429,9 +431,9 @@ def _derive(state: _State) -> None:
     data: DataBlock = state.blocks["data"]  # type: ignore[assignment]
     model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
     optim: OptimBlock = state.blocks["optim"]  # type: ignore[assignment]
-    trainer = state.blocks["trainer"]
-    devices = max(1, int(getattr(trainer, "devices", 1) or 1))
-    nodes = max(1, int(getattr(trainer, "nodes", 1) or 1))
+    trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
+    devices = max(1, int(trainer.devices or 1))
+    nodes = max(1, int(trainer.nodes or 1))
     world = devices * nodes
     micro = max(0, data.batch_size)
     accumulate = max(1, optim.accumulate)
@@ -454,13 +456,12 @@ def _derive(state: _State) -> None:
     if parameters is not None and parameters <= 0:
         parameters = None
     steps_per_epoch = train // global_batch if global_batch else 0
-    limit_train = getattr(trainer, "limit_train_batches", None)
-    if limit_train and limit_train > 0:
-        steps_per_epoch = min(steps_per_epoch, limit_train)
-    if getattr(trainer, "limit_val_batches", None) == 0:
+    if trainer.limit_train_batches and trainer.limit_train_batches > 0:
+        steps_per_epoch = min(steps_per_epoch, trainer.limit_train_batches)
+    if trainer.limit_val_batches == 0:
         val = 0  # validation is turned off: no val/ metric exists
-    max_steps = getattr(trainer, "max_steps", None)
-    max_epochs = getattr(trainer, "max_epochs", None)
+    max_steps = trainer.max_steps
+    max_epochs = trainer.max_epochs
     candidates = []
     if max_steps:
         candidates.append(max_steps)
@@ -468,7 +469,7 @@ def _derive(state: _State) -> None:
         candidates.append(max_epochs * steps_per_epoch)
     total = min(candidates) if candidates else 0
     state.derived = Derived(
-        accelerator=state.environment.resolve_accelerator(str(getattr(trainer, "accelerator", "auto"))),
+        accelerator=state.environment.resolve_accelerator(str(trainer.accelerator)),
         devices=devices,
         nodes=nodes,
         world_size=world,
@@ -479,7 +480,9 @@ def _derive(state: _State) -> None:
         val_samples=val,
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
-        total_tokens=total * global_batch * getattr(state.batch_spec, "seq_len", 0),
+        total_tokens=total
+        * global_batch
+        * (state.batch_spec.seq_len if isinstance(state.batch_spec, TokenBatch) else 0),
         epochs=round(total / steps_per_epoch, 3) if steps_per_epoch else 0.0,
         warmup_steps=optim.warmup_steps,
         lr=optim.lr,
@@ -502,16 +505,15 @@ def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
     param_bytes = DTYPE_BYTES.get(precision.param_dtype, 4)
     compute_bytes = DTYPE_BYTES.get(precision.compute_dtype, 4)
     mixed = precision.param_dtype != precision.compute_dtype
-    sharded = strategy.shards_parameters
-    checkpointing = (
-        bool(getattr(strategy, "activation_checkpointing", False)) and model.shard_units() is not None
-    )
-    offload = bool(getattr(strategy, "cpu_offload", False))
-    held = -(-parameters // d.world_size) if sharded else parameters
+    layout = strategy.memory_layout()
+    sharded = layout.shards_parameters
+    checkpointing = layout.activation_checkpointing and model.shard_units() is not None
+    offload = layout.cpu_offload
+    held = -(-parameters // strategy.mesh(d.world_size).shard) if sharded else parameters
     resident = held * param_bytes
     if sharded:
         unit = model.unit_parameters(spec) or 0
-        units = _unit_count(model)
+        units = model.unit_count() if model.shard_units() is not None else 0
         gathered = max(0, parameters - units * unit) + min(units, 2) * unit
         resident = (0 if offload else resident) + gathered * compute_bytes
     elif mixed:
@@ -538,16 +540,9 @@ def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
     )
 
 
-def _unit_count(model: ModelBlock) -> int:
-    """How many shard units the model has (its ``n_layers`` when it declares units)."""
-    if model.shard_units() is None:
-        return 0
-    return max(0, int(getattr(model, "n_layers", 0) or 0))
-
-
 def _device_memory(state: _State) -> tuple[int | None, str]:
-    trainer = state.blocks["trainer"]
-    configured = getattr(trainer, "device_memory_gb", None)
+    trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
+    configured = trainer.device_memory_gb
     if configured:
         in_bytes = configured * GIB
         # NaN, inf, 1e308 and values <= 0 are the trainer's errors; the estimate has no device then
@@ -590,8 +585,8 @@ def _check_batch_arithmetic(state: _State) -> None:
 
 
 def _check_validation(state: _State) -> None:
-    trainer = state.blocks["trainer"]
-    val_every = getattr(trainer, "val_every", None)
+    trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
+    val_every = trainer.val_every
     total = state.derived.total_steps
     if val_every and total and val_every > total and state.derived.val_samples:
         state.problems.append(

@@ -26,10 +26,11 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocks.core.errors import ConfigError, Problem
+from blocks.spec.errors import ConfigError, Problem
+from blocks.spec.imports import PROJECT_MODULE, nearest_pyproject
 
 ENV_VAR = "BLOCKS_PATH"
-MODULE = "blocks_project"
+MODULE = PROJECT_MODULE
 TABLE = "tool.blocks"
 
 
@@ -79,15 +80,6 @@ def find(cwd: Path | None = None) -> Project:
         if path not in recipes:
             recipes.append(path)
     return Project(pyproject if table else None, tuple(recipes), tuple(conf))
-
-
-def nearest_pyproject(start: Path) -> Path | None:
-    """The ``pyproject.toml`` in *start* or the nearest directory above it."""
-    for directory in (start.resolve(), *start.resolve().parents):
-        candidate = directory / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _table(pyproject: Path) -> dict[str, object]:

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.core.block import KINDS, Block
-from blocks.core.errors import DuplicateName, Problem, RegistryError, did_you_mean
 from blocks.core.pipeline import Pipeline
 from blocks.data.base import DataBlock
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
 from blocks.precision.base import PrecisionBlock
+from blocks.spec.block import KINDS, Block
+from blocks.spec.errors import DuplicateName, Problem, RegistryError, did_you_mean
 from blocks.strategy.base import StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock

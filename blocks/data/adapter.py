@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from blocks.core.errors import ConfigError, Problem
-from blocks.core.imports import Kind, instantiate, resolve
-from blocks.core.registry import register
 from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, TokenBatch
+from blocks.spec.errors import ConfigError, Problem
+from blocks.spec.imports import Kind, check_import_paths, instantiate, nested_paths, resolve
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -77,8 +77,6 @@ class LightningData(DataBlock):
 
     def import_paths(self) -> list[tuple[str, str, Kind]]:
         """The datamodule class and every nested ``_target_`` (a class)."""
-        from blocks.model.adapter import nested_paths
-
         return [("data.target", self.target, DATAMODULE_CLASS), *nested_paths(self.kwargs, "data.kwargs")]
 
     def build(self, split: str) -> Dataset:
@@ -105,8 +103,6 @@ class LightningData(DataBlock):
 
     def check(self, ctx: CheckContext) -> None:
         """The import path must be allowed and the declared spec and sizes complete."""
-        from blocks.model.adapter import check_import_paths
-
         super().check(ctx)
         check_import_paths(ctx, "data", self.target, self.kwargs)
         ctx.choice("batch", self.batch, BATCHES)

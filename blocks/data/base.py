@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.block import Block
+from blocks.spec.block import Block
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -97,7 +97,7 @@ class DataBlock(Block):
     def preflight(self) -> None:
         """I/O checks the pure plan leaves out, run by the driver before any process starts.
 
-        Raise a :class:`~blocks.core.errors.BlocksError` when the data cannot be read (shards
+        Raise a :class:`~blocks.spec.errors.BlocksError` when the data cannot be read (shards
         missing from their storage, an unreachable bucket). In-memory data has nothing to check.
         """
 

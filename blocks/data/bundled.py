@@ -10,8 +10,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.registry import register
 from blocks.data.base import DataBlock, FeatureBatch, RegressionBatch
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

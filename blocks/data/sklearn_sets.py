@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.data.bundled import SKLEARN_FIX, BundledData
 from blocks.data.datasets import TensorPairs
+from blocks.spec.errors import BlocksError, Problem
 
 if TYPE_CHECKING:
     from blocks.data.bundled import Diabetes, Digits

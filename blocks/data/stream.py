@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blocks.core.errors import BlocksError
-from blocks.core.registry import register
 from blocks.data.base import DataBlock, TokenBatch
 from blocks.data.shards.cache import default_cache_dir, is_local
 from blocks.data.shards.manifest import Manifest, read_manifest
+from blocks.spec.errors import BlocksError
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -103,7 +103,7 @@ class Stream(DataBlock):
         """Before any process starts: every shard of the manifest exists on the storage (raises otherwise)."""
         import fsspec
 
-        from blocks.core.errors import Problem
+        from blocks.spec.errors import Problem
 
         manifest = self.manifest()
         url = self.shard_url()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blocks.core.registry import register
 from blocks.data import corpus
 from blocks.data.base import DataBlock, TokenBatch
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

@@ -22,8 +22,6 @@ from blocks.checkpoint.storage import preflight_storage
 from blocks.core import catalog
 from blocks.core.compose import config_to_blocks
 from blocks.core.environment import Environment
-from blocks.core.errors import BlocksError
-from blocks.core.imports import refuse_objects
 from blocks.core.jobs import compose, plan_blocks
 from blocks.core.plan import Plan
 from blocks.launch.lock import locked
@@ -45,6 +43,8 @@ from blocks.launch.torchrun import (
     run_torchrun,
 )
 from blocks.launch.worker import ATTEMPT_FILE
+from blocks.spec.errors import BlocksError
+from blocks.spec.imports import refuse_objects
 
 
 def run_job(cfg: DictConfig) -> float | None:
@@ -93,7 +93,7 @@ def failed_objective(cfg: DictConfig) -> float:
 
 def objective(plan: Plan, summary: Summary) -> float | None:
     """The value a sweeper optimizes: ``monitor.objective``, else ``train/loss`` (None when the run has neither)."""
-    name = str(getattr(plan.monitor, "objective", "val/loss"))
+    name = plan.monitor.objective
     value = summary.metrics.get(name, summary.metrics.get("train/loss"))
     return None if value is None else float(value)
 
@@ -128,7 +128,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``."""
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory)
-    if getattr(plan.checkpoint, "enabled", False):
+    if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     write_job_files(run_dir, frozen, plan)
     if resume_from:

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
-from blocks.core.errors import BlocksError, Problem
 from blocks.core.jobs import plan_blocks
 from blocks.data.base import SPLITS
+from blocks.spec.errors import BlocksError, Problem
 
 
 def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
     """The run's config with *overrides*: ``data=NAME`` swaps the data block, ``data.KEY=V`` sets a field."""
-    from blocks.checkpoint.model_export import run_config
-    from blocks.core.registry import REGISTRY
+    from blocks.build.model_export import run_config
+    from blocks.spec.registry import REGISTRY
 
     config = run_config(source)
     for override in overrides:
@@ -56,7 +56,7 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
     load_into(model, load_weights(source, key="source"), key="source", source=source)
     objective = plan.task.build(spec)
-    accelerator = getattr(plan.trainer, "accelerator", "auto")
+    accelerator = plan.trainer.accelerator
     device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
     model.to(device).eval()
     objective.to(device)

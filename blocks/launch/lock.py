@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 
 LOCK_FILE = ".blocks.lock"
 HEARTBEAT_S = 10.0

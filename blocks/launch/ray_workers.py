@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.launch.lifeline import PARENT_ENV
 from blocks.launch.torchrun import EXIT_INTERRUPTED, FAILURES_FILE
+from blocks.spec.errors import BlocksError, Problem
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan

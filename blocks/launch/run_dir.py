@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import config_to_blocks
-from blocks.core.errors import BlocksError, Problem
 from blocks.core.plan import Plan
+from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exported for launch)
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLAN_FILE,
+    SUMMARY_FILE,
+    WEIGHTS_FILE,
+    Status,
+    Summary,
+)
 from blocks.core.secrets import keep_env_in_plan, resolve_keeping_env
-
-CONFIG_FILE = "config.yaml"
-PLAN_FILE = "plan.json"
-METRICS_FILE = "metrics.csv"
-SUMMARY_FILE = "summary.json"
-CHECKPOINTS_DIR = "checkpoints"
-WEIGHTS_FILE = "model.safetensors"
-
-Status = Literal["completed", "failed", "interrupted"]
+from blocks.spec.errors import BlocksError, Problem
 
 
 def freeze_config(config: DictConfig, run_dir: Path) -> DictConfig:
@@ -58,58 +57,3 @@ def load_plan(run_dir: Path) -> Plan:
         )
     frozen = json.loads(plan_file.read_text())
     return Plan.thawed(config_to_blocks(config), frozen)
-
-
-@dataclass
-class Summary:
-    """``summary.json``: how a run ended (written at the end, also on failure).
-
-    Attributes:
-        status: completed, failed or interrupted.
-        reason: why it failed or was interrupted; for a completed run, why it stopped before
-            ``total_steps`` (an EarlyStopping callback), else null.
-        global_step: optimizer steps taken.
-        epoch: full passes over the training split completed.
-        world_size: processes that trained.
-        restarts: times the job was restarted after a failure.
-        resumed_from: checkpoint URL the run resumed from, or null.
-        metrics: the last value of every metric by name (``train/loss``, ``val/loss``, ...).
-        samples_per_s: training samples per second over the whole run, warm-up, validation and
-            checkpoint stalls included (total samples / training seconds).
-        steady_samples_per_s: training samples per second in the steady state: every logged
-            window after the first (warm-up), without the time spent in validation and checkpoint
-            saves; null when fewer than two windows were logged.
-        steady_tokens_per_s: the same in tokens per second (token data only, else null).
-        wall_s: seconds from the start of the worker to the end.
-        state_digest: sha256 of the final weights (see ``blocks.build.digest``).
-        checkpoint_stall_s: seconds training waited for checkpoint saves (with
-            ``checkpoint.async_save``, only for the copies to host memory).
-    """
-
-    status: Status
-    reason: str | None = None
-    global_step: int = 0
-    epoch: int = 0
-    world_size: int = 1
-    restarts: int = 0
-    resumed_from: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    samples_per_s: float = 0.0
-    steady_samples_per_s: float | None = None
-    steady_tokens_per_s: float | None = None
-    wall_s: float = 0.0
-    state_digest: str | None = None
-    checkpoint_stall_s: float = 0.0
-
-    def write(self, run_dir: Path) -> None:
-        """Write ``summary.json`` atomically (a reader never sees half a file)."""
-        path = run_dir / SUMMARY_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(path)
-
-    @classmethod
-    def read(cls, run_dir: Path) -> Summary:
-        """Read a run dir's ``summary.json``."""
-        data: dict[str, Any] = json.loads((run_dir / SUMMARY_FILE).read_text())
-        return cls(**data)

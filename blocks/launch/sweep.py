@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from blocks.compat.hydra_private import hydra_config_loader, split_sweep
 from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
-from blocks.core.errors import ConfigError, Problem
 from blocks.core.overrides import syntax_problems
+from blocks.spec.errors import ConfigError, Problem
 
 _GROUP_GLOB = re.compile(r"^([+~]?)([\w/]+)=glob\((.*)\)$")
 

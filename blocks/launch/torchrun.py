@@ -12,9 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.core.plan import Plan
 from blocks.launch.lifeline import children_environment, die_with_parent
+from blocks.spec.errors import BlocksError, Problem
 
 EXIT_INTERRUPTED = 130
 """The exit status of a job that SIGTERM or SIGINT stopped (after saving): ``blocks run`` exits with it too."""
@@ -25,7 +25,7 @@ RDZV_ENDPOINT_ENV = "BLOCKS_RDZV_ENDPOINT"
 
 def needs_launcher(plan: Plan) -> bool:
     """Several processes, or restarts after failures, need torchrun; one plain process does not."""
-    return plan.derived.world_size > 1 or getattr(plan.trainer, "max_failures", 0) > 0
+    return plan.derived.world_size > 1 or plan.trainer.max_failures > 0
 
 
 def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None = None) -> list[str]:
@@ -42,7 +42,7 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
         "-m",
         "blocks.launch.torchrun",
         f"--nproc-per-node={derived.devices}",
-        f"--max-restarts={getattr(plan.trainer, 'max_failures', 0)}",
+        f"--max-restarts={plan.trainer.max_failures}",
     ]
     if derived.nodes == 1:
         command.append("--standalone")

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
-from blocks.core.errors import BlocksError
 from blocks.launch.lifeline import die_with_parent
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
+from blocks.spec.errors import BlocksError
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -39,7 +39,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     from blocks.build.callbacks import early_stop_reason
     from blocks.build.health import stall_detected
     from blocks.build.trainer import build_run
-    from blocks.build.weights import full_state_dict, is_sharded, save_weights, state_digest
+    from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
 
     built = build_run(plan, run_dir, console=console)
     trainer, module = built.trainer, built.module
@@ -77,13 +77,13 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
             state = full_state_dict(module.model)
             if trainer.is_global_zero:
                 summary.state_digest = state_digest(state)
-                if summary.status == "completed" and getattr(plan.checkpoint, "save_weights", False):
+                if summary.status == "completed" and plan.checkpoint.save_weights:
                     save_weights(state, run_dir / WEIGHTS_FILE)
         summary.wall_s = time.perf_counter() - started
         # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
         if trainer.is_global_zero and not stall_detected():
             summary.write(run_dir)
-            if console and getattr(plan.monitor, "progress", "auto") != "off":
+            if console and plan.monitor.progress != "off":
                 _print_summary(summary)
         _shut_down_process_group(wait_for_peers=summary.status == "completed")
     return summary
@@ -102,7 +102,7 @@ def failure_reason(exc: BaseException, plan: Plan) -> str:
     """``summary.json``'s reason for *exc*; a timed-out collective also says what it means and which key sets it."""
     reason = f"{type(exc).__name__}: {exc}"
     message = str(exc).lower()
-    limit = getattr(plan.strategy, "collective_timeout_s", None)
+    limit = plan.strategy.collective_timeout()
     if plan.derived.world_size > 1 and limit is not None and ("timeout" in message or "timed out" in message):
         return (
             f"a collective operation timed out after strategy.collective_timeout_s={limit:g}s: another rank "

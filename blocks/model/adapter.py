@@ -2,7 +2,7 @@
 
 Teams adopt ``blocks`` one piece at a time: their network stays where it is and the config
 names its class. The import path must be inside a prefix the user allows in their own settings
-(see :mod:`blocks.core.imports`); the plan checks it without importing anything.
+(see :mod:`blocks.spec.imports`); the plan checks it without importing anything.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from blocks.core.imports import ANY_CLASS, Kind, instantiate, path_problem, resolve, subclass_of, targets_in
-from blocks.core.registry import register
 from blocks.data.base import BatchSpec, FeatureBatch, TokenBatch
 from blocks.model.base import ModelBlock
+from blocks.spec.imports import Kind, check_import_paths, instantiate, nested_paths, resolve, subclass_of
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch import nn
@@ -131,19 +131,3 @@ class TorchModule(ModelBlock):
                         f"one of: {', '.join(known)}",
                         check="spec-args",
                     )
-
-
-def nested_paths(kwargs: Any, key: str) -> list[tuple[str, str, Kind]]:
-    """Every nested ``_target_`` of constructor arguments *kwargs* (read at *key*): each must name a class."""
-    return [(where, path, ANY_CLASS) for where, path in targets_in(kwargs, key)]
-
-
-def check_import_paths(ctx: CheckContext, kind: str, target: str, kwargs: Any) -> None:
-    """Report a missing, refused or not-allowed import path (the target and every nested ``_target_``)."""
-    if target == MISSING:
-        ctx.error("target", "names no class", f"{kind}.target=mylab.module.ClassName", check="import-path")
-        return
-    for key, path in [(f"{kind}.target", target), *targets_in(kwargs, f"{kind}.kwargs")]:
-        problem = path_problem(path, key)
-        if problem is not None:
-            ctx.error(problem.key, problem.message, problem.fix, check=problem.check)

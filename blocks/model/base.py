@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.block import Block
 from blocks.data.base import BatchSpec
+from blocks.spec.block import Block
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,6 +49,14 @@ class ModelBlock(Block):
     def shard_units(self) -> str | None:
         """Attribute name of the ``nn.ModuleList`` of repeated units, or ``None`` if it has none."""
         return None
+
+    def unit_count(self) -> int:
+        """How many :meth:`shard_units` the model has (0 when it declares none or cannot say).
+
+        The plan's sharded memory estimate reads it, whatever the field is called (``n_layers``,
+        ``depth``); a model that names shard units should say how many.
+        """
+        return 0
 
     def unit_parameters(self, spec: BatchSpec) -> int | None:
         """Parameters of one of the :meth:`shard_units` (FSDP gathers one or two at a time), or None."""

@@ -6,9 +6,9 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blocks.core.registry import register
 from blocks.data.base import BatchSpec, FeatureBatch, RegressionBatch
 from blocks.model.base import ModelBlock
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch import nn

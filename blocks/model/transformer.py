@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blocks.core.registry import register
 from blocks.data.base import BatchSpec, TokenBatch
 from blocks.model.base import ModelBlock
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from torch import nn
@@ -87,6 +87,10 @@ class Transformer(ModelBlock):
     def shard_units(self) -> str:
         """The decoder layers."""
         return "layers"
+
+    def unit_count(self) -> int:
+        """``n_layers``."""
+        return self.n_layers
 
     def build(self, spec: BatchSpec) -> nn.Module:
         """A :class:`~blocks.model.networks.Decoder`."""

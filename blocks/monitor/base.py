@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from blocks.core.block import Block
-from blocks.core.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
-from blocks.core.registry import register
+from blocks.spec.block import Block
+from blocks.spec.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
@@ -27,26 +27,10 @@ LOGGER_CLASS = Kind(
 
 @dataclass(frozen=True, kw_only=True)
 class MonitorBlock(Block):
-    """Base of monitor blocks."""
+    """Base of monitor blocks: the fields the plan, build and launch layers read.
 
-    kind: ClassVar[str] = "monitor"
-
-    def metric_names(self, *, gpu: bool) -> tuple[str, ...]:
-        """The training metrics this monitor logs (``metrics.csv`` columns besides the task's ``val/...``).
-
-        *gpu*: the job trains on GPUs (MFU needs a known peak). The plan checks every metric a
-        block names (``monitor.objective``, ``checkpoint.monitor``) against these and the task's.
-        """
-        return ("train/loss", "lr", "samples_per_s")
-
-
-@register("default")
-@dataclass(frozen=True, kw_only=True)
-class Monitor(MonitorBlock):
-    """Metrics, loggers and progress from global rank 0, and health policies on every rank.
-
-    Metrics are accumulated on the device and read back only every ``log_every_n_steps``,
-    so logging costs (almost) nothing between rows.
+    A monitor block of another package subclasses this base and gets the same treatment as the
+    built-in: every layer reads only what is declared here.
 
     Attributes:
         log_every_n_steps: optimizer steps between rows of ``metrics.csv`` and progress updates.
@@ -85,6 +69,8 @@ class Monitor(MonitorBlock):
             (no MFU when unknown, e.g. on CPU).
     """
 
+    kind: ClassVar[str] = "monitor"
+
     log_every_n_steps: int = 10
     progress: str = "auto"
     grad_norm: bool = True
@@ -99,6 +85,26 @@ class Monitor(MonitorBlock):
     objective: str = "val/loss"
     objective_mode: str = "min"
     peak_flops: float = 0.0
+
+    def metric_names(self, *, gpu: bool) -> tuple[str, ...]:
+        """The training metrics this monitor logs (``metrics.csv`` columns besides the task's ``val/...``).
+
+        *gpu*: the job trains on GPUs (MFU needs a known peak). The plan checks every metric a
+        block names (``monitor.objective``, ``checkpoint.monitor``) against these and the task's.
+        """
+        return ("train/loss", "lr", "samples_per_s")
+
+
+@register("default")
+@dataclass(frozen=True, kw_only=True)
+class Monitor(MonitorBlock):
+    """Metrics, loggers and progress from global rank 0, and health policies on every rank.
+
+    Metrics are accumulated on the device and read back only every ``log_every_n_steps``,
+    so logging costs (almost) nothing between rows.
+
+    Its fields are declared on :class:`MonitorBlock`.
+    """
 
     def metric_names(self, *, gpu: bool) -> tuple[str, ...]:
         """Loss, LR and throughput, the gradient norm when ``grad_norm``, MFU with a peak to divide by."""
@@ -180,7 +186,7 @@ class Monitor(MonitorBlock):
                 "give each its arguments: monitor.loggers=[{_target_: <class>, <argument>: <value>}, ...]",
                 check="one-lightning-logger",
             )
-        if self.on_nonfinite == "rollback" and not getattr(ctx.block("checkpoint"), "enabled", True):
+        if self.on_nonfinite == "rollback" and not ctx.checkpoint.enabled:
             ctx.error(
                 "on_nonfinite",
                 "rollback needs committed checkpoints, but checkpoint.enabled is false",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 
 REPORT_DIR = "report"
 FIGSIZE = (8.0, 4.5)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blocks.core.registry import register
 from blocks.optim.base import OptimBlock
+from blocks.spec.registry import register
 
 if TYPE_CHECKING:
     import torch

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.block import Block
 from blocks.optim.schedule import SCHEDULES
+from blocks.spec.block import Block
 
 LR_SCALING = ("none", "linear", "sqrt")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.block import Block
+from blocks.spec.block import Block
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
@@ -22,6 +22,8 @@ class PrecisionBlock(Block):
     """Dtype the parameters are stored in."""
     compute_dtype: ClassVar[str] = "float32"
     """Dtype matmuls run in."""
+    needs_grad_scaler: ClassVar[bool] = False
+    """float16 training needs a gradient scaler (strategies without one refuse it)."""
     accelerators: ClassVar[tuple[str, ...]] = ("cpu", "gpu")
     """Accelerators this precision runs on."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blocks.core.registry import register
 from blocks.precision.base import PrecisionBlock
+from blocks.spec.registry import register
 
 
 @register("32-true")
@@ -29,6 +29,7 @@ class FP16Mixed(PrecisionBlock):
     """float32 parameters, float16 autocast with a gradient scaler (GPU only)."""
 
     lightning = "16-mixed"
+    needs_grad_scaler = True
     compute_dtype = "float16"
     accelerators = ("gpu",)
 

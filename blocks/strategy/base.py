@@ -6,11 +6,58 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from blocks.core.block import Block
+from blocks.spec.block import Block
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
     from blocks.precision.base import PrecisionBlock
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """Where a strategy keeps the training state, for the plan's memory estimate and the checkpoint format.
+
+    Attributes:
+        shards_parameters: parameters, gradients and optimizer state are split over the
+            ``shard`` dimension of the mesh (FSDP) instead of replicated (DDP, single).
+        activation_checkpointing: the model's shard units recompute their activations in backward.
+        cpu_offload: sharded parameters, gradients and optimizer state live in host memory.
+    """
+
+    shards_parameters: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """The device-mesh dimensions a strategy lays the processes out in.
+
+    Data parallelism is ``replicate × shard`` (DDP replicates, FSDP shards, HSDP both);
+    ``tensor`` and ``pipeline`` split each model replica further. The plan and the sampler read
+    the number of data-parallel ranks from here, not from the world size.
+
+    Attributes:
+        replicate: data-parallel groups that each hold a full copy of the (sharded) state.
+        shard: data-parallel ranks within a group that split the state.
+        tensor: ranks that split each layer (1: no tensor parallelism).
+        pipeline: ranks that split the layers into stages (1: no pipeline parallelism).
+    """
+
+    replicate: int = 1
+    shard: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each read different samples (``replicate × shard``)."""
+        return self.replicate * self.shard
+
+    @property
+    def world_size(self) -> int:
+        """Processes the mesh spans."""
+        return self.data_parallel * self.tensor * self.pipeline
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +72,20 @@ class StrategyBlock(Block):
     kind: ClassVar[str] = "strategy"
     shards_parameters: ClassVar[bool] = False
     max_world_size: ClassVar[int | None] = None
+
+    def memory_layout(self) -> MemoryLayout:
+        """Where this strategy keeps parameters, gradients, optimizer state and activations."""
+        return MemoryLayout(shards_parameters=self.shards_parameters)
+
+    def mesh(self, world_size: int) -> MeshShape:
+        """The mesh dimensions for *world_size* processes: all data-parallel by default (shard or replicate)."""
+        if self.shards_parameters:
+            return MeshShape(shard=world_size)
+        return MeshShape(replicate=world_size)
+
+    def collective_timeout(self) -> float | None:
+        """Seconds a collective may wait before the job fails instead of hanging; None: torch's default."""
+        return None
 
     def build(self, *, accelerator: str, precision: PrecisionBlock, world_size: int, io: Any = None) -> Any:
         """The ``strategy`` argument for ``lightning.Trainer``; imports Lightning lazily.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from blocks.core.registry import register
+from blocks.spec.registry import register
 from blocks.strategy.base import StrategyBlock
 
 if TYPE_CHECKING:
@@ -59,6 +59,10 @@ class DDP(StrategyBlock):
             timeout=timedelta(seconds=self.collective_timeout_s),
             checkpoint_io=io,
         )
+
+    def collective_timeout(self) -> float | None:
+        """``collective_timeout_s``."""
+        return self.collective_timeout_s
 
     def check(self, ctx: CheckContext) -> None:
         """Positive sizes; a one-process DDP job is allowed but pointless."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from blocks.core.registry import register
-from blocks.strategy.base import StrategyBlock
+from blocks.spec.registry import register
+from blocks.strategy.base import MemoryLayout, StrategyBlock
 from blocks.strategy.ddp import check_backend
 
 if TYPE_CHECKING:
@@ -83,6 +83,18 @@ class FSDP(StrategyBlock):
         """Mixed precision is FSDP's own policy, so Lightning keeps float32 (no autocast on top)."""
         return "32-true" if precision.lightning.endswith("-mixed") else precision.lightning
 
+    def memory_layout(self) -> MemoryLayout:
+        """Sharded state; activation checkpointing and CPU offload as configured."""
+        return MemoryLayout(
+            shards_parameters=True,
+            activation_checkpointing=self.activation_checkpointing,
+            cpu_offload=self.cpu_offload,
+        )
+
+    def collective_timeout(self) -> float | None:
+        """``collective_timeout_s``."""
+        return self.collective_timeout_s
+
     def check(self, ctx: CheckContext) -> None:
         """The model must declare units; the precision must have an FSDP policy."""
         super().check(ctx)
@@ -97,8 +109,8 @@ class FSDP(StrategyBlock):
                 check="fsdp-model-units",
                 related=("model",),
             )
-        precision = ctx.block("precision")
-        if precision.block_name == "16-mixed":
+        precision = cast("PrecisionBlock", ctx.block("precision"))
+        if precision.needs_grad_scaler:
             ctx.error(
                 "",
                 "strategy=fsdp has no float16 policy with a gradient scaler here",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from blocks.core.registry import register
+from blocks.spec.registry import register
 from blocks.strategy.base import StrategyBlock
 
 if TYPE_CHECKING:

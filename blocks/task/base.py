@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.core.block import Block
 from blocks.data.base import BatchSpec
+from blocks.spec.block import Block
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blocks.core.registry import register
 from blocks.data.base import BatchSpec, RegressionBatch
+from blocks.spec.registry import register
 from blocks.task.base import TaskBlock
 
 if TYPE_CHECKING:

@@ -37,12 +37,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.core import catalog, jobs
-from blocks.core.block import Block, block_fields
 from blocks.core.compose import block_node, config_to_blocks, node_to_block
-from blocks.core.errors import BlocksError
 from blocks.core.plan import Plan
 from blocks.core.recipe import RECIPES
-from blocks.core.registry import REGISTRY, Entry
+from blocks.spec.block import Block, block_fields
+from blocks.spec.errors import BlocksError
+from blocks.spec.registry import REGISTRY, Entry
 
 BUILTIN_RECIPES = ("blobs", "charlm", "diabetes_mlp")
 """Minimal recipes tried, after the block's own package's recipes, to host a block."""

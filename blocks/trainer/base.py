@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from blocks.core.block import Block
-from blocks.core.registry import register
+from blocks.spec.block import Block
+from blocks.spec.registry import register
 from blocks.trainer.callbacks import callback_paths, check_callbacks
 
 if TYPE_CHECKING:
-    from blocks.core.imports import Kind
+    from blocks.spec.imports import Kind
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
@@ -27,15 +27,10 @@ MAX_SEED = 2**32 - 1
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerBlock(Block):
-    """Base of trainer settings blocks."""
+    """Base of trainer settings blocks: the fields the plan, build and launch layers read.
 
-    kind: ClassVar[str] = "trainer"
-
-
-@register("default")
-@dataclass(frozen=True, kw_only=True)
-class Trainer(TrainerBlock):
-    """Length of training, hardware, seed and validation cadence.
+    A trainer block of another package subclasses this base and gets the same treatment as the
+    built-in: every layer reads only what is declared here.
 
     Attributes:
         max_steps: optimizer steps to train; null means until ``max_epochs``.
@@ -73,6 +68,8 @@ class Trainer(TrainerBlock):
             names. Lightning's callbacks need no permission; others follow the import allow-list.
     """
 
+    kind: ClassVar[str] = "trainer"
+
     max_steps: int | None = None
     max_epochs: int | None = 1
     devices: int = 1
@@ -95,6 +92,15 @@ class Trainer(TrainerBlock):
     def import_paths(self) -> list[tuple[str, str, Kind]]:
         """The callback classes of ``callbacks`` and the nested ``_target_`` of their arguments."""
         return callback_paths(list(self.callbacks))
+
+
+@register("default")
+@dataclass(frozen=True, kw_only=True)
+class Trainer(TrainerBlock):
+    """Length of training, hardware, seed and validation cadence.
+
+    Its fields are declared on :class:`TrainerBlock`.
+    """
 
     def check(self, ctx: CheckContext) -> None:
         """Training length set, hardware counts positive, accelerator known."""

@@ -1,7 +1,7 @@
 """``trainer.callbacks``: Lightning callbacks named by import path, checked before anything is imported.
 
 Each entry is ``{_target_: package.module.Class, arg: value, ...}``. The class goes through the
-same import seam as every other path a config names (:mod:`blocks.core.imports`): at plan time
+same import seam as every other path a config names (:mod:`blocks.spec.imports`): at plan time
 the string is checked (allowed prefix, never a refused module), and ``blocks run`` imports it
 before anything starts and checks it is a Lightning ``Callback`` class. Lightning's own
 callbacks (``pytorch_lightning.callbacks``) need no permission.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from blocks.core.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
+from blocks.spec.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext

@@ -82,8 +82,8 @@ MATRICES: list[tuple[str, str, list[str] | None, Overrides]] = [
 
 def _cell(overrides: list[str]) -> str:
     from blocks.core.checks import GPU
-    from blocks.core.errors import BlocksError
     from blocks.core.jobs import plan
+    from blocks.spec.errors import BlocksError
 
     try:
         problems = plan(overrides, GPU).errors
@@ -94,7 +94,7 @@ def _cell(overrides: list[str]) -> str:
 
 
 def _matrices() -> str:
-    from blocks.core.registry import REGISTRY
+    from blocks.spec.registry import REGISTRY
 
     parts = [
         "#### Which options combine",

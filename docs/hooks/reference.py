@@ -25,17 +25,11 @@ from mkdocs.exceptions import PluginError
 PAGE = "reference/blocks.md"
 MARKER = "<!-- blocks-reference -->"
 
-_KIND_ABOUT = {
-    "data": "where samples come from, and the batch contract (`TokenBatch` or `FeatureBatch`)",
-    "model": "the network; declares which batch specs it accepts",
-    "task": "the loss and the validation metrics; declares which batch specs it scores",
-    "optim": "optimizer, LR schedule, gradient accumulation and clipping",
-    "strategy": "how training is spread over processes and devices",
-    "precision": "numeric formats for parameters and computation",
-    "checkpoint": "where and when training state is saved, and what a run resumes from",
-    "monitor": "what a run reports while it trains, and how often",
-    "trainer": "length of training, hardware, seed, validation cadence",
-}
+
+def _about(kind: str) -> str:
+    from blocks.spec.kinds import BY_NAME
+
+    return BY_NAME[kind].doc
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **_: Any) -> str:
@@ -53,7 +47,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **_: Any
 def render_reference() -> str:
     """The Markdown of every kind's blocks, the recipes and the YAML presets."""
     from blocks.core import catalog
-    from blocks.core.block import KINDS
+    from blocks.spec.block import KINDS
 
     catalog.load()
     parts = [_kinds_overview()]
@@ -65,16 +59,14 @@ def render_reference() -> str:
 
 
 def _kinds_overview() -> str:
-    from blocks.core.block import KINDS
     from blocks.core.compose import GROUP_DEFAULTS
-    from blocks.core.registry import REGISTRY
+    from blocks.spec.block import KINDS
+    from blocks.spec.registry import REGISTRY
 
     rows = ["| kind | what | default option | options |", "|---|---|---|---|"]
     for kind in KINDS:
         options = ", ".join(f"[`{e.name}`](#{_anchor(kind, e.name)})" for e in REGISTRY.entries(kind))
-        rows.append(
-            f"| [{kind}](#{kind}) | {_KIND_ABOUT.get(kind, '')} | {_default(kind, GROUP_DEFAULTS)} | {options} |"
-        )
+        rows.append(f"| [{kind}](#{kind}) | {_about(kind)} | {_default(kind, GROUP_DEFAULTS)} | {options} |")
     return "## Kinds\n\n" + "\n".join(rows)
 
 
@@ -86,13 +78,13 @@ def _default(kind: str, defaults: dict[str, str]) -> str:
 def _kind_section(kind: str) -> str:
     from blocks.core.compose import GROUP_DEFAULTS
     from blocks.core.plan import KIND_BASES
-    from blocks.core.registry import REGISTRY
+    from blocks.spec.registry import REGISTRY
 
     base = KIND_BASES[kind]
     lines = [
         f"## {kind} {{#{kind}}}",
         "",
-        f"{_sentence(_KIND_ABOUT.get(kind, ''))}. Base class `{base.__module__}.{base.__qualname__}`; "
+        f"{_sentence(_about(kind))}. Base class `{base.__module__}.{base.__qualname__}`; "
         f"default option: {_default(kind, GROUP_DEFAULTS)}.",
     ]
     presets = _recipe_presets().get(kind, [])
@@ -105,7 +97,7 @@ def _kind_section(kind: str) -> str:
 
 
 def _block_section(entry: Any) -> str:
-    from blocks.core.block import block_fields
+    from blocks.spec.block import block_fields
 
     cls = entry.cls
     package = entry.package + (f" {entry.version}" if entry.version else "")
@@ -157,9 +149,9 @@ def _recipe_presets() -> dict[str, list[tuple[str, str]]]:
 
 
 def _recipes_section() -> str:
-    from blocks.core.block import KINDS
     from blocks.core.compose import DEFAULT_RECIPE, GROUP_DEFAULTS
     from blocks.core.recipe import RECIPES
+    from blocks.spec.block import KINDS
 
     lines = [
         "## Recipes {#recipes}",

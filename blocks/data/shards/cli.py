@@ -41,8 +41,8 @@ def add_data_parser(sub: Any) -> None:
 
 def cmd_data(args: argparse.Namespace) -> int:
     """Run ``blocks data prepare``; print the manifest's numbers."""
-    from blocks.core.errors import BlocksError, Problem
     from blocks.data.shards.prepare import PrepareOptions, prepare
+    from blocks.spec.errors import BlocksError, Problem
 
     if not 0 <= args.val_fraction < 1:
         raise BlocksError(

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from blocks.build.sampler import SeededPermutation
+from blocks.data.permutation import SeededPermutation
 from blocks.data.shards.cache import ShardCache
 from blocks.data.shards.manifest import Manifest, Shard, locate, sample_offsets
 

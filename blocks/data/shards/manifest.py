@@ -10,7 +10,7 @@ from typing import Any
 
 import fsspec
 
-from blocks.core.errors import BlocksError, Problem
+from blocks.spec.errors import BlocksError, Problem
 
 MANIFEST = "manifest.json"
 FORMAT = "blocks-token-shards"

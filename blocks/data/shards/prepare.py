@@ -21,8 +21,8 @@ from typing import Any
 
 import fsspec
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
+from blocks.spec.errors import BlocksError, Problem
 
 TOKENIZER_FILE = "tokenizer.json"
 EOT = "<|endoftext|>"

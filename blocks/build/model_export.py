@@ -40,7 +40,7 @@ def run_config(source: str) -> DictConfig:
 
 def export_model(source: str, out: Path) -> Path:
     """Write the model of *source* (run dir, checkpoint or export) to the directory *out*; returns *out*."""
-    from blocks.build.weights import save_weights
+    from blocks.checkpoint.weights import save_weights
     from blocks.core import catalog
 
     catalog.load()

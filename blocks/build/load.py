@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from blocks.core.errors import BlocksError, Problem
 from blocks.data import base as data_base
+from blocks.spec.errors import BlocksError, Problem
 
 if TYPE_CHECKING:
     from torch import nn
@@ -30,7 +30,7 @@ def load_model(path: str | Path) -> nn.Module:
     from safetensors.torch import load_file
 
     from blocks.core.compose import node_to_block
-    from blocks.core.registry import REGISTRY
+    from blocks.spec.registry import REGISTRY
 
     directory = Path(path)
     meta_file = directory / "model.json"

@@ -1,0 +1,160 @@
+"""The registry: every block class by kind and name, and where it came from."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from blocks.spec.block import KINDS, Block
+from blocks.spec.errors import DuplicateName, Problem, RegistryError, did_you_mean
+
+B = TypeVar("B", bound=type[Block])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered block class and its provenance."""
+
+    kind: str
+    name: str
+    cls: type[Block]
+    package: str
+    version: str
+
+
+class Registry:
+    """Block classes by kind and name.
+
+    Built-in blocks register under their plain name; blocks of an installed package register
+    under ``<entry point name>/<name>`` (see :mod:`blocks.core.packages`).
+    """
+
+    def __init__(self, kinds: Sequence[str] = KINDS) -> None:
+        self.kinds = tuple(kinds)
+        """The kinds (config groups) this registry holds: the kind table's names unless given."""
+        self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in self.kinds}
+        self._namespace: str = ""
+        self._package: tuple[str, str] = ("blocks", "")
+        self.owner: Callable[[str], tuple[str, str, str] | None] = lambda module: None
+        """Maps a class's module to ``(namespace, package, version)`` when a block package owns it.
+
+        Set by package discovery, so a package's blocks get its namespace even when another
+        package imports them first; otherwise the ``namespace`` context decides.
+        """
+        self.package_modules: list[str] = []
+        """The module of every loaded block package, set by package discovery; configs may import from them."""
+
+    @contextmanager
+    def namespace(self, prefix: str, package: str, version: str) -> Iterator[None]:
+        """Register everything inside the block under ``prefix/`` for *package*."""
+        saved = self._namespace, self._package
+        self._namespace, self._package = prefix, (package, version)
+        try:
+            yield
+        finally:
+            self._namespace, self._package = saved
+
+    def add(self, cls: type[Block], name: str) -> Entry:
+        """Register *cls* under its kind and *name* (namespaced when inside ``namespace``)."""
+        kind = cls.kind
+        if kind not in self._entries:
+            raise RegistryError(
+                f"{cls.__qualname__} has kind '{kind}', which is not a block kind; "
+                f"subclass one of the kind bases ({', '.join(self.kinds)})"
+            )
+        if "__dataclass_fields__" not in cls.__dict__:
+            raise RegistryError(
+                f"{cls.__qualname__} is not a dataclass itself (only its bases are), so its own fields "
+                f"would be dropped; decorate it with @dataclass(frozen=True, kw_only=True)"
+            )
+        if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            raise RegistryError(f"{cls.__qualname__} must be a frozen dataclass to be a block")
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise RegistryError(
+                    f"{cls.__qualname__}.{f.name} has no default; every block field needs one "
+                    f"(use omegaconf.MISSING for a value the user must give)"
+                )
+        owner = self.owner(cls.__module__)
+        namespace, (package, version) = (owner[0], owner[1:]) if owner else (self._namespace, self._package)
+        full = f"{namespace}/{name}" if namespace else name
+        existing = self._entries[kind].get(full)
+        if existing is not None and existing.cls is not cls:
+            raise DuplicateName(
+                Problem(
+                    kind,
+                    f"{kind} block '{full}' is registered twice: by {existing.package} "
+                    f"({existing.cls.__module__}.{existing.cls.__qualname__} in {_file(existing.cls)}) "
+                    f"and by {package} ({cls.__module__}.{cls.__qualname__} in {_file(cls)})",
+                    "rename one of them (@register(NAME))",
+                    check="name-clash",
+                )
+            )
+        entry = Entry(kind, full, cls, package, version)
+        self._entries[kind][full] = entry
+        cls.block_name = full
+        return entry
+
+    def drop_namespace(self, prefix: str) -> None:
+        """Forget every block registered under ``prefix/`` (a package that failed half-way)."""
+        for entries in self._entries.values():
+            for name in [n for n in entries if n.startswith(prefix + "/")]:
+                del entries[name]
+
+    def get(self, kind: str, name: str) -> Entry:
+        """The entry for *kind*/*name*, or a :class:`RegistryError` with a did-you-mean."""
+        if kind not in self._entries:
+            hint = did_you_mean(kind, self.kinds)
+            raise RegistryError(f"'{kind}' is not a block kind" + (f"; {hint}" if hint else ""))
+        try:
+            return self._entries[kind][name]
+        except KeyError:
+            names = sorted(self._entries[kind])
+            hint = did_you_mean(name, names)
+            raise RegistryError(
+                f"no {kind} block named '{name}'"
+                + (f"; {hint}" if hint else "")
+                + f" (available: {', '.join(names)})"
+            ) from None
+
+    def names(self, kind: str) -> list[str]:
+        """Registered names of one kind, sorted."""
+        return sorted(self._entries[kind])
+
+    def entries(self, kind: str | None = None) -> list[Entry]:
+        """All entries, or those of one kind, in kind order then name order."""
+        kinds = [kind] if kind else list(self.kinds)
+        return [self._entries[k][n] for k in kinds for n in sorted(self._entries[k])]
+
+
+def _file(cls: type) -> str:
+    try:
+        return inspect.getsourcefile(cls) or cls.__module__
+    except TypeError:
+        return cls.__module__
+
+
+REGISTRY = Registry()
+"""The process-wide registry."""
+
+
+def register(name: str) -> Callable[[B], B]:
+    """Class decorator: register a block class under *name* in its kind.
+
+    Example::
+
+        @register("mlp")
+        @dataclass(frozen=True, kw_only=True)
+        class MLP(ModelBlock):
+            hidden: tuple[int, ...] = (128,)
+    """
+
+    def decorate(cls: B) -> B:
+        REGISTRY.add(cls, name)
+        return cls
+
+    return decorate
