@@ -32,12 +32,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions (a few minutes)")
     parser.add_argument("--only", help=f"comma-separated suites out of: {', '.join(SUITES)}")
     parser.add_argument("--gpu", action="store_true", help="run the GPU suite instead (needs an NVIDIA GPU)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --gpu: plan every GPU configuration (no GPU needed) and stop",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="results directory")
     parser.add_argument("--name", help="results file name (default: cpu-quick, cpu or gpu)")
     args = parser.parse_args(argv)
     if args.gpu:
         from benchmarks import gpu
 
+        if args.dry_run:
+            planned = gpu.plan_all()
+            for entry in planned:
+                estimate = f"{entry['estimate_gb']:.1f} GB" if entry["estimate_gb"] else "?"
+                print(
+                    f"{entry['config']}: {entry['parameters'] / 1e6:.0f}M parameters, plan estimate {estimate}"
+                )
+                for error in entry["errors"]:
+                    print(f"   error: {error}")
+            return 1 if any(entry["errors"] for entry in planned) else 0
         chosen: dict[str, Callable[[bool, Path], list[Figure]]] = {"gpu": gpu.run}
     else:
         names = args.only.split(",") if args.only else list(SUITES)
