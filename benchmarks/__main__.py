@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = {name: SUITES[name] for name in names}
     name = args.name or ("gpu" if args.gpu else "cpu-quick" if args.quick else "cpu")
     figures: list[Figure] = []
+    load_before = _load()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="blocks-bench-") as root:
         for suite, run in chosen.items():
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             suite_started = time.perf_counter()
             new = run(args.quick, Path(root))
             for figure in new:
-                verdict = "" if figure.met is None else (" ok" if figure.met else " MISSED")
+                verdict = "" if figure.met is None else (" PASS" if figure.met else " MISS")
                 print(
                     f"   {figure.name}: {figure.value:.3g}{figure.unit} {figure.target}{verdict}", flush=True
                 )
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": _cpus(),
         "versions": _versions(),
         "wall_s": round(time.perf_counter() - started, 1),
+        "load_average": [load_before, _load()],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {"meta": meta, "figures": [f.to_json() for f in figures]}
@@ -90,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{name}.md").write_text(markdown(figures, meta))
     print(f"wrote {args.out / name}.json and .md")
     return 0 if all(f.met is not False for f in figures) else 1
+
+
+def _load() -> float:
+    """The 1-minute load average (other processes competing for the CPUs), or 0 where unknown."""
+    import os
+
+    return round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else 0.0
 
 
 def _cpus() -> int:
