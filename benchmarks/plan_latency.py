@@ -81,7 +81,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
             "plan",
             "time to first step: blocks run / hand-written Lightning script",
             median_ratio(first["blocks"], first["lightning"]),
-            "<= 1.2",
+            "<= 1.1",
             **rounded(first, 2, "_s"),
         )
     )

@@ -13,7 +13,12 @@ def markdown(figures: list[Figure], meta: Mapping[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
     lines = [
         f"Measured {meta['date']} on {meta['cpus']} CPU(s) ({meta['machine']}), Python {meta['python']}, "
-        f"{versions}; {'quick' if meta['quick'] else 'full'} mode, {meta['wall_s']:.0f} s in all.",
+        f"{versions}; {'quick' if meta['quick'] else 'full'} mode, {meta['wall_s']:.0f} s in all"
+        + (
+            f"; load average {meta['load_average'][0]} before, {meta['load_average'][1]} after."
+            if meta.get("load_average")
+            else "."
+        ),
         "",
     ]
     for suite in dict.fromkeys(f.suite for f in figures):

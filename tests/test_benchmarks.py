@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -38,3 +40,23 @@ def test_unknown_suite_is_refused(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "unknown suite(s) nope" in proc.stderr
+
+
+@pytest.mark.slow
+def test_gpu_suite_plans_every_configuration_without_a_gpu() -> None:
+    """``--gpu --dry-run``: ~125M and ~1B decoders, bf16-mixed and bf16-true, eager and compiled, all plannable."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--gpu", "--dry-run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for size in ("125M", "1B"):
+        for precision in ("bf16-mixed", "bf16-true"):
+            for mode in ("eager", "compiled"):
+                assert any(line.startswith(f"{size} {precision} {mode}:") for line in lines), proc.stdout
+    millions = [int(line.split(": ")[1].split("M parameters")[0]) for line in lines if "M parameters" in line]
+    assert 100 < min(millions) < 150 and 800 < max(millions) < 1300, proc.stdout

@@ -30,10 +30,12 @@ class BlocksModule(pl.LightningModule):
         spec: BatchSpec,
         total_steps: int,
         parallelize: Callable[..., None] | None = None,
+        compile_mode: str | None = None,
     ) -> None:
         super().__init__()
         self.parallelize = parallelize
         self._parallelized = False
+        self.compile_mode = compile_mode
         self.model = model.build(spec)
         initialize(self.model, model)
         self.objective = task.build(spec)
@@ -43,10 +45,16 @@ class BlocksModule(pl.LightningModule):
         self.validated_at_step = -1
 
     def configure_model(self) -> None:
-        """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up."""
-        if self.parallelize is None or self._parallelized:
+        """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up, then compile.
+
+        ``nn.Module.compile`` compiles in place, so parameter names (checkpoints, weights) do not change.
+        """
+        if self._parallelized:
             return
-        self.parallelize(self.model, self.device_mesh)
+        if self.parallelize is not None:
+            self.parallelize(self.model, self.device_mesh)
+        if self.compile_mode is not None:
+            self.model.compile(mode=self.compile_mode)
         self._parallelized = True
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:

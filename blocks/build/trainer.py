@@ -68,7 +68,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
-    module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize)
+    compile_mode = plan.strategy.compile_mode if plan.strategy.compile else None
+    module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize, compile_mode)
     datamodule = BlocksDataModule(
         plan.data,
         derived=derived,

@@ -60,6 +60,10 @@ class MeshShape:
         return self.data_parallel * self.tensor * self.pipeline
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""The modes of ``torch.compile``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class StrategyBlock(Block):
     """Base of strategy blocks.
@@ -67,11 +71,21 @@ class StrategyBlock(Block):
     ``shards_parameters`` says whether parameters, gradients and optimizer state are split
     across processes (FSDP) or replicated (DDP, single); the plan's memory estimate and the
     checkpoint format follow from it.
+
+    Attributes:
+        compile: compile the model with ``torch.compile`` (in place: parameter names, checkpoints
+            and exported weights stay those of the eager model). The first steps take longer
+            while graphs are compiled; on a CPU, inductor needs a C compiler.
+        compile_mode: ``torch.compile`` mode: ``default``, ``reduce-overhead`` (CUDA graphs),
+            ``max-autotune`` or ``max-autotune-no-cudagraphs``.
     """
 
     kind: ClassVar[str] = "strategy"
     shards_parameters: ClassVar[bool] = False
     max_world_size: ClassVar[int | None] = None
+
+    compile: bool = False
+    compile_mode: str = "default"
 
     def memory_layout(self) -> MemoryLayout:
         """Where this strategy keeps parameters, gradients, optimizer state and activations."""
@@ -108,7 +122,8 @@ class StrategyBlock(Block):
         return []
 
     def check(self, ctx: CheckContext) -> None:
-        """World size within what this strategy runs."""
+        """World size within what this strategy runs; a known compile mode."""
+        ctx.choice("compile_mode", self.compile_mode, COMPILE_MODES)
         limit = self.max_world_size
         world = ctx.derived.world_size
         if limit is not None and world > limit:
