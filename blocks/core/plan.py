@@ -216,6 +216,16 @@ class CheckContext:
         return _typed(self.block("checkpoint"), CheckpointBlock)
 
     @property
+    def optim(self) -> OptimBlock:
+        """The optimizer block."""
+        return _typed(self.block("optim"), OptimBlock)
+
+    @property
+    def monitor(self) -> MonitorBlock:
+        """The monitor block."""
+        return _typed(self.block("monitor"), MonitorBlock)
+
+    @property
     def batch_spec(self) -> BatchSpec | None:
         """The data's batch spec, or None when the data block could not say."""
         return self._state.batch_spec

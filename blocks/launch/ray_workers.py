@@ -52,12 +52,12 @@ POLL_S = 0.5
 
 def uses_ray(plan: Plan) -> bool:
     """Whether the plan's ``trainer.launcher`` chooses Ray."""
-    return str(getattr(plan.trainer, "launcher", "torchrun")) == RAY
+    return plan.trainer.launcher == RAY
 
 
 def worker_resources(plan: Plan) -> dict[str, float]:
     """Ray resources of one worker: a CPU plus its data loader processes, and a GPU on GPU jobs."""
-    resources = {"CPU": float(1 + int(getattr(plan.data, "num_workers", 0) or 0))}
+    resources = {"CPU": float(1 + plan.data.num_workers)}
     if plan.derived.accelerator == "gpu":
         resources["GPU"] = 1.0
     return resources
@@ -224,7 +224,7 @@ def run_ray(run_dir: Path, plan: Plan) -> int:
     0 when every worker exited 0, 130 when a signal stopped the job, 1 when the last attempt failed.
     """
     ray = connect(plan)
-    max_failures = int(getattr(plan.trainer, "max_failures", 0) or 0)
+    max_failures = plan.trainer.max_failures
     signals = _Signals()
     signals.install()
     try:
@@ -310,7 +310,7 @@ def _attempt(ray: Any, run_dir: Path, plan: Plan, attempt: int, signals: _Signal
                 "MASTER_PORT": str(master_port),
                 "TORCHELASTIC_RUN_ID": job_id,
                 "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                "TORCHELASTIC_MAX_RESTARTS": str(getattr(plan.trainer, "max_failures", 0)),
+                "TORCHELASTIC_MAX_RESTARTS": str(plan.trainer.max_failures),
                 "PYTHONUNBUFFERED": "1",
             }
             # LOCAL_RANK indexes the node's visible GPUs: every worker of a node sees the node's GPUs in rank order.

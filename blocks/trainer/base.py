@@ -162,8 +162,7 @@ class Trainer(TrainerBlock):
                 related=("trainer.overfit_batches",),
             )
         if self.gradient_clip_algorithm == "value":
-            optim = ctx.block("optim")
-            if not getattr(optim, "grad_clip", None):
+            if not ctx.optim.grad_clip:
                 ctx.error(
                     "gradient_clip_algorithm",
                     "clips by value, but optim.grad_clip (the value to clip at) is not set",
@@ -179,7 +178,7 @@ class Trainer(TrainerBlock):
                     check="clip-algorithm-strategy",
                     related=("strategy",),
                 )
-        if self.detect_anomaly and getattr(ctx.block("monitor"), "on_nonfinite", "stop") != "stop":
+        if self.detect_anomaly and ctx.monitor.on_nonfinite != "stop":
             ctx.error(
                 "detect_anomaly",
                 "anomaly detection fails the step at the first NaN in backward, so "
