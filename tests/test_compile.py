@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from blocks.spec.errors import BlocksError
 from blocks.launch import driver
+from blocks.spec.errors import BlocksError
 
 TINY = [
     "recipe=blobs",
