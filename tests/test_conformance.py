@@ -108,6 +108,7 @@ def trained_once(kind: str, name: str, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # may wait for another worker's training of the same configuration
 @pytest.mark.parametrize(
     ("kind", "name"),
     [b for b in BUILTINS if b not in NEEDS_GPU],
