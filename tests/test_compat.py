@@ -224,3 +224,60 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     assert seen == [0, 1, 2]
     assert handled and all(h is handler for h in handled)
+
+
+def test_hydra_completion_answers_a_group_and_its_options() -> None:
+    from hydra import initialize
+    from hydra.core.global_hydra import GlobalHydra
+
+    from blocks.compat.hydra_private import hydra_completion
+    from blocks.core import catalog
+    from blocks.core.compose import PRIMARY_CONFIG
+
+    catalog.load()
+    GlobalHydra.instance().clear()
+    with initialize(version_base="1.3", config_path=None, job_name="blocks"):
+        loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]
+        assert "optim=adamw" in hydra_completion(loader, PRIMARY_CONFIG, "optim=")
+        assert any(c.startswith("optim.lr=") for c in hydra_completion(loader, PRIMARY_CONFIG, "optim.l"))
+
+
+def test_skipping_automatic_hyperparameters_keeps_lightning_from_logging_them(tmp_path: Path) -> None:
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from blocks.compat import torch_private
+
+    class Tiny(pl.LightningModule):
+        def __init__(self, width: int = 2) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(width, 1)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(skip: bool, name: str) -> Path:
+        logger = CSVLogger(tmp_path, name=name)
+        module = Tiny()
+        if skip:
+            torch_private.skip_automatic_hyperparameters(module)
+        trainer = pl.Trainer(
+            max_steps=1,
+            accelerator="cpu",
+            logger=logger,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+        return Path(logger.log_dir) / "hparams.yaml"
+
+    assert "width" in fit(False, "logged").read_text()
+    skipped = fit(True, "skipped")
+    assert not skipped.exists() or "width" not in skipped.read_text()

@@ -23,6 +23,7 @@ from blocks.build.preemption import Preemption
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
+from blocks.compat.torch_private import skip_automatic_hyperparameters
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
@@ -167,7 +168,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         default_root_dir=str(run_dir),
         callbacks=callbacks,
     )
-    module._log_hyperparams = datamodule._log_hyperparams = False  # the loggers got the whole config above
+    skip_automatic_hyperparameters(module, datamodule)  # the loggers got the whole config above
     preemption.install(trainer)
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
 

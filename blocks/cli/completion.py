@@ -69,20 +69,20 @@ def _without_recipes_option(words: list[str]) -> list[str]:
 def _hydra_candidates(overrides: list[str], *, new_word: bool) -> list[str]:
     """Hydra's own completion of the last override, against blocks' primary config."""
     from hydra import initialize
-    from hydra._internal.core_plugins.bash_completion import BashCompletion
     from hydra.core.global_hydra import GlobalHydra
 
+    from blocks.compat.hydra_private import hydra_completion
     from blocks.core import catalog
     from blocks.core.compose import BLOCK_KEY, PRIMARY_CONFIG
 
     catalog.load()
     GlobalHydra.instance().clear()
     with initialize(version_base="1.3", config_path=None, job_name="blocks"):
-        plugin = BashCompletion(GlobalHydra.instance().hydra.config_loader)  # type: ignore[union-attr]
+        loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]
         line = " ".join(overrides) + (" " if new_word else "")
         with contextlib.redirect_stderr(io.StringIO()):
             try:
-                found = plugin._query(config_name=PRIMARY_CONFIG, line=line)
+                found = hydra_completion(loader, PRIMARY_CONFIG, line)
             except Exception:  # a half-typed line must never print a traceback at <TAB>
                 return []
         return [c for c in found if f".{BLOCK_KEY}=" not in c]

@@ -91,3 +91,11 @@ def hydra_message(name: str, message: str, *, anchored: bool = False) -> re.Matc
     """The match of :data:`HYDRA_MESSAGES` pattern *name* in an error *message* (at its start when *anchored*)."""
     pattern = HYDRA_MESSAGES[name]
     return pattern.match(message) if anchored else pattern.search(message)
+
+
+def hydra_completion(config_loader: Any, config_name: str, line: str) -> list[str]:
+    """Hydra's own completion candidates for the last word of *line* (``BashCompletion._query``)."""
+    from hydra._internal.core_plugins.bash_completion import BashCompletion
+
+    found: list[str] = BashCompletion(config_loader)._query(config_name=config_name, line=line)
+    return found

@@ -25,6 +25,7 @@ __all__ = [
     "processed_micro_batches",
     "replace_signal_handlers",
     "saved_batch_progress",
+    "skip_automatic_hyperparameters",
 ]
 # FsspecReader, FsspecWriter: DCP's storage reader and writer for any fsspec URL; torch exports
 # only the local-path FileSystemReader/Writer.
@@ -94,3 +95,9 @@ class _HandlerConnector(_SignalConnector):
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 signal.signal(signum, self.handler)
+
+
+def skip_automatic_hyperparameters(*objects: pl.LightningModule | pl.LightningDataModule) -> None:
+    """Stop Lightning logging *objects*' ``hparams`` at fit start (``_log_hyperparams``): blocks logs the whole config itself."""
+    for obj in objects:
+        obj._log_hyperparams = False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -251,7 +250,7 @@ class RecipeDecorator:
         derived.__qualname__ = derived.__name__ = f"{self.name}_based_on_{base}".replace("/", "_").replace(
             "-", "_"
         )
-        derived.__module__ = sys._getframe(1).f_globals.get("__name__", __name__)
+        derived.__module__ = inspect.stack(0)[1].frame.f_globals.get("__name__", __name__)
         RECIPES.add(self.name, derived)
         return derived
 
