@@ -5,7 +5,7 @@ Four loops train the same MLP with AdamW on the same amount of random data, one 
 - *plain torch*: a ``for`` loop over a ``DataLoader`` that reads the loss every 10 steps;
 - *Lightning, self.log every step*: the LightningModule most people write first;
 - *Lightning, self.log every 10 steps*: the same module logging at blocks' interval;
-- *blocks*: the ``blobs`` recipe with the same sizes, built by ``blocks.build`` (grad-norm
+- *blocks*: the ``blobs`` recipe with the same sizes, built by ``blocks.runtime`` (grad-norm
   logging at each logged step included, as by default; progress output off).
 
 Throughput is counted from the first step after warmup to the end of training.
@@ -197,7 +197,7 @@ def blocks_overrides(workload: Workload) -> list[str]:
 
 def through_blocks(workload: Workload, root: Path) -> float:
     """Samples/s of the same training built by blocks (in this process, as ``blocks run`` would)."""
-    from blocks.build.trainer import build_run
+    from blocks.runtime.trainer import build_run
     from blocks.launch import driver
 
     run_dir = Path(tempfile.mkdtemp(dir=root))

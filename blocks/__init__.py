@@ -54,7 +54,7 @@ def __getattr__(name: str) -> Any:
 
 def load_model(path: str) -> Any:
     """The model that ``blocks export`` wrote to directory *path*, as an ``nn.Module`` (imports torch)."""
-    from blocks.build.load import load_model as load
+    from blocks.runtime.load import load_model as load
 
     return load(path)
 

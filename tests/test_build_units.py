@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from blocks.build.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
+from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.monitor.sinks import CsvSink
 
 
@@ -48,7 +48,7 @@ def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
     import torch
     from torch.utils.data import DataLoader, default_collate
 
-    from blocks.build.datamodule import batched, collate
+    from blocks.runtime.datamodule import batched, collate
     from blocks.data.datasets import TensorPairs, TokenWindows
 
     indices = [7, 0, 3, 3, 12]

@@ -35,7 +35,7 @@ def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], list[
     """The last metrics row of an in-process run, and whether each forward call ran under the compiler."""
     import torch
 
-    from blocks.build.trainer import build_run
+    from blocks.runtime.trainer import build_run
 
     plan = driver.prepare([*TINY, *overrides], run_dir)
     built = build_run(plan, run_dir, console=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from blocks.build.metrics import peak_flops_for
+from blocks.runtime.metrics import peak_flops_for
 from blocks.launch import driver
 from tests.conftest import read_summary, run_cli
 
@@ -68,7 +68,7 @@ def test_an_unknown_gpu_has_no_peak() -> None:
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_the_metrics_recorder_is_told_the_runs_precision(tmp_path: Path, precision: str) -> None:
-    from blocks.build.trainer import build_run
+    from blocks.runtime.trainer import build_run
 
     plan = driver.prepare(["recipe=blobs", "monitor.progress=off", f"precision={precision}"], tmp_path)
     assert build_run(plan, tmp_path, console=False).recorder.precision == precision

@@ -46,12 +46,12 @@ def test_a_back_edge_from_the_spec_base_to_the_plan_fails(tmp_path: Path) -> Non
     assert "No import cycles between sub-packages BROKEN" in result.stdout
 
 
-def test_build_importing_launch_fails(tmp_path: Path) -> None:
+def test_runtime_importing_launch_fails(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
-    (root / "blocks" / "build" / "back_edge.py").write_text("from blocks.launch import run_dir\n")
+    (root / "blocks" / "runtime" / "back_edge.py").write_text("from blocks.launch import run_dir\n")
     result = _lint_imports(root)
     assert result.returncode != 0
-    assert "blocks.build.back_edge -> blocks.launch.run_dir" in result.stdout
+    assert "blocks.runtime.back_edge -> blocks.launch.run_dir" in result.stdout
 
 
 def test_the_spec_base_imports_no_kind_and_no_torch() -> None:

@@ -210,14 +210,14 @@ def test_without_a_terminal_output_is_plain_lines(cli, tmp_path: Path) -> None:
 def test_a_gradient_norm_spike_over_the_running_median_is_a_warning(caplog) -> None:
     import pytorch_lightning as pl
 
-    from blocks.build.health import HealthGuard
+    from blocks.runtime.health import HealthGuard
 
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     guard = HealthGuard("stop", max_bad_steps=20, spike_factor=10.0, checkpoint_dir=None)
     for norm in (1.0, 1.2, 0.9, 1.1, 1.0, 9.0):
         guard.check_row(trainer, {"train/loss": 1.0, "grad_norm": norm})
     assert guard.grad_spikes == 0, "9× the median is under the factor"
-    with caplog.at_level("WARNING", logger="blocks.build.health"):
+    with caplog.at_level("WARNING", logger="blocks.runtime.health"):
         guard.check_row(trainer, {"train/loss": 1.0, "grad_norm": 30.0})
     assert guard.grad_spikes == 1 and guard.row()["health/grad_spikes"] == 1
     assert "running median" in caplog.text and "monitor.grad_spike_factor" in caplog.text
@@ -226,7 +226,7 @@ def test_a_gradient_norm_spike_over_the_running_median_is_a_warning(caplog) -> N
 def test_stop_leaves_overflowing_gradients_to_the_fp16_scaler() -> None:
     import pytorch_lightning as pl
 
-    from blocks.build.health import HealthGuard, NonFiniteError
+    from blocks.runtime.health import HealthGuard, NonFiniteError
 
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     scaled = HealthGuard("stop", max_bad_steps=20, spike_factor=0, checkpoint_dir=None, grad_scaler=True)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from blocks.build.trainer import build_run
+from blocks.runtime.trainer import build_run
 from blocks.launch import driver
 
 HOST_READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "cpu", "numpy")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from blocks.build.sampler import GlobalBatchSampler
+from blocks.runtime.sampler import GlobalBatchSampler
 from blocks.core import jobs
 from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
 from blocks.data.shards.prepare import PrepareOptions, prepare

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from blocks.build.trainer import build_run
+from blocks.runtime.trainer import build_run
 from blocks.core import jobs
 from blocks.launch import driver
 from blocks.launch.run_dir import load_plan

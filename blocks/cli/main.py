@@ -210,7 +210,7 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 
 def cmd_export(source: str, out: str) -> int:
     """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
-    from blocks.build.model_export import export_model
+    from blocks.runtime.model_export import export_model
 
     written = export_model(source, Path(out))
     stdout.print(

@@ -42,7 +42,7 @@ class Summary:
             saves; null when fewer than two windows were logged.
         steady_tokens_per_s: the same in tokens per second (token data only, else null).
         wall_s: seconds from the start of the worker to the end.
-        state_digest: sha256 of the final weights (see ``blocks.build.digest``).
+        state_digest: sha256 of the final weights (see ``blocks.runtime.digest``).
         checkpoint_stall_s: seconds training waited for checkpoint saves (with
             ``checkpoint.async_save``, only for the copies to host memory).
     """

@@ -200,7 +200,7 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     except BaseException as exc:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
-        from blocks.build.health import NonFiniteError
+        from blocks.runtime.health import NonFiniteError
 
         if isinstance(exc, (NonFiniteError, SIGTERMException, KeyboardInterrupt, SystemExit)):
             # the run's health policy or a signal stopped it: no traceback

@@ -14,7 +14,7 @@ from blocks.spec.errors import BlocksError, Problem
 
 def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
     """The run's config with *overrides*: ``data=NAME`` swaps the data block, ``data.KEY=V`` sets a field."""
-    from blocks.build.model_export import run_config
+    from blocks.runtime.model_export import run_config
     from blocks.spec.registry import REGISTRY
 
     config = run_config(source)
@@ -42,7 +42,7 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     import torch
     from torch.utils.data import DataLoader
 
-    from blocks.build.init import load_into
+    from blocks.runtime.init import load_into
     from blocks.checkpoint.sources import load_weights
     from blocks.core import catalog
 

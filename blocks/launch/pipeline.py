@@ -180,7 +180,7 @@ def run_pipeline(
             say("  " + "  ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
         else:
             assert isinstance(stage, Export)
-            from blocks.build.model_export import export_model
+            from blocks.runtime.model_export import export_model
 
             export_model(source, stage_dir / EXPORT_DIR)
             metrics = {}

@@ -23,7 +23,7 @@ from blocks.spec.errors import BlocksError
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-    from blocks.build.preemption import Preemption
+    from blocks.runtime.preemption import Preemption
     from blocks.core.plan import Plan
 
 
@@ -36,9 +36,9 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
 
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    from blocks.build.callbacks import early_stop_reason
-    from blocks.build.health import stall_detected
-    from blocks.build.trainer import build_run
+    from blocks.runtime.callbacks import early_stop_reason
+    from blocks.runtime.health import stall_detected
+    from blocks.runtime.trainer import build_run
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
 
     built = build_run(plan, run_dir, console=console)
@@ -143,7 +143,7 @@ def run_worker(run_dir: Path) -> int:
     """
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    from blocks.build.health import NonFiniteError
+    from blocks.runtime.health import NonFiniteError
 
     try:
         train(run_dir)

@@ -12,7 +12,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from blocks.build.health import HealthGuard, total_grad_norm
+from blocks.runtime.health import HealthGuard, total_grad_norm
 from blocks.monitor.sinks import MetricSink, Row
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from blocks.build.init import initialize
+from blocks.runtime.init import initialize
 from blocks.data.base import BatchSpec
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from blocks.build.callbacks import build_callbacks
-from blocks.build.checkpointing import CheckpointCallback
-from blocks.build.datamodule import BlocksDataModule
-from blocks.build.health import HealthGuard, StallWatchdog
-from blocks.build.loggers import LoggerSink, build_loggers, hyperparameters
-from blocks.build.metrics import MetricsRecorder
-from blocks.build.module import BlocksModule
-from blocks.build.preemption import Preemption
+from blocks.runtime.callbacks import build_callbacks
+from blocks.runtime.checkpointing import CheckpointCallback
+from blocks.runtime.datamodule import BlocksDataModule
+from blocks.runtime.health import HealthGuard, StallWatchdog
+from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
+from blocks.runtime.metrics import MetricsRecorder
+from blocks.runtime.module import BlocksModule
+from blocks.runtime.preemption import Preemption
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
@@ -191,7 +191,7 @@ def _profiler(name: str, run_dir: Path) -> pl.profilers.Profiler | None:
 
 
 def metric_sinks(run_dir: Path, resumed_step: int | None, loggers: list[LoggerSink]) -> list[MetricSink]:
-    """``metrics.csv`` (always; see :mod:`blocks.build.loggers` for why it is no Lightning logger), then the loggers."""
+    """``metrics.csv`` (always; see :mod:`blocks.runtime.loggers` for why it is no Lightning logger), then the loggers."""
     return [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step), *loggers]
 
 

@@ -226,7 +226,7 @@ class CheckpointCallback(pl.Callback):
         same step everywhere); another interruption reaches ranks at different points of the
         loop, where a collective save could hang, so the last checkpoint stands.
         """
-        from blocks.build.preemption import Preempted
+        from blocks.runtime.preemption import Preempted
 
         if not self.block.on_signal or (trainer.world_size != 1 and not isinstance(exception, Preempted)):
             return
