@@ -197,8 +197,8 @@ def blocks_overrides(workload: Workload) -> list[str]:
 
 def through_blocks(workload: Workload, root: Path) -> float:
     """Samples/s of the same training built by blocks (in this process, as ``blocks run`` would)."""
-    from blocks.runtime.trainer import build_run
     from blocks.launch import driver
+    from blocks.runtime.trainer import build_run
 
     run_dir = Path(tempfile.mkdtemp(dir=root))
     plan = driver.prepare(blocks_overrides(workload), run_dir)

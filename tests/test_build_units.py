@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.monitor.sinks import CsvSink
+from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 
 
 def test_every_rank_gets_the_same_number_of_validation_batches() -> None:
@@ -48,8 +48,8 @@ def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
     import torch
     from torch.utils.data import DataLoader, default_collate
 
-    from blocks.runtime.datamodule import batched, collate
     from blocks.data.datasets import TensorPairs, TokenWindows
+    from blocks.runtime.datamodule import batched, collate
 
     indices = [7, 0, 3, 3, 12]
     for dataset in (

@@ -17,9 +17,9 @@ import pytorch_lightning as pl
 import torch
 from safetensors.torch import load_file
 
-from blocks.runtime.trainer import build_run
 from blocks.core import jobs
 from blocks.launch import driver
+from blocks.runtime.trainer import build_run
 from tests.conftest import blocks_run_until_step, free_port, job_pids, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from blocks.runtime.metrics import peak_flops_for
 from blocks.launch import driver
+from blocks.runtime.metrics import peak_flops_for
 from tests.conftest import read_summary, run_cli
 
 pytestmark = pytest.mark.timeout(600)

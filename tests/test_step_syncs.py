@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from blocks.runtime.trainer import build_run
 from blocks.launch import driver
+from blocks.runtime.trainer import build_run
 
 HOST_READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "cpu", "numpy")
 LOG_EVERY = 10

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from blocks.runtime.sampler import GlobalBatchSampler
 from blocks.core import jobs
 from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
 from blocks.data.shards.prepare import PrepareOptions, prepare
 from blocks.data.stream import Stream
+from blocks.runtime.sampler import GlobalBatchSampler
 from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_cli
 
 pytestmark = pytest.mark.timeout(600)

@@ -13,12 +13,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from blocks.runtime.trainer import build_run
 from blocks.core import jobs
 from blocks.launch import driver
 from blocks.launch.run_dir import load_plan
 from blocks.model.base import ModelBlock
 from blocks.model.mlp import MLP
+from blocks.runtime.trainer import build_run
 from blocks.spec.registry import register
 
 TINY_BLOBS = ["recipe=blobs", "data.samples=512", "monitor.progress=off"]

@@ -42,9 +42,9 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     import torch
     from torch.utils.data import DataLoader
 
-    from blocks.runtime.init import load_into
     from blocks.checkpoint.sources import load_weights
     from blocks.core import catalog
+    from blocks.runtime.init import load_into
 
     catalog.load()
     if split not in SPLITS:

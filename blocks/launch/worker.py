@@ -23,8 +23,8 @@ from blocks.spec.errors import BlocksError
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-    from blocks.runtime.preemption import Preemption
     from blocks.core.plan import Plan
+    from blocks.runtime.preemption import Preemption
 
 
 def train(run_dir: Path, *, console: bool = True) -> Summary:
@@ -36,10 +36,10 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
 
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+    from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
     from blocks.runtime.callbacks import early_stop_reason
     from blocks.runtime.health import stall_detected
     from blocks.runtime.trainer import build_run
-    from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
 
     built = build_run(plan, run_dir, console=console)
     trainer, module = built.trainer, built.module

@@ -8,11 +8,11 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from blocks.runtime.checkpointing import ResumableLoader
-from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.compat.torch_private import processed_micro_batches
 from blocks.core.plan import Derived
 from blocks.data.base import DataBlock
+from blocks.runtime.checkpointing import ResumableLoader
+from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.spec.errors import BlocksError, Problem
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from blocks.runtime.health import HealthGuard, total_grad_norm
 from blocks.monitor.sinks import MetricSink, Row
+from blocks.runtime.health import HealthGuard, total_grad_norm
 
 log = logging.getLogger(__name__)
 PER_RANK_COLUMNS_UP_TO = 8

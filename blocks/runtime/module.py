@@ -8,10 +8,10 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from blocks.runtime.init import initialize
 from blocks.data.base import BatchSpec
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock
+from blocks.runtime.init import initialize
 from blocks.task.base import TaskBlock
 
 

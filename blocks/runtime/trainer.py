@@ -12,14 +12,6 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from blocks.runtime.callbacks import build_callbacks
-from blocks.runtime.checkpointing import CheckpointCallback
-from blocks.runtime.datamodule import BlocksDataModule
-from blocks.runtime.health import HealthGuard, StallWatchdog
-from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
-from blocks.runtime.metrics import MetricsRecorder
-from blocks.runtime.module import BlocksModule
-from blocks.runtime.preemption import Preemption
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
@@ -29,6 +21,14 @@ from blocks.core.plan import Plan
 from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
 from blocks.data.base import TokenBatch
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
+from blocks.runtime.callbacks import build_callbacks
+from blocks.runtime.checkpointing import CheckpointCallback
+from blocks.runtime.datamodule import BlocksDataModule
+from blocks.runtime.health import HealthGuard, StallWatchdog
+from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
+from blocks.runtime.metrics import MetricsRecorder
+from blocks.runtime.module import BlocksModule
+from blocks.runtime.preemption import Preemption
 
 _QUIET_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda")
 
