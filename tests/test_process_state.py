@@ -60,7 +60,7 @@ def test_only_process_entry_points_end_the_process() -> None:
         "cli/main.py": {"main"},
         "launch/worker.py": {"main"},
         "launch/torchrun.py": {"main"},
-        "build/health.py": {"_fire"},
+        "runtime/health.py": {"_fire"},
     }
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):

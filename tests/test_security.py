@@ -582,3 +582,15 @@ def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Pat
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
             assert secret not in path.read_text(errors="replace"), path
+
+
+def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, monkeypatch) -> None:
+    """Every logger receives the config as hyperparameters; a ``${oc.env:...}`` secret must not reach its server."""
+    from blocks.core import jobs
+    from blocks.runtime.trainer import run_hyperparameters
+
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", "s3cr3t-value")
+    (tmp_path / "config.yaml").write_text("monitor:\n  logger_args:\n    token: ${oc.env:BLOCKS_TEST_SECRET}\n")
+    logged = run_hyperparameters(jobs.plan(["recipe=blobs"]), tmp_path)
+    assert "s3cr3t-value" not in repr(logged)
+    assert any("oc.env:BLOCKS_TEST_SECRET" in str(value) for value in logged.values())

@@ -196,10 +196,22 @@ def metric_sinks(run_dir: Path, resumed_step: int | None, loggers: list[LoggerSi
 
 
 def run_hyperparameters(plan: Plan, run_dir: Path) -> dict[str, Any]:
-    """What every logger gets as hyperparameters: the resolved ``config.yaml`` flattened, and the derived numbers."""
+    """What every logger gets as hyperparameters: the frozen ``config.yaml`` flattened, and the derived numbers.
+
+    ``config.yaml`` is resolved already except ``${oc.env:...}`` values, which stay interpolations
+    here too: a secret in the environment never reaches a logger's server. A run dir without
+    ``config.yaml`` (a plan built in-process) logs its blocks' fields instead.
+    """
     from omegaconf import OmegaConf
 
-    config = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=True)
+    path = run_dir / CONFIG_FILE
+    if path.exists():
+        config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    else:
+        config = {
+            kind: {"_block_": block.block_name, **dataclasses.asdict(block)}
+            for kind, block in plan.blocks.items()
+        }
     flat = {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
     return hyperparameters(flat, dataclasses.asdict(plan.derived))
 
