@@ -127,3 +127,26 @@ def test_eval_refuses_a_test_fraction_the_run_did_not_train_with(runs: dict[str,
     with pytest.raises(BlocksError) as info:
         evaluate(str(runs["without"]), ["data.test_fraction=0.2"], split="test")
     assert info.value.problems[0].key == "data.test_fraction"
+
+
+def test_lightning_data_uses_the_datamodules_test_dataloader(monkeypatch, tmp_path: Path) -> None:
+    from blocks.data.adapter import LightningData
+    from blocks.spec.errors import ConfigError
+
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests,lead_test_dm")
+    (tmp_path / "lead_test_dm.py").write_text(
+        "from torch.utils.data import DataLoader\n"
+        "from tests.legacy_team import ClustersDM\n"
+        "class WithTest(ClustersDM):\n"
+        "    def test_dataloader(self):\n"
+        "        return DataLoader(self.val_set, batch_size=64)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = dict(num_features=8, num_classes=3, train_samples=192, val_samples=64)
+    with_test = LightningData(target="lead_test_dm.WithTest", test_samples=64, **common)
+    assert with_test.num_samples("test") == 64 and len(with_test.build("test")) == 64
+    without = LightningData(target="tests.legacy_team.ClustersDM", test_samples=64, **common)
+    with pytest.raises(ConfigError) as info:
+        without.build("test")
+    assert info.value.problems[0].key == "data.test_samples" and "no test_dataloader()" in str(info.value)
+    assert without.replace(test_samples=0).num_samples("test") == 0

@@ -91,7 +91,7 @@ class LightningData(DataBlock):
         datamodule = cls(**instantiate(dict(self.kwargs), "data.kwargs"))
         datamodule.prepare_data()
         if split == "test":
-            if not callable(getattr(datamodule, "test_dataloader", None)):
+            if not defines_test_loader(type(datamodule)):
                 raise ConfigError(
                     Problem(
                         "data.test_samples",
@@ -133,6 +133,12 @@ class LightningData(DataBlock):
                 )
         ctx.positive("val_samples", self.val_samples, allow_zero=True)
         ctx.positive("test_samples", self.test_samples, allow_zero=True)
+
+
+def defines_test_loader(cls: type) -> bool:
+    """Whether *cls* defines ``test_dataloader`` itself (Lightning's base only raises)."""
+    owner = next((c for c in cls.__mro__ if "test_dataloader" in vars(c)), None)
+    return owner is not None and not owner.__module__.startswith(("pytorch_lightning.", "lightning."))
 
 
 def refuse_loader_options(loader: Any, split: str, batch_size: int, target: str) -> None:
