@@ -397,13 +397,21 @@ def to_delete(
     return [c.url for c in ordered if c.url not in keep] + superseded
 
 
+NEUTRAL_DATA_FIELDS = {"test_fraction": 0, "test_samples": 0}
+"""Data fields added later whose default leaves the training data unchanged: left out of the
+digest at that default, so checkpoints written before the field existed still resume."""
+
+
 def block_digests(config: Mapping[str, Any]) -> dict[str, str]:
     """sha256 of the config of each block that shapes the weights (model, task, data's content)."""
     shaping = {
         "model": config.get("model", {}),
         "task": config.get("task", {}),
         "data": {
-            k: v for k, v in dict(config.get("data", {})).items() if k not in ("batch_size", "num_workers")
+            k: v
+            for k, v in dict(config.get("data", {})).items()
+            if k not in ("batch_size", "num_workers")
+            and not (k in NEUTRAL_DATA_FIELDS and v == NEUTRAL_DATA_FIELDS[k])
         },
     }
     return {

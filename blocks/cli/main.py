@@ -518,7 +518,11 @@ def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="metrics of a run dir, checkpoint or export on a data block")
     ev.add_argument("source", help="a run dir, a committed checkpoint directory, or an export directory")
     ev.add_argument("overrides", nargs="*", help="data=NAME or data.KEY=VALUE (e.g. data.batch_size=256)")
-    ev.add_argument("--split", default="val", help="the split to score (default: val)")
+    ev.add_argument(
+        "--split",
+        default="val",
+        help="the split to score: train, val or test (default: val; test needs data.test_fraction at train time)",
+    )
     ev.add_argument("--json", action="store_true", help="print the metrics as JSON")
     ex = sub.add_parser("export", help="write a model as safetensors + its model block (blocks.load_model)")
     ex.add_argument("source", help="a run dir or a committed checkpoint directory")

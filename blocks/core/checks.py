@@ -280,6 +280,13 @@ CHECKS: tuple[Check, ...] = (
         ("data.val_fraction=0.9999",),
     ),
     Check(
+        "split-fractions",
+        ("data",),
+        "data.test_fraction",
+        "`data.val_fraction` + `data.test_fraction` leave samples to train on",
+        ("recipe=blobs", "data.val_fraction=0.5", "data.test_fraction=0.5"),
+    ),
+    Check(
         "corpus-files",
         ("data",),
         "data.path",

@@ -37,7 +37,8 @@ DATAMODULE_CLASS = Kind(
 class LightningData(DataBlock):
     """An existing ``LightningDataModule`` class, named by import path; blocks makes the loaders.
 
-    Its ``train_dataloader().dataset`` and ``val_dataloader().dataset`` are used; items may be
+    Its ``train_dataloader().dataset`` and ``val_dataloader().dataset`` are used (and
+    ``test_dataloader().dataset`` for ``blocks eval --split test`` when it defines one); items may be
     ``{inputs, targets}`` dicts or ``(inputs, targets)`` pairs. Loader options blocks would not
     honour are refused when the run builds the data, never dropped: a ``collate_fn`` of its own,
     a sampler other than a plain shuffled or sequential one, or a training ``batch_size`` other
@@ -53,6 +54,8 @@ class LightningData(DataBlock):
         seq_len: with ``batch=tokens``: tokens per sample.
         train_samples: length of the train set (checked when built).
         val_samples: length of the val set, 0 when the datamodule has none (checked when built).
+        test_samples: length of the test set, 0 when the datamodule has no ``test_dataloader``
+            (checked when built).
     """
 
     target: str = MISSING
@@ -64,6 +67,7 @@ class LightningData(DataBlock):
     seq_len: int = 0
     train_samples: int = 0
     val_samples: int = 0
+    test_samples: int = 0
 
     def batch_spec(self) -> BatchSpec:
         """The declared batch spec."""
@@ -73,7 +77,7 @@ class LightningData(DataBlock):
 
     def num_samples(self, split: str) -> int:
         """The declared size of *split*."""
-        return self.val_samples if split == "val" else self.train_samples
+        return {"train": self.train_samples, "val": self.val_samples, "test": self.test_samples}.get(split, 0)
 
     def import_paths(self) -> list[tuple[str, str, Kind]]:
         """The datamodule class and every nested ``_target_`` (a class)."""
@@ -86,8 +90,20 @@ class LightningData(DataBlock):
         cls = resolve(self.target, "data.target", kind=DATAMODULE_CLASS)
         datamodule = cls(**instantiate(dict(self.kwargs), "data.kwargs"))
         datamodule.prepare_data()
-        datamodule.setup("fit")
-        loader = datamodule.train_dataloader() if split == "train" else datamodule.val_dataloader()
+        if split == "test":
+            if not defines_test_loader(type(datamodule)):
+                raise ConfigError(
+                    Problem(
+                        "data.test_samples",
+                        f"declares {self.test_samples} test samples but {self.target} has no test_dataloader()",
+                        "data.test_samples=0 (the datamodule has no test split)",
+                    )
+                )
+            datamodule.setup("test")
+            loader = datamodule.test_dataloader()
+        else:
+            datamodule.setup("fit")
+            loader = datamodule.train_dataloader() if split == "train" else datamodule.val_dataloader()
         refuse_loader_options(loader, split, self.batch_size, self.target)
         dataset = loader.dataset
         declared = self.num_samples(split)
@@ -116,6 +132,13 @@ class LightningData(DataBlock):
                     check="range",
                 )
         ctx.positive("val_samples", self.val_samples, allow_zero=True)
+        ctx.positive("test_samples", self.test_samples, allow_zero=True)
+
+
+def defines_test_loader(cls: type) -> bool:
+    """Whether *cls* defines ``test_dataloader`` itself (Lightning's base only raises)."""
+    owner = next((c for c in cls.__mro__ if "test_dataloader" in vars(c)), None)
+    return owner is not None and not owner.__module__.startswith(("pytorch_lightning.", "lightning."))
 
 
 def refuse_loader_options(loader: Any, split: str, batch_size: int, target: str) -> None:

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
     from blocks.core.plan import CheckContext
 
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "test")
+"""The splits a data block may hold; ``test`` is held out from training and validation alike."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ BatchSpec = TokenBatch | FeatureBatch | RegressionBatch
 class DataBlock(Block):
     """Base of data blocks: a dataset per split plus the batch contract.
 
-    Every item of a built dataset is a dict with ``inputs`` and ``targets`` tensors.
+    Every item of a built dataset is a dict with ``inputs`` and ``targets`` tensors. A block
+    returns 0 from :meth:`num_samples` for a split it does not have (most have no ``test``
+    split unless configured), never another split's samples.
 
     Attributes:
         batch_size: micro-batch per device per forward pass.
@@ -79,11 +82,11 @@ class DataBlock(Block):
         raise NotImplementedError
 
     def num_samples(self, split: str) -> int:
-        """How many samples *split* holds (torch-free; 0 when the split is empty)."""
+        """How many samples *split* (one of :data:`SPLITS`) holds (torch-free; 0 when the block has no such split)."""
         raise NotImplementedError
 
     def build(self, split: str) -> Dataset:
-        """The torch dataset for *split* (``train`` or ``val``); imports torch lazily."""
+        """The torch dataset for *split* (one of :data:`SPLITS`); imports torch lazily."""
         raise NotImplementedError
 
     def prepare(self) -> None:
@@ -105,3 +108,24 @@ class DataBlock(Block):
         """Batch size and worker count must be sane."""
         ctx.positive("batch_size", self.batch_size)
         ctx.positive("num_workers", self.num_workers, allow_zero=True)
+
+
+def holdout_sizes(total: int, val_fraction: float, test_fraction: float) -> dict[str, int]:
+    """Samples per split when *total* in-memory samples are split by fraction (val and test rounded down)."""
+    val = int(total * val_fraction)
+    test = int(total * test_fraction)
+    return {"train": total - val - test, "val": val, "test": test}
+
+
+def check_holdout(ctx: CheckContext, val_fraction: float, test_fraction: float) -> None:
+    """Both fractions in [0, 1) and together leaving training samples."""
+    ctx.within("val_fraction", val_fraction, 0, 1)
+    ctx.within("test_fraction", test_fraction, 0, 1)
+    if 0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction >= 1:
+        ctx.error(
+            "test_fraction",
+            f"val_fraction {val_fraction:g} + test_fraction {test_fraction:g} hold out every sample",
+            f"data.test_fraction={max(0.0, round(min(test_fraction, 0.9 - val_fraction), 4)):g}"
+            " (val_fraction + test_fraction below 1)",
+            check="split-fractions",
+        )

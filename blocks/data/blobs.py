@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from blocks.data.base import DataBlock, FeatureBatch
+from blocks.data.base import DataBlock, FeatureBatch, check_holdout, holdout_sizes
 from blocks.spec.registry import register
 
 if TYPE_CHECKING:
@@ -20,11 +20,13 @@ class Blobs(DataBlock):
     """Gaussian blobs: one cluster per class in feature space, generated from a seed.
 
     Attributes:
-        samples: total number of samples (train + val).
+        samples: total number of samples (train + val + test).
         num_features: feature vector length.
         num_classes: number of clusters, one per class.
         spread: standard deviation of each cluster; larger is harder.
         val_fraction: share of the samples held out for validation.
+        test_fraction: share of the samples held out for ``blocks eval --split test``
+            (disjoint from train and val; 0 means no test split).
         seed: seed of the generator; the same seed gives the same set.
     """
 
@@ -33,6 +35,7 @@ class Blobs(DataBlock):
     num_classes: int = 4
     spread: float = 1.0
     val_fraction: float = 0.1
+    test_fraction: float = 0.0
     seed: int = 0
 
     def batch_spec(self) -> FeatureBatch:
@@ -41,8 +44,7 @@ class Blobs(DataBlock):
 
     def num_samples(self, split: str) -> int:
         """Samples in *split*."""
-        val = int(self.samples * self.val_fraction)
-        return val if split == "val" else self.samples - val
+        return holdout_sizes(self.samples, self.val_fraction, self.test_fraction).get(split, 0)
 
     def build(self, split: str) -> Dataset:
         """The generated split as a tensor dataset."""
@@ -63,4 +65,4 @@ class Blobs(DataBlock):
                 "data.num_classes=2",
                 check="range",
             )
-        ctx.within("val_fraction", self.val_fraction, 0, 1)
+        check_holdout(ctx, self.val_fraction, self.test_fraction)

@@ -10,7 +10,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from blocks.data.base import DataBlock, FeatureBatch, RegressionBatch
+from blocks.data.base import DataBlock, FeatureBatch, RegressionBatch, check_holdout, holdout_sizes
 from blocks.spec.registry import register
 
 if TYPE_CHECKING:
@@ -28,10 +28,12 @@ def sklearn_missing() -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class BundledData(DataBlock):
-    """Base of data sets bundled with scikit-learn: a seeded shuffle, then a validation hold-out.
+    """Base of data sets bundled with scikit-learn: a seeded shuffle, then validation and test hold-outs.
 
     Attributes:
         val_fraction: share of the samples held out for validation.
+        test_fraction: share of the samples held out for ``blocks eval --split test``
+            (disjoint from train and val; 0 means no test split).
         seed: seed of the shuffle that decides which samples are held out.
     """
 
@@ -39,12 +41,12 @@ class BundledData(DataBlock):
     """Samples in the whole set."""
 
     val_fraction: float = 0.2
+    test_fraction: float = 0.0
     seed: int = 0
 
     def num_samples(self, split: str) -> int:
         """Samples in *split* (the set's size is fixed, so this needs no import)."""
-        val = int(self.total * self.val_fraction)
-        return val if split == "val" else self.total - val
+        return holdout_sizes(self.total, self.val_fraction, self.test_fraction).get(split, 0)
 
     def check(self, ctx: CheckContext) -> None:
         """scikit-learn must be installed; the split must leave training samples."""
@@ -56,7 +58,7 @@ class BundledData(DataBlock):
                 SKLEARN_FIX,
                 check="data-extra",
             )
-        ctx.within("val_fraction", self.val_fraction, 0, 1)
+        check_holdout(ctx, self.val_fraction, self.test_fraction)
 
 
 @register("digits")

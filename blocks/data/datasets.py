@@ -35,7 +35,7 @@ class TokenWindows(Dataset[Sample]):
             text = raw.decode("utf-8", errors="replace")
             tokens = torch.tensor([alphabet[ch] for ch in text], dtype=torch.long)
         train, _ = block.split_tokens()
-        part = tokens[:train] if split == "train" else tokens[train:]
+        part = {"train": tokens[:train], "val": tokens[train:]}.get(split, tokens[:0])
         return cls(part, block.seq_len)
 
     def __len__(self) -> int:
@@ -79,7 +79,8 @@ def blobs_dataset(block: Blobs, split: str) -> TensorPairs:
     labels = torch.randint(0, block.num_classes, (block.samples,), generator=gen)
     noise = torch.randn(block.samples, block.num_features, generator=gen) * block.spread
     features = centers[labels] + noise
-    train = block.num_samples("train")
-    if split == "train":
-        return TensorPairs(features[:train], labels[:train])
-    return TensorPairs(features[train:], labels[train:])
+    train, val = block.num_samples("train"), block.num_samples("val")
+    # train first, then val, then test: with no test split, val is the tail as it always was
+    bounds = {"train": (0, train), "val": (train, train + val), "test": (train + val, block.samples)}
+    start, end = bounds.get(split, (0, 0))
+    return TensorPairs(features[start:end], labels[start:end])

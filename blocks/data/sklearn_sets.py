@@ -28,10 +28,12 @@ def _load(name: str, block: BundledData) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _split(block: BundledData, split: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Shuffle with the block's seed; the first ``num_samples('val')`` go to validation."""
+    """Shuffle with the block's seed; validation takes the first ``num_samples('val')``, test the next ``num_samples('test')``, train the rest."""
     order = torch.randperm(block.total, generator=torch.Generator().manual_seed(block.seed))
-    val = block.num_samples("val")
-    index = order[:val] if split == "val" else order[val:]
+    val, test = block.num_samples("val"), block.num_samples("test")
+    index = {"val": order[:val], "test": order[val : val + test], "train": order[val + test :]}.get(
+        split, order[:0]
+    )
     return [t[index] for t in tensors]
 
 

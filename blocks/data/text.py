@@ -63,7 +63,7 @@ class Text(DataBlock):
         if self.seq_len <= 0:
             return 0
         train, val = self.split_tokens()
-        tokens = val if split == "val" else train
+        tokens = {"train": train, "val": val}.get(split, 0)  # no test split
         return max(0, (tokens - 1) // self.seq_len)
 
     def build(self, split: str) -> Dataset:

@@ -1,4 +1,4 @@
-"""``blocks eval``: the validation metrics of a trained model (run dir, checkpoint or export) on a data block."""
+"""``blocks eval``: the validation (or test) metrics of a trained model (run dir, checkpoint or export) on a data block."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     if split not in SPLITS:
         raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
     config = eval_config(source, overrides)
+    if split == "test":
+        refuse_moved_test_split(source, config)
     plan = plan_blocks(config_to_blocks(config), None, check_storage=False)  # evaluation resumes nothing
     plan.raise_for_errors()
     spec = plan.data.batch_spec()
@@ -61,13 +63,7 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     model.to(device).eval()
     objective.to(device)
     if plan.data.num_samples(split) == 0:
-        raise BlocksError(
-            Problem(
-                "data",
-                f"the {split} split of data={config.data[BLOCK_KEY]} is empty",
-                "data.val_fraction=0.1",
-            )
-        )
+        raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
     objective.reset()
     with torch.no_grad():
@@ -75,3 +71,37 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
             batch = {k: v.to(device) for k, v in batch.items()}
             objective.update(model(batch["inputs"]), batch)
     return {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
+
+
+def empty_split(split: str, name: str, data: object) -> Problem:
+    """The problem of scoring a split *data* does not have, with the field that would give it one."""
+    field = {"val": "val_fraction", "test": "test_fraction"}.get(split, "")
+    if split == "test" and hasattr(data, "test_samples"):
+        fix = "declare data.test_samples=<size of the datamodule's test set> (it needs a test_dataloader())"
+    elif field and hasattr(data, field):
+        when = " at train time, then train and evaluate again" if split == "test" else ""
+        fix = f"data.{field}=0.1{when} (or --split val)" if split == "test" else f"data.{field}=0.1"
+    else:
+        fix = "--split val, or data=<a data block with a test split>" if split == "test" else "--split train"
+    return Problem("--split", f"data={name} has no {split} split (0 samples)", fix)
+
+
+def refuse_moved_test_split(source: str, config: DictConfig) -> None:
+    """Refuse a ``data.test_fraction`` override on the run's own data: its test samples were not held out in training."""
+    from blocks.runtime.model_export import run_config
+
+    trained = run_config(source).get("data", {})
+    data = config.get("data", {})
+    if trained.get(BLOCK_KEY) != data.get(BLOCK_KEY) or "test_fraction" not in data:
+        return
+    before, after = trained.get("test_fraction", 0.0), data.get("test_fraction")
+    if before != after:
+        raise BlocksError(
+            Problem(
+                "data.test_fraction",
+                f"is {after} but the run trained with {before}: the test samples would include "
+                "samples the model saw in training",
+                f"drop the override (--split test scores the run's own test_fraction={before}), "
+                "or train again with data.test_fraction=0.1",
+            )
+        )
