@@ -590,7 +590,9 @@ def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, mo
     from blocks.runtime.trainer import run_hyperparameters
 
     monkeypatch.setenv("BLOCKS_TEST_SECRET", "s3cr3t-value")
-    (tmp_path / "config.yaml").write_text("monitor:\n  logger_args:\n    token: ${oc.env:BLOCKS_TEST_SECRET}\n")
+    (tmp_path / "config.yaml").write_text(
+        "monitor:\n  logger_args:\n    token: ${oc.env:BLOCKS_TEST_SECRET}\n"
+    )
     logged = run_hyperparameters(jobs.plan(["recipe=blobs"]), tmp_path)
     assert "s3cr3t-value" not in repr(logged)
     assert any("oc.env:BLOCKS_TEST_SECRET" in str(value) for value in logged.values())
