@@ -67,6 +67,8 @@ class LoggerState:
         """Write the file atomically (a reader never sees half of it)."""
         if getattr(rank_zero_only, "rank", 0) != 0:
             return
+        # Loggers start before anything else writes to the run dir.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"loggers": self.loggers}, indent=2) + "\n")
         os.replace(tmp, self.path)
