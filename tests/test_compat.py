@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
@@ -151,6 +152,19 @@ def test_hydra_messages_still_name_what_the_translation_reads(conf_dir: Path) ->
 # --- torch and Lightning ------------------------------------------------------------------------
 
 
+def quiet_trainer(**kwargs: Any) -> Any:
+    """A CPU Lightning Trainer that writes no checkpoints, progress bar or model summary."""
+    import pytorch_lightning as pl
+
+    return pl.Trainer(
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
 def test_dcp_round_trip_through_the_fsspec_reader_and_writer(tmp_path: Path) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -209,15 +223,7 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     def handler(signum: int, frame: object) -> None:
         """Never called; only installed."""
 
-    trainer = pl.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-    )
+    trainer = quiet_trainer(max_steps=3, logger=False, default_root_dir=str(tmp_path))
     torch_private.replace_signal_handlers(trainer, handler, (signal.SIGTERM,))
     data = DataLoader(TensorDataset(torch.randn(6, 2)), batch_size=2)
     trainer.fit(Tiny(), train_dataloaders=data)
@@ -267,14 +273,7 @@ def test_skipping_automatic_hyperparameters_keeps_lightning_from_logging_them(tm
         module = Tiny()
         if skip:
             torch_private.skip_automatic_hyperparameters(module)
-        trainer = pl.Trainer(
-            max_steps=1,
-            accelerator="cpu",
-            logger=logger,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
+        trainer = quiet_trainer(max_steps=1, logger=logger)
         trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
         return Path(logger.log_dir) / "hparams.yaml"
 

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from blocks.spec.block import Block
-from blocks.spec.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
+from blocks.spec.imports import (
+    TARGET_KEY,
+    Kind,
+    entry_import_paths,
+    path_problem,
+    report_import_paths,
+    subclass_of,
+    targets_in,
+)
 from blocks.spec.registry import register
 
 if TYPE_CHECKING:
@@ -120,10 +128,9 @@ class Monitor(MonitorBlock):
         paths = []
         for i, entry in enumerate(self.loggers):
             if isinstance(entry, Mapping):
-                key = f"monitor.loggers[{i}]"
-                paths.append((f"{key}.{TARGET_KEY}", str(entry.get(TARGET_KEY)), LOGGER_CLASS))
-                args = {k: v for k, v in entry.items() if k != TARGET_KEY}
-                paths += [(where, path, ANY_CLASS) for where, path in targets_in(args, key)]
+                paths += entry_import_paths(
+                    {**entry, TARGET_KEY: str(entry.get(TARGET_KEY))}, f"monitor.loggers[{i}]", LOGGER_CLASS
+                )
             elif "." in str(entry):
                 paths.append(("monitor.loggers", str(entry), LOGGER_CLASS))
         return paths
@@ -207,10 +214,4 @@ class Monitor(MonitorBlock):
                 check="import-path",
             )
             return
-        args = {k: v for k, v in entry.items() if k != TARGET_KEY}
-        for where, path, kind in [(f"{key}.{TARGET_KEY}", target, LOGGER_CLASS)] + [
-            (where, path, ANY_CLASS) for where, path in targets_in(args, key)
-        ]:
-            problem = path_problem(path, where, kind=kind)
-            if problem is not None:
-                ctx.error(where, problem.message, problem.fix, check=problem.check)
+        report_import_paths(ctx, entry_import_paths(entry, key, LOGGER_CLASS))

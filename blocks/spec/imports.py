@@ -448,7 +448,29 @@ def check_import_paths(ctx: CheckContext, kind: str, target: str, kwargs: Any) -
     if target == "???":  # omegaconf.MISSING: the config left the target out
         ctx.error("target", "names no class", f"{kind}.target=mylab.module.ClassName", check="import-path")
         return
-    for key, path in [(f"{kind}.target", target), *targets_in(kwargs, f"{kind}.kwargs")]:
-        problem = path_problem(path, key)
+    report_import_paths(
+        ctx,
+        [
+            (key, path, ANY_CLASS)
+            for key, path in [(f"{kind}.target", target), *targets_in(kwargs, f"{kind}.kwargs")]
+        ],
+    )
+
+
+def entry_import_paths(entry: Mapping[str, Any], key: str, kind: Kind) -> list[tuple[str, str, Kind]]:
+    """The import paths of a ``{_target_: <class>, <argument>: ...}`` entry at config *key*.
+
+    Its own class must be of *kind*; a nested ``_target_`` in its arguments may be any allowed class.
+    """
+    args = {k: v for k, v in entry.items() if k != TARGET_KEY}
+    return [(f"{key}.{TARGET_KEY}", entry[TARGET_KEY], kind)] + [
+        (where, path, ANY_CLASS) for where, path in targets_in(args, key)
+    ]
+
+
+def report_import_paths(ctx: CheckContext, paths: Iterable[tuple[str, str, Kind]]) -> None:
+    """Report each ``(key, path, kind)`` whose path the string check refuses (torch-free, imports nothing)."""
+    for key, path, kind in paths:
+        problem = path_problem(path, key, kind=kind)
         if problem is not None:
             ctx.error(problem.key, problem.message, problem.fix, check=problem.check)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from blocks.spec.imports import ANY_CLASS, TARGET_KEY, Kind, path_problem, subclass_of, targets_in
+from blocks.spec.imports import TARGET_KEY, Kind, entry_import_paths, report_import_paths, subclass_of
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
@@ -41,10 +41,7 @@ def callback_paths(callbacks: list[Any]) -> list[tuple[str, str, Kind]]:
     for i, entry in enumerate(callbacks):
         if not isinstance(entry, Mapping) or not isinstance(entry.get(TARGET_KEY), str):
             continue
-        key = f"trainer.callbacks[{i}]"
-        paths.append((f"{key}.{TARGET_KEY}", entry[TARGET_KEY], CALLBACK_CLASS))
-        args = {k: v for k, v in entry.items() if k != TARGET_KEY}
-        paths += [(where, path, ANY_CLASS) for where, path in targets_in(args, key)]
+        paths += entry_import_paths(entry, f"trainer.callbacks[{i}]", CALLBACK_CLASS)
     return paths
 
 
@@ -69,13 +66,8 @@ def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
                 f"remove it from trainer.callbacks and set {owned[1]}",
                 check="callback-owned-by-block",
             )
+        report_import_paths(ctx, entry_import_paths(entry, field, CALLBACK_CLASS))
         args = {k: v for k, v in entry.items() if k != TARGET_KEY}
-        for key, path, kind in [(f"{field}.{TARGET_KEY}", target, CALLBACK_CLASS)] + [
-            (where, path, ANY_CLASS) for where, path in targets_in(args, field)
-        ]:
-            problem = path_problem(path, key, kind=kind)
-            if problem is not None:
-                ctx.error(key, problem.message, problem.fix, check=problem.check)
         metric = args.get(METRIC_ARGUMENT)
         if isinstance(metric, str):
             ctx.monitored_metric(
