@@ -16,12 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.sources import find_run_config, load_weights
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
+from blocks.core.run_files import CONFIG_FILE, WEIGHTS_FILE
 from blocks.data.base import BatchSpec
 
 FORMAT = "blocks-model/1"
 MODEL_FILE = "model.json"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.yaml"
 
 
 def spec_to_json(spec: BatchSpec) -> dict[str, Any]:
