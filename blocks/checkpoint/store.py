@@ -1,7 +1,9 @@
 """Committed checkpoints in any fsspec location: naming, manifests, verification, retention (torch-free).
 
 A checkpoint is a directory ``step-<N>`` under ``checkpoint.dir``. Its files are written
-first and ``MANIFEST.json`` last; the manifest lists every file with its size and sha256.
+first and ``MANIFEST.json`` last; the manifest lists every file with its size and a
+cryptographic digest: BLAKE3 for checkpoints written now, sha256 for those written before
+(each entry names its algorithm, so both verify).
 A directory without a manifest is uncommitted (a save that never finished) and is never
 resumed from or counted for retention; leftovers are removed before a run starts saving, but
 only those carrying :data:`MARKER`, the file blocks writes first into every checkpoint
@@ -16,10 +18,12 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeVar
 
+import blake3
 import fsspec
 from fsspec.core import url_to_fs
 
@@ -30,9 +34,26 @@ MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
 """The file every checkpoint holds (the training state, or its non-sharded rest)."""
-FORMAT = "blocks-checkpoint/1"
+FORMAT = "blocks-checkpoint/2"
+"""Written into new manifests: version 2 lets each file entry name its digest algorithm."""
+READABLE_FORMATS = ("blocks-checkpoint/1", FORMAT)
+"""Manifest formats this version verifies (version 1 entries always carry sha256)."""
+HASH = "blake3"
+"""The digest new manifests record: cryptographic, and several times faster than sha256 in CPython."""
+ALGORITHMS = ("blake3", "sha256")
+"""Digest algorithms a manifest entry may name; the entry's key is the algorithm."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_HEX256 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+_T = TypeVar("_T")
+
+
+class Hasher(Protocol):
+    """What :func:`new_hasher` returns (hashlib's and blake3's objects both fit)."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> Any: ...  # noqa: D102
+
+    def hexdigest(self) -> str: ...  # noqa: D102
 
 
 def step_dir_name(step: int) -> str:
@@ -45,14 +66,25 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
-def file_digest(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, str]:
-    """Size and sha256 of one file, read in chunks."""
-    digest = hashlib.sha256()
+def new_hasher(algorithm: str = HASH) -> Hasher:
+    """A fresh digest object for *algorithm* (one of :data:`ALGORITHMS`)."""
+    if algorithm == "blake3":
+        return blake3.blake3()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+
+
+def file_digest(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = HASH) -> tuple[int, str]:
+    """Size and *algorithm* hex digest of one file, read in chunks into one reused buffer."""
+    digest = new_hasher(algorithm)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
     size = 0
     with fs.open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-            size += len(chunk)
+        while count := fh.readinto(buffer):
+            digest.update(view[:count])
+            size += count
     return size, digest.hexdigest()
 
 
@@ -69,7 +101,8 @@ class Manifest:
         block_digests: sha256 of each block that shapes the weights (model, task, data), to
             refuse resuming a different job.
         metrics: metric values at save time (for ``keep_best``).
-        files: relative path → ``{"size": int, "sha256": str}``.
+        files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM from :data:`ALGORITHMS`).
+        format: the manifest format (:data:`FORMAT` when written by this version).
     """
 
     step: int
@@ -101,8 +134,9 @@ def _is_int(value: Any, minimum: int) -> bool:
 def validate_manifest(data: Any) -> None:
     """Check parsed manifest JSON against the schema; :class:`ValueError` names the first bad field.
 
-    ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, "sha256": hex}``
-    that includes ``state.pt``, so a damaged manifest can never turn verification off.
+    ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, ALGORITHM: hex}``
+    with exactly one algorithm out of :data:`ALGORITHMS` (sha256 in format 1), and it must
+    include ``state.pt``, so a damaged manifest can never turn verification off.
     """
     if not isinstance(data, dict):
         raise ValueError("the manifest is not a JSON object")
@@ -125,16 +159,24 @@ def validate_manifest(data: Any) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()
     ):
         raise ValueError("'metrics' must map metric names to numbers")
-    if data.get("format", FORMAT) != FORMAT:
-        raise ValueError(f"unknown format {data.get('format')!r} (expected {FORMAT})")
+    version = data.get("format", READABLE_FORMATS[0])
+    if version not in READABLE_FORMATS:
+        raise ValueError(f"unknown format {version!r} (expected one of {', '.join(READABLE_FORMATS)})")
+    allowed = ALGORITHMS if version == FORMAT else ("sha256",)
     files = data.get("files")
     if not isinstance(files, dict) or not files:
-        raise ValueError("'files' must be a non-empty mapping of file → size and sha256")
+        raise ValueError("'files' must be a non-empty mapping of file → size and digest")
     for relative, entry in files.items():
         if not isinstance(entry, dict) or not _is_int(entry.get("size"), 0):
             raise ValueError(f"'files.{relative}.size' must be an integer >= 0")
-        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
-            raise ValueError(f"'files.{relative}.sha256' must be a sha256 hex digest")
+        named = sorted(entry.keys() - {"size"})
+        if len(named) != 1 or named[0] not in allowed:
+            raise ValueError(
+                f"'files.{relative}' must hold its size and one digest out of {', '.join(allowed)}, "
+                f"got {', '.join(named) or 'none'}"
+            )
+        if not isinstance(entry[named[0]], str) or not _HEX256.match(entry[named[0]]):
+            raise ValueError(f"'files.{relative}.{named[0]}' must be a {named[0]} hex digest")
     if STATE_FILE not in files:
         raise ValueError(f"'files' does not list {STATE_FILE}")
 
@@ -151,20 +193,26 @@ class CheckpointError(Exception):
     """A checkpoint is missing, uncommitted, corrupt or from another job."""
 
 
+def entry_digest(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """``(algorithm, hex digest)`` of one validated manifest file entry."""
+    algorithm = next(name for name in ALGORITHMS if name in entry)
+    return algorithm, entry[algorithm]
+
+
 class HashingWriter:
-    """A binary file wrapper that computes the size and sha256 of what passes through it.
+    """A binary file wrapper that computes the size and :data:`HASH` digest of what passes through it.
 
     Hashing while writing spares commit a second read of the file.
     """
 
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
-        self._sha = hashlib.sha256()
+        self._hash = new_hasher(HASH)
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write *data* and add it to the digest."""
-        self._sha.update(data)
+        self._hash.update(data)
         self.size += len(data)
         return self._fh.write(data)
 
@@ -174,14 +222,15 @@ class HashingWriter:
 
     @property
     def digest(self) -> tuple[int, str]:
-        """``(size, sha256 hex)`` of everything written so far."""
-        return self.size, self._sha.hexdigest()
+        """``(size, hex digest)`` of everything written so far."""
+        return self.size, self._hash.hexdigest()
 
 
 def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | None = None) -> Manifest:
     """Hash every file under *url* and write the manifest last, which commits the checkpoint.
 
-    *known* maps relative paths to ``(size, sha256)`` already computed while writing them.
+    *known* maps relative paths to ``(size, hex digest)`` already computed while writing them
+    (with :data:`HASH`, as :class:`HashingWriter` does).
     """
     fs, root = url_to_fs(url)
     files: dict[str, dict[str, Any]] = {}
@@ -190,8 +239,8 @@ def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | 
         if relative in (MANIFEST, MARKER):
             continue
         size, sha = (known or {}).get(relative) or file_digest(fs, path)
-        files[relative] = {"size": size, "sha256": sha}
-    final = Manifest(**{**manifest.__dict__, "files": files})
+        files[relative] = {"size": size, HASH: sha}
+    final = Manifest(**{**manifest.__dict__, "files": files, "format": FORMAT})
     with fs.open(join(root, MANIFEST), "w") as fh:
         fh.write(final.to_json())
     return final
@@ -240,7 +289,7 @@ def replace_ours(url: str) -> None:
 
 
 _VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
-"""Files this process hashed and found matching: ``(protocol, path)`` → (fingerprint, sha256)."""
+"""Files this process hashed and found matching: ``(protocol, path)`` → (fingerprint, hex digest)."""
 
 
 def _fingerprint(info: Mapping[str, Any]) -> Any:
@@ -257,7 +306,7 @@ def _fingerprint(info: Mapping[str, Any]) -> Any:
 
 
 def verify(url: str) -> Manifest:
-    """Check every file against the manifest (size, then sha256); raise :class:`CheckpointError` on a mismatch.
+    """Check every file against the manifest (size, then digest); raise :class:`CheckpointError` on a mismatch.
 
     Each file is hashed at most once per process: a file whose size and modification time (or
     ETag) are unchanged since this process found it matching is not read again (the driver's,
@@ -273,15 +322,39 @@ def verify(url: str) -> Manifest:
         except FileNotFoundError:
             raise CheckpointError(f"{url}: {relative} is missing") from None
         fingerprint, key = _fingerprint(info), (protocol, path)
-        if fingerprint is not None and _VERIFIED.get(key) == (fingerprint, expected["sha256"]):
+        algorithm, wanted = entry_digest(expected)
+        if fingerprint is not None and _VERIFIED.get(key) == (fingerprint, wanted):
             continue
-        size, sha = file_digest(fs, path)
-        if size != expected["size"] or sha != expected["sha256"]:
+        if info.get("size") not in (None, expected["size"]):
+            _VERIFIED.pop(key, None)
+            raise CheckpointError(f"{url}: {relative} does not match the manifest (corrupt or modified)")
+        size, sha = file_digest(fs, path, algorithm)
+        if size != expected["size"] or sha != wanted:
             _VERIFIED.pop(key, None)
             raise CheckpointError(f"{url}: {relative} does not match the manifest (corrupt or modified)")
         if fingerprint is not None:
             _VERIFIED[key] = (fingerprint, sha)
     return manifest
+
+
+def load_verified(url: str, load: Callable[[], _T]) -> _T:
+    """*load*'s result once every file of *url* matches its manifest; the hashing overlaps *load*.
+
+    The files are hashed on another thread (the hash releases the GIL) while *load* runs, so
+    a verified load costs about the larger of the two, not their sum. A mismatch raises
+    :class:`CheckpointError`, even when *load* itself failed on the damaged file; nothing
+    *load* returned is handed out unverified. *load* must only read (it may see a corrupt file).
+    """
+    read_manifest(url)  # no manifest: refuse before reading anything
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="blocks-verify") as pool:
+        check = pool.submit(verify, url)
+        try:
+            result = load()
+        except Exception:
+            check.result()  # a mismatch explains the failure: raise it instead
+            raise
+        check.result()
+    return result
 
 
 @dataclass
