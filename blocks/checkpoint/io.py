@@ -159,7 +159,7 @@ class FsspecCheckpointIO(CheckpointIO):
     ) -> dict[str, Any]:
         """Load the checkpoint with ``weights_only=True``, verified against its manifest while it loads."""
         url = str(path)
-        return store.load_verified(url, lambda: load_state(url, map_location))
+        return store.load_verified(url, lambda fh: _load(fh, url, map_location))
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the checkpoint directory."""
@@ -175,12 +175,17 @@ def load_state(url: str, map_location: Any | None = None, *, mmap: bool = False)
     """
     fs, root = url_to_fs(url)
     path = store.join(root, STATE_FILE)
+    if mmap and "file" in fs.protocol:
+        return _load(path, url, "cpu", mmap=True)
+    with fs.open(path, "rb") as fh:
+        return _load(fh, url, map_location)
+
+
+def _load(source: Any, url: str, map_location: Any | None, *, mmap: bool = False) -> dict[str, Any]:
     try:
-        if mmap and "file" in fs.protocol:
-            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        else:
-            with fs.open(path, "rb") as fh:
-                state = torch.load(fh, map_location=map_location or "cpu", weights_only=True)
+        state: dict[str, Any] = torch.load(
+            source, map_location=map_location or "cpu", weights_only=True, mmap=True if mmap else None
+        )
     except pickle.UnpicklingError as exc:
         raise UnsafeCheckpointError(
             f"{url} holds pickled objects that are not tensors or plain data; refusing to load it "

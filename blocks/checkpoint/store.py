@@ -19,7 +19,6 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -313,47 +312,145 @@ def verify(url: str) -> Manifest:
     the worker's and the loader's checks of one resume share one read).
     """
     manifest = read_manifest(url)
-    fs, root = url_to_fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    for relative, expected in manifest.files.items():
-        path = join(root, relative)
-        try:
-            info = fs.info(path)
-        except FileNotFoundError:
-            raise CheckpointError(f"{url}: {relative} is missing") from None
-        fingerprint, key = _fingerprint(info), (protocol, path)
-        algorithm, wanted = entry_digest(expected)
-        if fingerprint is not None and _VERIFIED.get(key) == (fingerprint, wanted):
-            continue
-        if info.get("size") not in (None, expected["size"]):
-            _VERIFIED.pop(key, None)
-            raise CheckpointError(f"{url}: {relative} does not match the manifest (corrupt or modified)")
-        size, sha = file_digest(fs, path, algorithm)
-        if size != expected["size"] or sha != wanted:
-            _VERIFIED.pop(key, None)
-            raise CheckpointError(f"{url}: {relative} does not match the manifest (corrupt or modified)")
-        if fingerprint is not None:
-            _VERIFIED[key] = (fingerprint, sha)
+    for relative in manifest.files:
+        _FileCheck(url, manifest, relative).run()
     return manifest
 
 
-def load_verified(url: str, load: Callable[[], _T]) -> _T:
-    """*load*'s result once every file of *url* matches its manifest; the hashing overlaps *load*.
+class _FileCheck:
+    """The check of one manifest entry: whether it is still known good, and recording a match."""
 
-    The files are hashed on another thread (the hash releases the GIL) while *load* runs, so
-    a verified load costs about the larger of the two, not their sum. A mismatch raises
-    :class:`CheckpointError`, even when *load* itself failed on the damaged file; nothing
-    *load* returned is handed out unverified. *load* must only read (it may see a corrupt file).
-    """
-    read_manifest(url)  # no manifest: refuse before reading anything
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="blocks-verify") as pool:
-        check = pool.submit(verify, url)
+    def __init__(self, url: str, manifest: Manifest, relative: str) -> None:
+        self.url, self.relative = url, relative
+        self.expected = manifest.files[relative]
+        self.algorithm, self.wanted = entry_digest(self.expected)
+        self.fs, root = url_to_fs(url)
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.path = join(root, relative)
         try:
-            result = load()
+            info = self.fs.info(self.path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{url}: {relative} is missing") from None
+        self.fingerprint, self.key = _fingerprint(info), (protocol, self.path)
+        self.known_good = self.fingerprint is not None and _VERIFIED.get(self.key) == (
+            self.fingerprint,
+            self.wanted,
+        )
+        if not self.known_good and info.get("size") not in (None, self.expected["size"]):
+            self.judge(info["size"], "")
+
+    def run(self) -> None:
+        """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch."""
+        if not self.known_good:
+            self.judge(*file_digest(self.fs, self.path, self.algorithm))
+
+    def judge(self, size: int, digest: str) -> None:
+        """Record a match, or raise :class:`CheckpointError` for a file that differs from the manifest."""
+        if size != self.expected["size"] or digest != self.wanted:
+            _VERIFIED.pop(self.key, None)
+            raise CheckpointError(
+                f"{self.url}: {self.relative} does not match the manifest (corrupt or modified)"
+            )
+        if self.fingerprint is not None:
+            _VERIFIED[self.key] = (self.fingerprint, digest)
+
+
+class HashingReader:
+    """A seekable binary file wrapper that hashes every byte of the file once, in file order, as it is read.
+
+    Reads may jump (a zip reader looks at the end first): bytes past what is hashed so far are
+    read and hashed on the way, bytes already hashed are not hashed again, and
+    :meth:`finish` hashes whatever was never read.
+    """
+
+    def __init__(self, fh: Any, hasher: Hasher) -> None:
+        self._fh, self._hash = fh, hasher  # fh: a seekable binary file with readinto (io or fsspec)
+        self._position = fh.tell()
+        self._hashed = 0
+
+    def seekable(self) -> bool:
+        """Always true."""
+        return True
+
+    def readable(self) -> bool:
+        """Always true."""
+        return True
+
+    def tell(self) -> int:
+        """The current position."""
+        return self._position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move like :meth:`io.IOBase.seek`."""
+        self._position = self._fh.seek(offset, whence)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into *buffer* and hash what had not been hashed yet."""
+        self._catch_up()
+        count = self._fh.readinto(buffer)
+        self._took(memoryview(buffer).cast("B")[:count])
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        """Read up to *size* bytes (all that is left when negative) and hash what had not been hashed yet."""
+        self._catch_up()
+        data = self._fh.read(size)
+        self._took(memoryview(data))
+        return data
+
+    def finish(self) -> tuple[int, str]:
+        """Hash the rest of the file; ``(size, hex digest)`` of the whole file."""
+        self._fh.seek(self._hashed)
+        while chunk := self._fh.read(_CHUNK):
+            self._hash.update(chunk)
+            self._hashed += len(chunk)
+        return self._hashed, self._hash.hexdigest()
+
+    def _catch_up(self) -> None:
+        if self._position <= self._hashed:
+            return
+        self._fh.seek(self._hashed)
+        while self._hashed < self._position:
+            chunk = self._fh.read(min(_CHUNK, self._position - self._hashed))
+            if not chunk:
+                break
+            self._hash.update(chunk)
+            self._hashed += len(chunk)
+        self._fh.seek(self._position)
+
+    def _took(self, data: memoryview) -> None:
+        start = self._position
+        self._position += len(data)
+        if start <= self._hashed < self._position:
+            self._hash.update(data[self._hashed - start :])
+            self._hashed = self._position
+
+
+def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
+    """``load(state_file)`` once every file of *url* matches its manifest, reading ``state.pt`` once.
+
+    The other files are verified first. ``state.pt`` is hashed while *load* reads it (through
+    a :class:`HashingReader`, then the bytes it skipped), so a fresh process reads it once,
+    not once to hash and once to load. A mismatch raises :class:`CheckpointError`, also when
+    *load* itself failed on the damaged file; nothing *load* returned is handed out
+    unverified. *load* must only read (it may see a corrupt file).
+    """
+    manifest = read_manifest(url)
+    for relative in manifest.files:
+        if relative != STATE_FILE:
+            _FileCheck(url, manifest, relative).run()
+    check = _FileCheck(url, manifest, STATE_FILE)
+    with check.fs.open(check.path, "rb") as fh:
+        if check.known_good:
+            return load(fh)
+        reader = HashingReader(fh, new_hasher(check.algorithm))
+        try:
+            result = load(reader)  # type: ignore[arg-type]  # a seekable binary file
         except Exception:
-            check.result()  # a mismatch explains the failure: raise it instead
+            check.judge(*reader.finish())  # a mismatch explains the failure: raise it instead
             raise
-        check.result()
+        check.judge(*reader.finish())
     return result
 
 
