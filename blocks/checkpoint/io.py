@@ -4,8 +4,8 @@ Lightning hands over the checkpoint dict (model, optimizer and scheduler states,
 progress, callback states); this plugin writes it as ``state.pt`` into the checkpoint's
 directory, hashing the bytes as they are written (one pass), then commits it with a
 manifest. Loading uses ``torch.load(weights_only=True)`` (checkpoints hold tensors and plain
-data, never code) while the files are checked against the manifest on another thread; the
-state is handed over only once they match.
+data, never code) through a reader that hashes the bytes as they are read; the state is
+handed over only once they match the manifest.
 
 With ``async_save`` the training thread only copies the state into host memory; writing,
 hashing and committing run on a :class:`~blocks.checkpoint.background.BackgroundSaver`.
