@@ -35,9 +35,9 @@ def test_a_resume_hashes_each_checkpoint_file_once(
     hashed: Counter[str] = Counter()
     digest = store.file_digest
 
-    def counted(fs: Any, path: str) -> tuple[int, str]:
+    def counted(fs: Any, path: str, algorithm: str = store.HASH) -> tuple[int, str]:
         hashed[path] += 1
-        return digest(fs, path)
+        return digest(fs, path, algorithm)
 
     monkeypatch.setattr(store, "file_digest", counted)
     monkeypatch.setattr(store, "_VERIFIED", {})  # a fresh process: nothing verified yet

@@ -1,7 +1,9 @@
 """Committed checkpoints in any fsspec location: naming, manifests, verification, retention (torch-free).
 
 A checkpoint is a directory ``step-<N>`` under ``checkpoint.dir``. Its files are written
-first and ``MANIFEST.json`` last; the manifest lists every file with its size and sha256.
+first and ``MANIFEST.json`` last; the manifest lists every file with its size and a
+cryptographic digest: BLAKE3 for checkpoints written now, sha256 for those written before
+(each entry names its algorithm, so both verify).
 A directory without a manifest is uncommitted (a save that never finished) and is never
 resumed from or counted for retention; leftovers are removed before a run starts saving, but
 only those carrying :data:`MARKER`, the file blocks writes first into every checkpoint
@@ -16,10 +18,11 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeVar
 
+import blake3
 import fsspec
 from fsspec.core import url_to_fs
 
@@ -30,9 +33,26 @@ MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
 """The file every checkpoint holds (the training state, or its non-sharded rest)."""
-FORMAT = "blocks-checkpoint/1"
+FORMAT = "blocks-checkpoint/2"
+"""Written into new manifests: version 2 lets each file entry name its digest algorithm."""
+READABLE_FORMATS = ("blocks-checkpoint/1", FORMAT)
+"""Manifest formats this version verifies (version 1 entries always carry sha256)."""
+HASH = "blake3"
+"""The digest new manifests record: cryptographic, and several times faster than sha256 in CPython."""
+ALGORITHMS = ("blake3", "sha256")
+"""Digest algorithms a manifest entry may name; the entry's key is the algorithm."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_HEX256 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+_T = TypeVar("_T")
+
+
+class Hasher(Protocol):
+    """What :func:`new_hasher` returns (hashlib's and blake3's objects both fit)."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> Any: ...  # noqa: D102
+
+    def hexdigest(self) -> str: ...  # noqa: D102
 
 
 def step_dir_name(step: int) -> str:
@@ -45,14 +65,25 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
-def file_digest(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, str]:
-    """Size and sha256 of one file, read in chunks."""
-    digest = hashlib.sha256()
+def new_hasher(algorithm: str = HASH) -> Hasher:
+    """A fresh digest object for *algorithm* (one of :data:`ALGORITHMS`)."""
+    if algorithm == "blake3":
+        return blake3.blake3()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+
+
+def file_digest(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = HASH) -> tuple[int, str]:
+    """Size and *algorithm* hex digest of one file, read in chunks into one reused buffer."""
+    digest = new_hasher(algorithm)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
     size = 0
     with fs.open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-            size += len(chunk)
+        while count := fh.readinto(buffer):
+            digest.update(view[:count])
+            size += count
     return size, digest.hexdigest()
 
 
@@ -69,7 +100,8 @@ class Manifest:
         block_digests: sha256 of each block that shapes the weights (model, task, data), to
             refuse resuming a different job.
         metrics: metric values at save time (for ``keep_best``).
-        files: relative path → ``{"size": int, "sha256": str}``.
+        files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM from :data:`ALGORITHMS`).
+        format: the manifest format (:data:`FORMAT` when written by this version).
     """
 
     step: int
@@ -101,8 +133,9 @@ def _is_int(value: Any, minimum: int) -> bool:
 def validate_manifest(data: Any) -> None:
     """Check parsed manifest JSON against the schema; :class:`ValueError` names the first bad field.
 
-    ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, "sha256": hex}``
-    that includes ``state.pt``, so a damaged manifest can never turn verification off.
+    ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, ALGORITHM: hex}``
+    with exactly one algorithm out of :data:`ALGORITHMS` (sha256 in format 1), and it must
+    include ``state.pt``, so a damaged manifest can never turn verification off.
     """
     if not isinstance(data, dict):
         raise ValueError("the manifest is not a JSON object")
@@ -125,16 +158,24 @@ def validate_manifest(data: Any) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()
     ):
         raise ValueError("'metrics' must map metric names to numbers")
-    if data.get("format", FORMAT) != FORMAT:
-        raise ValueError(f"unknown format {data.get('format')!r} (expected {FORMAT})")
+    version = data.get("format", READABLE_FORMATS[0])
+    if version not in READABLE_FORMATS:
+        raise ValueError(f"unknown format {version!r} (expected one of {', '.join(READABLE_FORMATS)})")
+    allowed = ALGORITHMS if version == FORMAT else ("sha256",)
     files = data.get("files")
     if not isinstance(files, dict) or not files:
-        raise ValueError("'files' must be a non-empty mapping of file → size and sha256")
+        raise ValueError("'files' must be a non-empty mapping of file → size and digest")
     for relative, entry in files.items():
         if not isinstance(entry, dict) or not _is_int(entry.get("size"), 0):
             raise ValueError(f"'files.{relative}.size' must be an integer >= 0")
-        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
-            raise ValueError(f"'files.{relative}.sha256' must be a sha256 hex digest")
+        named = sorted(entry.keys() - {"size"})
+        if len(named) != 1 or named[0] not in allowed:
+            raise ValueError(
+                f"'files.{relative}' must hold its size and one digest out of {', '.join(allowed)}, "
+                f"got {', '.join(named) or 'none'}"
+            )
+        if not isinstance(entry[named[0]], str) or not _HEX256.match(entry[named[0]]):
+            raise ValueError(f"'files.{relative}.{named[0]}' must be a {named[0]} hex digest")
     if STATE_FILE not in files:
         raise ValueError(f"'files' does not list {STATE_FILE}")
 
@@ -151,20 +192,26 @@ class CheckpointError(Exception):
     """A checkpoint is missing, uncommitted, corrupt or from another job."""
 
 
+def entry_digest(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """``(algorithm, hex digest)`` of one validated manifest file entry."""
+    algorithm = next(name for name in ALGORITHMS if name in entry)
+    return algorithm, entry[algorithm]
+
+
 class HashingWriter:
-    """A binary file wrapper that computes the size and sha256 of what passes through it.
+    """A binary file wrapper that computes the size and :data:`HASH` digest of what passes through it.
 
     Hashing while writing spares commit a second read of the file.
     """
 
     def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
-        self._sha = hashlib.sha256()
+        self._hash = new_hasher(HASH)
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write *data* and add it to the digest."""
-        self._sha.update(data)
+        self._hash.update(data)
         self.size += len(data)
         return self._fh.write(data)
 
@@ -174,14 +221,15 @@ class HashingWriter:
 
     @property
     def digest(self) -> tuple[int, str]:
-        """``(size, sha256 hex)`` of everything written so far."""
-        return self.size, self._sha.hexdigest()
+        """``(size, hex digest)`` of everything written so far."""
+        return self.size, self._hash.hexdigest()
 
 
 def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | None = None) -> Manifest:
     """Hash every file under *url* and write the manifest last, which commits the checkpoint.
 
-    *known* maps relative paths to ``(size, sha256)`` already computed while writing them.
+    *known* maps relative paths to ``(size, hex digest)`` already computed while writing them
+    (with :data:`HASH`, as :class:`HashingWriter` does).
     """
     fs, root = url_to_fs(url)
     files: dict[str, dict[str, Any]] = {}
@@ -190,8 +238,8 @@ def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | 
         if relative in (MANIFEST, MARKER):
             continue
         size, sha = (known or {}).get(relative) or file_digest(fs, path)
-        files[relative] = {"size": size, "sha256": sha}
-    final = Manifest(**{**manifest.__dict__, "files": files})
+        files[relative] = {"size": size, HASH: sha}
+    final = Manifest(**{**manifest.__dict__, "files": files, "format": FORMAT})
     with fs.open(join(root, MANIFEST), "w") as fh:
         fh.write(final.to_json())
     return final
@@ -240,7 +288,7 @@ def replace_ours(url: str) -> None:
 
 
 _VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
-"""Files this process hashed and found matching: ``(protocol, path)`` → (fingerprint, sha256)."""
+"""Files this process hashed and found matching: ``(protocol, path)`` → (fingerprint, hex digest)."""
 
 
 def _fingerprint(info: Mapping[str, Any]) -> Any:
@@ -257,31 +305,153 @@ def _fingerprint(info: Mapping[str, Any]) -> Any:
 
 
 def verify(url: str) -> Manifest:
-    """Check every file against the manifest (size, then sha256); raise :class:`CheckpointError` on a mismatch.
+    """Check every file against the manifest (size, then digest); raise :class:`CheckpointError` on a mismatch.
 
     Each file is hashed at most once per process: a file whose size and modification time (or
     ETag) are unchanged since this process found it matching is not read again (the driver's,
     the worker's and the loader's checks of one resume share one read).
     """
     manifest = read_manifest(url)
-    fs, root = url_to_fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    for relative, expected in manifest.files.items():
-        path = join(root, relative)
+    for relative in manifest.files:
+        _FileCheck(url, manifest, relative).run()
+    return manifest
+
+
+class _FileCheck:
+    """The check of one manifest entry: whether it is still known good, and recording a match."""
+
+    def __init__(self, url: str, manifest: Manifest, relative: str) -> None:
+        self.url, self.relative = url, relative
+        self.expected = manifest.files[relative]
+        self.algorithm, self.wanted = entry_digest(self.expected)
+        self.fs, root = url_to_fs(url)
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.path = join(root, relative)
         try:
-            info = fs.info(path)
+            info = self.fs.info(self.path)
         except FileNotFoundError:
             raise CheckpointError(f"{url}: {relative} is missing") from None
-        fingerprint, key = _fingerprint(info), (protocol, path)
-        if fingerprint is not None and _VERIFIED.get(key) == (fingerprint, expected["sha256"]):
-            continue
-        size, sha = file_digest(fs, path)
-        if size != expected["size"] or sha != expected["sha256"]:
-            _VERIFIED.pop(key, None)
-            raise CheckpointError(f"{url}: {relative} does not match the manifest (corrupt or modified)")
-        if fingerprint is not None:
-            _VERIFIED[key] = (fingerprint, sha)
-    return manifest
+        self.fingerprint, self.key = _fingerprint(info), (protocol, self.path)
+        self.known_good = self.fingerprint is not None and _VERIFIED.get(self.key) == (
+            self.fingerprint,
+            self.wanted,
+        )
+        if not self.known_good and info.get("size") not in (None, self.expected["size"]):
+            self.judge(info["size"], "")
+
+    def run(self) -> None:
+        """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch."""
+        if not self.known_good:
+            self.judge(*file_digest(self.fs, self.path, self.algorithm))
+
+    def judge(self, size: int, digest: str) -> None:
+        """Record a match, or raise :class:`CheckpointError` for a file that differs from the manifest."""
+        if size != self.expected["size"] or digest != self.wanted:
+            _VERIFIED.pop(self.key, None)
+            raise CheckpointError(
+                f"{self.url}: {self.relative} does not match the manifest (corrupt or modified)"
+            )
+        if self.fingerprint is not None:
+            _VERIFIED[self.key] = (self.fingerprint, digest)
+
+
+class HashingReader:
+    """A seekable binary file wrapper that hashes every byte of the file once, in file order, as it is read.
+
+    Reads may jump (a zip reader looks at the end first): bytes past what is hashed so far are
+    read and hashed on the way, bytes already hashed are not hashed again, and
+    :meth:`finish` hashes whatever was never read.
+    """
+
+    def __init__(self, fh: Any, hasher: Hasher) -> None:
+        self._fh, self._hash = fh, hasher  # fh: a seekable binary file with readinto (io or fsspec)
+        self._position = fh.tell()
+        self._hashed = 0
+
+    def seekable(self) -> bool:
+        """Always true."""
+        return True
+
+    def readable(self) -> bool:
+        """Always true."""
+        return True
+
+    def tell(self) -> int:
+        """The current position."""
+        return self._position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move like :meth:`io.IOBase.seek`."""
+        self._position = self._fh.seek(offset, whence)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into *buffer* and hash what had not been hashed yet."""
+        self._catch_up()
+        count = self._fh.readinto(buffer)
+        self._took(memoryview(buffer).cast("B")[:count])
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        """Read up to *size* bytes (all that is left when negative) and hash what had not been hashed yet."""
+        self._catch_up()
+        data = self._fh.read(size)
+        self._took(memoryview(data))
+        return data
+
+    def finish(self) -> tuple[int, str]:
+        """Hash the rest of the file; ``(size, hex digest)`` of the whole file."""
+        self._fh.seek(self._hashed)
+        while chunk := self._fh.read(_CHUNK):
+            self._hash.update(chunk)
+            self._hashed += len(chunk)
+        return self._hashed, self._hash.hexdigest()
+
+    def _catch_up(self) -> None:
+        if self._position <= self._hashed:
+            return
+        self._fh.seek(self._hashed)
+        while self._hashed < self._position:
+            chunk = self._fh.read(min(_CHUNK, self._position - self._hashed))
+            if not chunk:
+                break
+            self._hash.update(chunk)
+            self._hashed += len(chunk)
+        self._fh.seek(self._position)
+
+    def _took(self, data: memoryview) -> None:
+        start = self._position
+        self._position += len(data)
+        if start <= self._hashed < self._position:
+            self._hash.update(data[self._hashed - start :])
+            self._hashed = self._position
+
+
+def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
+    """``load(state_file)`` once every file of *url* matches its manifest, reading ``state.pt`` once.
+
+    The other files are verified first. ``state.pt`` is hashed while *load* reads it (through
+    a :class:`HashingReader`, then the bytes it skipped), so a fresh process reads it once,
+    not once to hash and once to load. A mismatch raises :class:`CheckpointError`, also when
+    *load* itself failed on the damaged file; nothing *load* returned is handed out
+    unverified. *load* must only read (it may see a corrupt file).
+    """
+    manifest = read_manifest(url)
+    for relative in manifest.files:
+        if relative != STATE_FILE:
+            _FileCheck(url, manifest, relative).run()
+    check = _FileCheck(url, manifest, STATE_FILE)
+    with check.fs.open(check.path, "rb") as fh:
+        if check.known_good:
+            return load(fh)
+        reader = HashingReader(fh, new_hasher(check.algorithm))
+        try:
+            result = load(reader)  # type: ignore[arg-type]  # a seekable binary file
+        except Exception:
+            check.judge(*reader.finish())  # a mismatch explains the failure: raise it instead
+            raise
+        check.judge(*reader.finish())
+    return result
 
 
 @dataclass

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import pickle
 import signal
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.serialization import DEFAULT_PROTOCOL, _get_storage_alignment, _save
 
 __all__ = [
     "FsspecReader",
@@ -24,6 +27,7 @@ __all__ = [
     "dcp_metadata_path",
     "processed_micro_batches",
     "replace_signal_handlers",
+    "save_without_zip_crc",
     "saved_batch_progress",
     "skip_automatic_hyperparameters",
 ]
@@ -101,3 +105,16 @@ def skip_automatic_hyperparameters(*objects: pl.LightningModule | pl.LightningDa
     """Stop Lightning logging *objects*' ``hparams`` at fit start (``_log_hyperparams``): blocks logs the whole config itself."""
     for obj in objects:
         obj._log_hyperparams = False
+
+
+def save_without_zip_crc(obj: Any, fh: IO[bytes]) -> None:
+    """``torch.save(obj, fh)`` without the zip CRC32 of each record, for files a digest already covers.
+
+    ``torch.serialization.set_crc32_options(False)`` does the same for the whole process; this
+    leaves other threads' saves alone. ``torch.load`` does not check the CRC32 (torch's own
+    reader is built without that check), so the file loads as usual.
+    """
+    writer = torch._C.PyTorchFileWriter(fh, False, _get_storage_alignment())
+    _save(obj, writer, pickle, DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+    fh.flush()

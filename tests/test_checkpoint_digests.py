@@ -1,0 +1,194 @@
+"""Checkpoint manifests hashed in one pass with BLAKE3; sha256 manifests of earlier versions still verify.
+
+Every test writes a tiny checkpoint with the real checkpoint IO plugin (or by hand, as an
+earlier version of blocks did) into a temporary directory, in process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+import torch
+
+from blocks.checkpoint import store
+from blocks.checkpoint.io import FsspecCheckpointIO, HostStager
+
+STATE = {"state_dict": {"w": torch.arange(4096, dtype=torch.float32)}, "global_step": 3}
+
+
+def save(directory: Path) -> Path:
+    """A checkpoint committed by the checkpoint IO plugin, as training writes it."""
+    io = FsspecCheckpointIO()
+    io.pending_manifest = store.Manifest(
+        step=3, epoch=0, world_size=1, sharded=False, global_batch=4, block_digests={}
+    )
+    io.save_checkpoint(STATE, str(directory))
+    return directory
+
+
+def flip_a_byte(path: Path) -> None:
+    """Change one byte in the middle, same size, with a modification time that shows the change."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stat = path.stat()
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+
+def manifest_json(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / store.MANIFEST).read_text())
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing verified yet, as in a new process."""
+    monkeypatch.setattr(store, "_VERIFIED", {})
+
+
+def test_a_save_records_the_blake3_of_the_bytes_it_wrote(tmp_path: Path) -> None:
+    checkpoint = save(tmp_path / "step")
+    data = manifest_json(checkpoint)
+    entry = data["files"][store.STATE_FILE]
+    written = (checkpoint / store.STATE_FILE).read_bytes()
+    assert data["format"] == store.FORMAT
+    assert entry == {"size": len(written), "blake3": blake3.blake3(written).hexdigest()}
+    assert store.verify(str(checkpoint)).step == 3
+
+
+def test_a_one_pass_manifest_still_catches_a_flipped_byte(tmp_path: Path) -> None:
+    checkpoint = save(tmp_path / "step")
+    flip_a_byte(checkpoint / store.STATE_FILE)
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        store.verify(str(checkpoint))
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        FsspecCheckpointIO().load_checkpoint(str(checkpoint))
+
+
+def test_a_garbled_state_is_refused_as_corrupt_not_as_a_load_error(tmp_path: Path) -> None:
+    """The load overlaps the hash: when the load itself fails on the damaged file, the mismatch is raised."""
+    checkpoint = save(tmp_path / "step")
+    state = checkpoint / store.STATE_FILE
+    state.write_bytes(b"\0" * state.stat().st_size)
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        FsspecCheckpointIO().load_checkpoint(str(checkpoint))
+
+
+def test_a_verified_load_hands_over_the_state_once_it_matches(tmp_path: Path) -> None:
+    checkpoint = save(tmp_path / "step")
+    loaded = FsspecCheckpointIO().load_checkpoint(str(checkpoint))
+    assert torch.equal(loaded["state_dict"]["w"], STATE["state_dict"]["w"])
+    assert loaded["global_step"] == 3
+
+
+def test_an_uncommitted_checkpoint_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    checkpoint = save(tmp_path / "step")
+    (checkpoint / store.MANIFEST).unlink()
+    calls: list[str] = []
+    with pytest.raises(store.CheckpointError, match="not a committed checkpoint"):
+        store.load_verified(str(checkpoint), lambda fh: calls.append("loaded"))
+    assert calls == []
+
+
+def sha256_manifest(checkpoint: Path, *, with_format: bool) -> None:
+    """Rewrite the manifest as blocks wrote it before BLAKE3: format 1, sha256 entries."""
+    data = manifest_json(checkpoint)
+    written = (checkpoint / store.STATE_FILE).read_bytes()
+    data["files"] = {store.STATE_FILE: {"size": len(written), "sha256": hashlib.sha256(written).hexdigest()}}
+    if with_format:
+        data["format"] = "blocks-checkpoint/1"
+    else:
+        del data["format"]  # the earliest manifests had no format field
+    (checkpoint / store.MANIFEST).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("with_format", [True, False], ids=["format-1", "no-format"])
+def test_an_old_sha256_manifest_still_verifies_and_loads(tmp_path: Path, with_format: bool) -> None:
+    checkpoint = save(tmp_path / "step")
+    sha256_manifest(checkpoint, with_format=with_format)
+    assert store.verify(str(checkpoint)).step == 3
+    store._VERIFIED.clear()
+    loaded = FsspecCheckpointIO().load_checkpoint(str(checkpoint))
+    assert torch.equal(loaded["state_dict"]["w"], STATE["state_dict"]["w"])
+    store._VERIFIED.clear()
+    flip_a_byte(checkpoint / store.STATE_FILE)
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        store.verify(str(checkpoint))
+
+
+def test_recommitting_an_old_checkpoint_writes_blake3(tmp_path: Path) -> None:
+    checkpoint = save(tmp_path / "step")
+    sha256_manifest(checkpoint, with_format=True)
+    store.commit(str(checkpoint), store.read_manifest(str(checkpoint)))
+    data = manifest_json(checkpoint)
+    assert data["format"] == store.FORMAT and "blake3" in data["files"][store.STATE_FILE]
+    assert store.verify(str(checkpoint)).step == 3
+
+
+DIGEST_DAMAGE = {
+    "unknown-algorithm": lambda e, m: e.update(md5=e.pop("blake3")),
+    "two-digests": lambda e, m: e.update(sha256="0" * 64),
+    "no-digest": lambda e, m: e.pop("blake3"),
+    "short-digest": lambda e, m: e.update(blake3="abc"),
+    "blake3-in-format-1": lambda e, m: m.update(format="blocks-checkpoint/1"),
+    "unknown-format": lambda e, m: m.update(format="blocks-checkpoint/99"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DIGEST_DAMAGE))
+def test_a_manifest_with_a_bad_digest_entry_is_damaged(tmp_path: Path, damage: str) -> None:
+    checkpoint = save(tmp_path / "step")
+    data = manifest_json(checkpoint)
+    DIGEST_DAMAGE[damage](data["files"][store.STATE_FILE], data)
+    (checkpoint / store.MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(store.CheckpointError, match=r"damaged MANIFEST\.json"):
+        store.read_manifest(str(checkpoint))
+
+
+def test_staging_copies_on_one_thread_and_restores_the_thread_count() -> None:
+    before = torch.get_num_threads()
+    tied = torch.ones(8)
+    snapshot = HostStager().stage({"a": tied, "b": tied, "c": [torch.zeros(2)]})
+    assert torch.get_num_threads() == before
+    assert snapshot["a"] is snapshot["b"] and snapshot["a"] is not tied
+    assert torch.equal(snapshot["a"], tied) and torch.equal(snapshot["c"][0], torch.zeros(2))
+
+
+def test_state_files_skip_the_zip_crc_and_still_load_with_torch(tmp_path: Path) -> None:
+    """The manifest's digest replaces the zip CRC32 pass (a private torch path, pinned here)."""
+    import io
+    import zipfile
+
+    checkpoint = save(tmp_path / "step")
+    written = checkpoint / store.STATE_FILE
+    loaded = torch.load(written, weights_only=True)
+    assert torch.equal(loaded["state_dict"]["w"], STATE["state_dict"]["w"]) and loaded["global_step"] == 3
+    assert zipfile.ZipFile(written).testzip() is not None  # records carry no CRC32
+    plain = io.BytesIO()
+    torch.save(STATE, plain)
+    assert len(plain.getvalue()) == written.stat().st_size  # the same layout otherwise
+
+
+def test_the_hashing_reader_hashes_every_byte_once_whatever_the_read_order(tmp_path: Path) -> None:
+    """A zip reader jumps to the end first and may skip bytes; the digest is still the whole file's."""
+    data = bytes(range(256)) * 4000
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    with path.open("rb") as fh:
+        reader = store.HashingReader(fh, store.new_hasher())
+        reader.seek(-100, os.SEEK_END)
+        assert reader.read(100) == data[-100:]
+        reader.seek(10)
+        buffer = bytearray(5000)
+        assert reader.readinto(buffer) == 5000 and bytes(buffer) == data[10:5010]
+        reader.seek(0)
+        assert reader.read(20) == data[:20]  # partly hashed already
+        reader.seek(300_000)  # skips bytes never read
+        assert reader.read(10) == data[300_000:300_010]
+        assert reader.tell() == 300_010
+        assert reader.finish() == (len(data), blake3.blake3(data).hexdigest())
