@@ -23,18 +23,31 @@ class AdamW(OptimBlock):
         beta1: first-moment decay.
         beta2: second-moment decay.
         eps: denominator epsilon.
+        fused: torch's fused kernel (one kernel updates every parameter: much less per-step
+            work on a small model, and ``monitor.on_nonfinite=skip`` skips a bad step on the
+            device without a host sync). null: fused wherever every parameter allows it
+            (floating point, on a CPU or CUDA device, not sharded by FSDP).
     """
 
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    fused: bool | None = None
 
     def make_optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
         """``torch.optim.AdamW``."""
         import torch
 
-        return torch.optim.AdamW(groups, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps)
+        from blocks.optim.factory import use_fused
+
+        return torch.optim.AdamW(
+            groups,
+            lr=self.lr,
+            betas=(self.beta1, self.beta2),
+            eps=self.eps,
+            fused=use_fused(self.fused, groups),
+        )
 
     def check(self, ctx: CheckContext) -> None:
         """Betas in [0, 1)."""
@@ -52,11 +65,14 @@ class SGD(OptimBlock):
     Attributes:
         momentum: momentum factor (0 disables it).
         nesterov: use Nesterov momentum.
+        fused: torch's fused kernel, as for ``optim=adamw`` (null: wherever every parameter
+            allows it). ``monitor.on_nonfinite=skip`` still checks each step on the host with SGD.
     """
 
     lr: float = 0.1
     momentum: float = 0.9
     nesterov: bool = False
+    fused: bool | None = None
 
     def state_per_parameter(self) -> int:
         """One momentum buffer, or none without momentum."""
@@ -66,7 +82,15 @@ class SGD(OptimBlock):
         """``torch.optim.SGD``."""
         import torch
 
-        return torch.optim.SGD(groups, lr=self.lr, momentum=self.momentum, nesterov=self.nesterov)
+        from blocks.optim.factory import use_fused
+
+        return torch.optim.SGD(
+            groups,
+            lr=self.lr,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            fused=use_fused(self.fused, groups),
+        )
 
     def check(self, ctx: CheckContext) -> None:
         """Momentum in [0, 1); Nesterov needs momentum."""

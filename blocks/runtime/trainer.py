@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
-from blocks.compat.torch_private import skip_automatic_hyperparameters
+from blocks.compat.torch_private import drop_inherited_step_hooks, skip_automatic_hyperparameters
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
@@ -129,14 +129,15 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         )
         callbacks.append(checkpointer)
         recorder.stall_clock = lambda: checkpointer.stall_s
-    callbacks += build_callbacks(
-        list(trainer_block.callbacks)
-    )  # after blocks' own: they see this step's metrics
+    users = build_callbacks(list(trainer_block.callbacks))
+    callbacks += users  # after blocks' own: they see this step's metrics
     preemption = Preemption(derived.accumulate, monitor.log_every_n_steps)
     callbacks.append(preemption)
     callbacks.append(
         recorder.batch_end_marker()
     )  # last: after saves, so data_wait_s is only the wait for data
+    for own in [module, *(callback for callback in callbacks if callback not in users)]:
+        drop_inherited_step_hooks(own)  # no per-step dispatch of the hooks blocks does not use
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
     trainer = pl.Trainer(
