@@ -57,7 +57,7 @@ class InjectNaN(pl.Callback):
         }
 
 
-def _built(run_dir: Path, fused: bool, extra: list[str] = ()) -> BuiltRun:  # type: ignore[assignment]
+def _built(run_dir: Path, fused: bool, extra: tuple[str, ...] = ()) -> BuiltRun:
     plan = driver.prepare(
         [
             "recipe=blobs",
@@ -140,7 +140,7 @@ def test_the_bad_steps_leave_the_weights_alone_and_count_as_on_the_host_checked_
 
 
 def test_too_many_bad_steps_in_a_row_fail_the_run_at_the_next_logged_step(tmp_path: Path) -> None:
-    built = _built(tmp_path, fused=True, extra=["monitor.max_bad_steps=2"])
+    built = _built(tmp_path, fused=True, extra=("monitor.max_bad_steps=2",))
     with pytest.raises(NonFiniteError, match=r"3 optimizer steps in a row.*monitor.max_bad_steps=2"):
         _train(built, InjectNaN({5, 6, 7}))
     assert built.trainer.global_step == LOG_EVERY
