@@ -38,7 +38,9 @@ class InjectNaN(pl.Callback):
         self.before: dict[int, list[torch.Tensor]] = {}
         self.after: dict[int, list[torch.Tensor]] = {}
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
         step = trainer.global_step + 1
         self.before[step] = [p.detach().clone() for p in pl_module.parameters()]
         if step in self.bad:

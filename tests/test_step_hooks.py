@@ -51,7 +51,9 @@ def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> N
 
     owners = {type(c).__name__: type(c) for c in built.trainer.callbacks}  # type: ignore[attr-defined]
     owners[type(built.module).__name__] = type(built.module)
-    bases = {name: pl.LightningModule if name == type(built.module).__name__ else pl.Callback for name in owners}
+    bases = {
+        name: pl.LightningModule if name == type(built.module).__name__ else pl.Callback for name in owners
+    }
     dispatched = [
         (owner, hook)
         for action in profiler.actions
@@ -61,6 +63,8 @@ def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> N
     ]
     assert dispatched, "the profiler sees the hook dispatches"
     inherited = [
-        (owner, hook) for owner, hook in dispatched if getattr(owners[owner], hook) is getattr(bases[owner], hook)
+        (owner, hook)
+        for owner, hook in dispatched
+        if getattr(owners[owner], hook) is getattr(bases[owner], hook)
     ]
     assert not inherited, inherited

@@ -26,6 +26,7 @@ __all__ = [
     "processed_micro_batches",
     "replace_signal_handlers",
     "saved_batch_progress",
+    "set_found_inf",
     "skip_automatic_hyperparameters",
 ]
 # FsspecReader, FsspecWriter: DCP's storage reader and writer for any fsspec URL; torch exports
@@ -132,3 +133,13 @@ def drop_inherited_step_hooks(obj: pl.Callback | pl.LightningModule) -> list[str
             setattr(obj, name, None)
             dropped.append(name)
     return dropped
+
+
+def set_found_inf(optimizer: Any, found_inf: Any) -> None:
+    """Hand a fused torch optimizer a device-side ``found_inf`` (1.0: skip this step; None: no verdict).
+
+    torch's fused Adam/AdamW/SGD read it from the ``found_inf`` attribute in ``step`` (the
+    gradient scaler sets it the same way) and leave weights, moments and step counts alone
+    when it is non-zero, without a host sync. Unfused optimizers refuse the attribute.
+    """
+    optimizer.found_inf = found_inf

@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from blocks.checkpoint import store
+from blocks.compat.torch_private import set_found_inf
 from blocks.core.environment import restart_count
 from blocks.monitor.sinks import Row
 
@@ -139,10 +140,10 @@ class HealthGuard(pl.Callback):
         """Hand the optimizer a device-side ``found_inf`` (1.0 when the gradient norm is not finite) and count."""
         norm = total_grad_norm(pl_module)
         if norm is None:
-            optimizer.found_inf = None  # type: ignore[attr-defined]
+            set_found_inf(optimizer, None)
             return
         bad = torch.logical_not(torch.isfinite(norm)).to(torch.float32)
-        optimizer.found_inf = bad  # type: ignore[attr-defined]
+        set_found_inf(optimizer, bad)
         if self._on_device is None:
             self._on_device = _DeviceSkips(bad.device)
         self._on_device.add(bad)

@@ -136,7 +136,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     callbacks.append(
         recorder.batch_end_marker()
     )  # last: after saves, so data_wait_s is only the wait for data
-    for own in [module, *(callback for callback in callbacks if callback not in users)]:
+    own_hooks: list[pl.Callback | pl.LightningModule] = [module, *(c for c in callbacks if c not in users)]
+    for own in own_hooks:
         drop_inherited_step_hooks(own)  # no per-step dispatch of the hooks blocks does not use
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
