@@ -22,6 +22,7 @@ import torch
 from blocks.launch import driver
 from blocks.runtime.health import NonFiniteError, skips_on_device
 from blocks.runtime.trainer import BuiltRun, build_run
+from blocks.spec.errors import PlanError
 
 HOST_READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "cpu", "numpy")
 LOG_EVERY = 10
@@ -155,3 +156,14 @@ def test_only_fused_adam_skips_on_the_device() -> None:
     assert not skips_on_device(torch.optim.AdamW(params, fused=False))
     # torch's fused SGD leaves its momentum buffer uninitialised when the first step is skipped
     assert not skips_on_device(torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True))
+
+
+def test_fused_with_clipping_under_mixed_precision_is_a_plan_error_and_auto_falls_back(
+    tmp_path: Path,
+) -> None:
+    mixed = ["recipe=blobs", "precision=bf16-mixed", "optim.grad_clip=1.0"]
+    with pytest.raises(PlanError) as error:
+        driver.prepare([*mixed, "optim.fused=true"], tmp_path / "explicit")
+    assert "optim.fused" in str(error.value) and "optim.grad_clip=null" in str(error.value)
+    built = build_run(driver.prepare(mixed, tmp_path / "auto"), tmp_path / "auto", console=False)
+    assert built.module.optim_block.fused is False  # type: ignore[attr-defined]

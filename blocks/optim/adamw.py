@@ -14,6 +14,25 @@ if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
 
 
+def fused_conflict(ctx: CheckContext) -> bool:
+    """Whether Lightning's mixed-precision plugin would clip the gradients: it refuses to for a fused optimizer."""
+    precision = ctx.block("strategy").lightning_precision(ctx.block("precision"))  # type: ignore[attr-defined]
+    return str(precision).endswith("-mixed") and ctx.optim.grad_clip is not None
+
+
+def check_fused(ctx: CheckContext, fused: bool | None) -> None:
+    """``fused=true`` with gradient clipping under ``*-mixed`` precision: an error naming both ways out."""
+    if fused and fused_conflict(ctx):
+        ctx.error(
+            "fused",
+            "Lightning's mixed-precision plugin cannot clip the gradients of a fused optimizer "
+            "(it unscales them inside its step)",
+            "optim.fused=null (fused wherever it works) or optim.grad_clip=null",
+            check="fused-clipping",
+            related=("optim.grad_clip", "precision"),
+        )
+
+
 @register("adamw")
 @dataclass(frozen=True, kw_only=True)
 class AdamW(OptimBlock):
@@ -26,7 +45,8 @@ class AdamW(OptimBlock):
         fused: torch's fused kernel (one kernel updates every parameter: much less per-step
             work on a small model, and ``monitor.on_nonfinite=skip`` skips a bad step on the
             device without a host sync). null: fused wherever every parameter allows it
-            (floating point, on a CPU or CUDA device, not sharded by FSDP).
+            (floating point, on a CPU or CUDA device, not sharded by FSDP), except with
+            gradient clipping under ``*-mixed`` precision, where Lightning refuses it.
     """
 
     weight_decay: float = 0.01
@@ -55,6 +75,7 @@ class AdamW(OptimBlock):
         for name in ("beta1", "beta2"):
             ctx.within(name, getattr(self, name), 0, 1)
         ctx.positive("eps", self.eps)
+        check_fused(ctx, self.fused)
 
 
 @register("sgd")
@@ -96,6 +117,7 @@ class SGD(OptimBlock):
         """Momentum in [0, 1); Nesterov needs momentum."""
         super().check(ctx)
         ctx.within("momentum", self.momentum, 0, 1)
+        check_fused(ctx, self.fused)
         if self.nesterov and self.momentum == 0:
             ctx.error(
                 "nesterov",

@@ -69,6 +69,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
+    if getattr(optim, "fused", False) is None and _amp_clips(plan):
+        optim = optim.replace(fused=False)  # Lightning's mixed-precision plugin cannot clip a fused optimizer
     compile_mode = plan.strategy.compile_mode if plan.strategy.compile else None
     module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize, compile_mode)
     datamodule = BlocksDataModule(
@@ -173,6 +175,12 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     skip_automatic_hyperparameters(module, datamodule)  # the loggers got the whole config above
     preemption.install(trainer)
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
+
+
+def _amp_clips(plan: Plan) -> bool:
+    """Whether Lightning's mixed-precision plugin will clip the gradients (it refuses to for fused optimizers)."""
+    precision = plan.strategy.lightning_precision(plan.precision)
+    return str(precision).endswith("-mixed") and plan.optim.grad_clip is not None
 
 
 def _micro_batches(steps: int | None, accumulate: int) -> int | None:
