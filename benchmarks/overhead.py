@@ -2,7 +2,8 @@
 
 Four loops train the same MLP with AdamW on the same amount of random data, one thread each:
 
-- *plain torch*: a ``for`` loop over a ``DataLoader`` that reads the loss every 10 steps;
+- *plain torch*: a ``for`` loop over a ``DataLoader`` that reads the loss every 10 steps (and
+  the same loop with ``AdamW(fused=True)``, which blocks' ``optim=adamw`` uses where it can);
 - *Lightning, self.log every step*: the LightningModule most people write first;
 - *Lightning, self.log every 10 steps*: the same module logging at blocks' interval;
 - *blocks*: the ``blobs`` recipe with the same sizes, built by ``blocks.runtime`` (grad-norm
@@ -86,14 +87,14 @@ def _loader(workload: Workload) -> Any:
     return DataLoader(TensorDataset(inputs, targets), batch_size=workload.batch, shuffle=True, drop_last=True)
 
 
-def plain_torch(workload: Workload) -> float:
-    """Samples/s of a hand-written PyTorch loop."""
+def plain_torch(workload: Workload, fused: bool | None = None) -> float:
+    """Samples/s of a hand-written PyTorch loop (torch's default AdamW, or the *fused* one)."""
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(0)
     model = _mlp(workload)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     losses = []
     started = 0.0
     for step, (inputs, targets) in enumerate(_loader(workload)):
@@ -223,6 +224,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
         for workload in workloads(quick):
             cases: dict[str, Callable[[], float]] = {
                 "torch": lambda w=workload: plain_torch(w),
+                "torch_fused": lambda w=workload: plain_torch(w, fused=True),
                 "lightning_every_step": lambda w=workload: hand_written_lightning(w, 1, root),
                 "lightning_interval": lambda w=workload: hand_written_lightning(w, LOG_EVERY, root),
                 "blocks": lambda w=workload: through_blocks(w, root),
@@ -244,6 +246,11 @@ def run(quick: bool, root: Path) -> list[Figure]:
                     f"blocks / Lightning logging every {LOG_EVERY} steps, worst round, {workload.label}",
                     min(a / b for a, b in zip(samples["blocks"], samples["lightning_interval"], strict=True)),
                     ">= 1.0" if small else ">= 0.98",
+                ),
+                Figure(
+                    "overhead",
+                    f"blocks / plain torch with fused AdamW, {workload.label}",
+                    median_ratio(samples["blocks"], samples["torch_fused"]),
                 ),
                 Figure(
                     "overhead",

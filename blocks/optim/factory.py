@@ -29,6 +29,27 @@ def parameter_groups(
     return [g for g in groups if g["params"]]
 
 
+FUSED_DEVICES = ("cpu", "cuda")
+"""Device types with fused optimizer kernels this project relies on (torch has them for a few more)."""
+
+
+def use_fused(fused: bool | None, groups: list[dict]) -> bool:
+    """*fused* when set; else whether every parameter in *groups* can use torch's fused optimizer kernels.
+
+    Fused kernels need floating-point tensors on a supported device; parameters that FSDP
+    shards (DTensors) keep torch's default implementation.
+    """
+    if fused is not None:
+        return fused
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in groups for p in group["params"]]
+    return bool(params) and all(
+        p.device.type in FUSED_DEVICES and p.is_floating_point() and not isinstance(p, DTensor)
+        for p in params
+    )
+
+
 def build_optimizer(
     block: OptimBlock, named_parameters: Iterable[tuple[str, torch.nn.Parameter]], total_steps: int
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:

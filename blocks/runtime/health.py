@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from blocks.checkpoint import store
+from blocks.compat.torch_private import set_found_inf
 from blocks.core.environment import restart_count
 from blocks.monitor.sinks import Row
 
@@ -53,12 +54,17 @@ def total_grad_norm(module: torch.nn.Module) -> torch.Tensor | None:
 class HealthGuard(pl.Callback):
     """Applies ``monitor.on_nonfinite`` and watches the gradient norm for spikes.
 
-    ``skip`` and ``rollback`` check the gradient norm before every optimizer step (one host
-    sync per step; the gradients are already reduced across ranks, so every rank decides the
-    same). A bad step's gradients are dropped, so the optimizer leaves the weights alone;
-    ``rollback`` also restores the weights and optimizer state of the last committed
-    checkpoint, and training goes on with the next batches. ``stop`` is checked on the rows
-    the metrics callback reads back anyway (:meth:`check_row`), so it costs nothing.
+    ``skip`` and ``rollback`` check the gradient norm before every optimizer step (the
+    gradients are already reduced across ranks, so every rank decides the same). A bad step's
+    gradients are dropped, so the optimizer leaves the weights alone; ``rollback`` also
+    restores the weights and optimizer state of the last committed checkpoint, and training
+    goes on with the next batches. That check is one host sync per step, except for ``skip``
+    with an optimizer that skips a step on the device (:func:`skips_on_device`: torch's fused
+    Adam/AdamW): there the verdict stays a device tensor handed to the optimizer as
+    ``found_inf`` (as the gradient scaler does), the skipped steps are counted on the device,
+    and both are read at the logging interval (:meth:`settle`), where ``monitor.max_bad_steps``
+    is enforced too. ``stop`` is checked on the rows the metrics callback reads back anyway
+    (:meth:`check_row`), so it costs nothing.
 
     With a gradient scaler (``precision=16-mixed``) overflowing gradients are normal: the
     scaler skips those steps and lowers its scale. The policies then leave the gradients to
@@ -91,6 +97,7 @@ class HealthGuard(pl.Callback):
         self._bad_in_a_row = 0
         self._norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self._warned_no_checkpoint = False
+        self._on_device: _DeviceSkips | None = None
 
     @property
     def checks_every_step(self) -> bool:
@@ -102,6 +109,9 @@ class HealthGuard(pl.Callback):
     ) -> None:
         """Drop a non-finite step's gradients (and roll back) before the optimizer sees them."""
         if not self.checks_every_step:
+            return
+        if self.policy == "skip" and skips_on_device(optimizer):
+            self._skip_on_device(pl_module, optimizer)
             return
         norm = total_grad_norm(pl_module)
         if norm is None or bool(torch.isfinite(norm)):
@@ -125,6 +135,43 @@ class HealthGuard(pl.Callback):
                 )
         elif trainer.is_global_zero:
             log.warning("step %d: non-finite gradients; the step was skipped", step)
+
+    def _skip_on_device(self, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        """Hand the optimizer a device-side ``found_inf`` (1.0 when the gradient norm is not finite) and count."""
+        norm = total_grad_norm(pl_module)
+        if norm is None:
+            set_found_inf(optimizer, None)
+            return
+        bad = torch.logical_not(torch.isfinite(norm)).to(torch.float32)
+        set_found_inf(optimizer, bad)
+        if self._on_device is None:
+            self._on_device = _DeviceSkips(bad.device)
+        self._on_device.add(bad)
+
+    def settle(self, trainer: pl.Trainer) -> None:
+        """Read the steps skipped on the device since the last call (one host read, at a logged step).
+
+        Raises :class:`NonFiniteError` when more than ``max_bad_steps`` of them came in a row.
+        """
+        if self._on_device is None:
+            return
+        skipped, longest_run = self._on_device.read()
+        if self.max_bad_steps and longest_run > self.max_bad_steps:
+            raise NonFiniteError(
+                f"non-finite gradients in {longest_run} optimizer steps in a row (up to step "
+                f"{trainer.global_step}); monitor.on_nonfinite={self.policy} gave up after "
+                f"monitor.max_bad_steps={self.max_bad_steps}"
+            )
+        if not skipped:
+            return
+        self.skipped_steps += skipped
+        self.skipped_in_window += skipped
+        if trainer.is_global_zero:
+            log.warning(
+                "non-finite gradients in %d optimizer step(s) up to step %d; those steps were skipped",
+                skipped,
+                trainer.global_step,
+            )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -231,6 +278,36 @@ class HealthGuard(pl.Callback):
         if self.divergences:
             out["health/divergences"] = float(self.divergences)
         return out
+
+
+def skips_on_device(optimizer: Any) -> bool:
+    """Whether *optimizer* skips a step itself on a device-side ``found_inf``: torch's Adam/AdamW, every group fused.
+
+    torch's fused SGD accepts ``found_inf`` too, but a skipped first step leaves its momentum
+    buffer uninitialised, so SGD keeps the host-side check.
+    """
+    return isinstance(optimizer, torch.optim.Adam) and all(
+        group.get("fused") for group in optimizer.param_groups
+    )
+
+
+class _DeviceSkips:
+    """Skipped-step counters that live on the device: skipped steps, the current and the longest run of them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.counts = torch.zeros(3, device=device)  # skipped since the last read, current run, longest run
+
+    def add(self, bad: torch.Tensor) -> None:
+        """Count one step; *bad* is 1.0 when it was skipped, else 0.0 (no host sync)."""
+        skipped, run, longest = self.counts.unbind()
+        run = (run + 1) * bad
+        self.counts = torch.stack([skipped + bad, run, torch.maximum(longest, run)])
+
+    def read(self) -> tuple[int, int]:
+        """Skipped steps and the longest run since the last read; starts a new window (the current run goes on)."""
+        skipped, run, longest = (int(value) for value in self.counts.tolist())
+        self.counts = torch.tensor([0.0, run, run], device=self.counts.device)
+        return skipped, longest
 
 
 class StallWatchdog(pl.Callback):

@@ -134,6 +134,8 @@ class MetricsRecorder(pl.Callback):
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         row: Row = {}
+        if self.health is not None:
+            self.health.settle(trainer)  # the steps skipped on the device, read once per row
         counted = self._steps - (self.health.skipped_in_window if self.health else 0)
         if self._loss_sum is not None and counted > 0:
             row.update(self._loss_row(trainer, self._loss_sum / counted))

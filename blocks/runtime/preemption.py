@@ -65,7 +65,9 @@ class Preemption(pl.Callback):
         With several processes, only at the boundaries of the logging interval (the all-reduce
         is read on the host, a sync with the device).
         """
-        if processed_micro_batches(trainer) % self.accumulate:
+        if trainer.world_size == 1 and not self.received:
+            return  # nothing to agree on: the common case costs one attribute read
+        if self.accumulate > 1 and processed_micro_batches(trainer) % self.accumulate:
             return
         if trainer.world_size > 1 and trainer.global_step % self.every:
             return

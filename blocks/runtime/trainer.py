@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
-from blocks.compat.torch_private import skip_automatic_hyperparameters
+from blocks.compat.torch_private import drop_inherited_step_hooks, skip_automatic_hyperparameters
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
@@ -69,6 +69,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
+    if getattr(optim, "fused", False) is None and _amp_clips(plan):
+        optim = optim.replace(fused=False)  # Lightning's mixed-precision plugin cannot clip a fused optimizer
     compile_mode = plan.strategy.compile_mode if plan.strategy.compile else None
     module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize, compile_mode)
     datamodule = BlocksDataModule(
@@ -129,14 +131,16 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         )
         callbacks.append(checkpointer)
         recorder.stall_clock = lambda: checkpointer.stall_s
-    callbacks += build_callbacks(
-        list(trainer_block.callbacks)
-    )  # after blocks' own: they see this step's metrics
+    users = build_callbacks(list(trainer_block.callbacks))
+    callbacks += users  # after blocks' own: they see this step's metrics
     preemption = Preemption(derived.accumulate, monitor.log_every_n_steps)
     callbacks.append(preemption)
     callbacks.append(
         recorder.batch_end_marker()
     )  # last: after saves, so data_wait_s is only the wait for data
+    own_hooks: list[pl.Callback | pl.LightningModule] = [module, *(c for c in callbacks if c not in users)]
+    for own in own_hooks:
+        drop_inherited_step_hooks(own)  # no per-step dispatch of the hooks blocks does not use
     val_every = trainer_block.val_every
     has_val = derived.val_samples > 0
     trainer = pl.Trainer(
@@ -171,6 +175,12 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     skip_automatic_hyperparameters(module, datamodule)  # the loggers got the whole config above
     preemption.install(trainer)
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
+
+
+def _amp_clips(plan: Plan) -> bool:
+    """Whether Lightning's mixed-precision plugin will clip the gradients (it refuses to for fused optimizers)."""
+    precision = plan.strategy.lightning_precision(plan.precision)
+    return str(precision).endswith("-mixed") and plan.optim.grad_clip is not None
 
 
 def _micro_batches(steps: int | None, accumulate: int) -> int | None:
