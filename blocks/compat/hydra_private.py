@@ -99,3 +99,55 @@ def hydra_completion(config_loader: Any, config_name: str, line: str) -> list[st
 
     found: list[str] = BashCompletion(config_loader)._query(config_name=config_name, line=line)
     return found
+
+
+def lazy_config_node(name: str, group: str | None, package: str | None, provider: str, build: Callable[[], Any]) -> Any:
+    """A ``hydra.core.config_store.ConfigNode`` whose node *build* makes the first time Hydra loads it.
+
+    ``ConfigStore.store`` converts every node up front; a lazy one lets the store list every
+    option by name while only the options a composition chooses are built (and their
+    classes imported). ``ConfigStore.load`` shallow-copies the stored object and reads
+    ``node``, so the built node is cached in a holder the copies share.
+    """
+    from hydra.core.config_store import ConfigNode
+    from omegaconf import OmegaConf
+
+    holder: dict[str, Any] = {}
+
+    class LazyConfigNode(ConfigNode):
+        def __init__(self) -> None:
+            self.name = f"{name}.yaml"
+            self.group = group
+            self.package = package
+            self.provider = provider
+            self._own: Any = None
+
+        @property  # type: ignore[override]
+        def node(self) -> Any:
+            if self._own is not None:
+                return self._own
+            if "node" not in holder:
+                holder["node"] = OmegaConf.structured(build())
+            return holder["node"]
+
+        @node.setter
+        def node(self, value: Any) -> None:
+            self._own = value
+
+    return LazyConfigNode()
+
+
+def config_store_repo() -> dict[str, Any]:
+    """The nested dict of Hydra's global ``ConfigStore`` (group → … → ``name.yaml`` → ConfigNode)."""
+    from hydra.core.config_store import ConfigStore
+
+    return ConfigStore.instance().repo
+
+
+def swap_config_store_repo(repo: dict[str, Any]) -> dict[str, Any]:
+    """Make *repo* the content of Hydra's global ``ConfigStore``; returns the one it replaces."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    previous, store.repo = store.repo, repo
+    return previous
