@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import pkgutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -78,7 +77,13 @@ def test_hydras_store_sees_a_catalog_only_while_composing_and_keeps_others_entri
         del store.repo["optim"]["someone_elses.yaml"]
 
 
-CHOSEN_BY_DEFAULT = {"data": "text", "model": "transformer", "task": "lm", "optim": "adamw", "strategy": "single"}
+CHOSEN_BY_DEFAULT = {
+    "data": "text",
+    "model": "transformer",
+    "task": "lm",
+    "optim": "adamw",
+    "strategy": "single",
+}
 
 PLAN_AND_REPORT_MODULES = """
 import json, sys
@@ -103,7 +108,9 @@ def test_planning_the_default_recipe_imports_only_the_chosen_blocks_and_no_torch
     block_modules = {target.split(":")[0] for names in BUILTIN_BLOCKS.values() for target in names.values()}
     chosen = {BUILTIN_BLOCKS[kind][name].split(":")[0] for kind, name in CHOSEN_BY_DEFAULT.items()}
     # precision, checkpoint, monitor and trainer take their kind's default block
-    defaults = {BUILTIN_BLOCKS[k.name][k.default].split(":")[0] for k in KIND_TABLE if k.name not in CHOSEN_BY_DEFAULT}
+    defaults = {
+        BUILTIN_BLOCKS[k.name][k.default].split(":")[0] for k in KIND_TABLE if k.name not in CHOSEN_BY_DEFAULT
+    }
     assert block_modules & modules == chosen | defaults
     assert not modules & {"torch", "lightning", "pytorch_lightning"}
 
@@ -121,7 +128,9 @@ print(json.dumps([[e.kind, e.name, e.target, e.registered is not None] for e in 
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     registered = {(kind, name): target for kind, name, target, done in json.loads(proc.stdout) if done}
-    listed = {(kind, name): target for kind, names in BUILTIN_BLOCKS.items() for name, target in names.items()}
+    listed = {
+        (kind, name): target for kind, names in BUILTIN_BLOCKS.items() for name, target in names.items()
+    }
     assert registered == listed
 
 
@@ -134,9 +143,13 @@ print(json.dumps({"names": [[e.kind, e.name] for e in catalog.registry.entries()
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     found = json.loads(proc.stdout)
-    assert sorted(map(tuple, found["names"])) == sorted((k, n) for k, names in BUILTIN_BLOCKS.items() for n in names)
+    assert sorted(map(tuple, found["names"])) == sorted(
+        (k, n) for k, names in BUILTIN_BLOCKS.items() for n in names
+    )
     block_modules = {target.split(":")[0] for names in BUILTIN_BLOCKS.values() for target in names.values()}
-    kind_bases = {kind.base.split(":")[0] for kind in KIND_TABLE}  # a Recipe's field types; some define a block too
+    kind_bases = {
+        kind.base.split(":")[0] for kind in KIND_TABLE
+    }  # a Recipe's field types; some define a block too
     assert not (block_modules - kind_bases) & set(found["modules"])
 
 

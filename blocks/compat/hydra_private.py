@@ -101,7 +101,9 @@ def hydra_completion(config_loader: Any, config_name: str, line: str) -> list[st
     return found
 
 
-def lazy_config_node(name: str, group: str | None, package: str | None, provider: str, build: Callable[[], Any]) -> Any:
+def lazy_config_node(
+    name: str, group: str | None, package: str | None, provider: str, build: Callable[[], Any]
+) -> Any:
     """A ``hydra.core.config_store.ConfigNode`` whose node *build* makes the first time Hydra loads it.
 
     ``ConfigStore.store`` converts every node up front; a lazy one lets the store list every
@@ -122,7 +124,7 @@ def lazy_config_node(name: str, group: str | None, package: str | None, provider
             self.provider = provider
             self._own: Any = None
 
-        @property  # type: ignore[override]
+        @property
         def node(self) -> Any:
             if self._own is not None:
                 return self._own

@@ -134,7 +134,13 @@ class Catalog:
             if isinstance(made, _MadeRecipe):
                 for kind, node in made.presets:
                     repo.add(kind, recipe_entry.name, node, source=f"recipe {recipe_entry.source}")
-                repo.add("recipe", recipe_entry.name, {"defaults": made.defaults}, source=recipe_entry.source, package="_global_")
+                repo.add(
+                    "recipe",
+                    recipe_entry.name,
+                    {"defaults": made.defaults},
+                    source=recipe_entry.source,
+                    package="_global_",
+                )
             else:
                 repo.add(
                     "recipe",
@@ -144,10 +150,14 @@ class Catalog:
                     package="_global_",
                 )
         for preset in self.presets:
-            repo.add(preset.group, preset.option, preset.node, source=str(preset.path), package=preset.package)
+            repo.add(
+                preset.group, preset.option, preset.node, source=str(preset.path), package=preset.package
+            )
         repo.add("hydra/launcher", "ray", RAY_LAUNCHER_NODE, source="blocks.core.launcher")
         conf = paths.conf_dir()
-        repo.add(None, PRIMARY_CONFIG, primary_node([str(conf)] if conf else []), source="blocks.core.compose")
+        repo.add(
+            None, PRIMARY_CONFIG, primary_node([str(conf)] if conf else []), source="blocks.core.compose"
+        )
         return repo
 
     def make_recipes(self, names: Iterable[str] | None = None) -> None:
@@ -183,7 +193,9 @@ class Catalog:
         except Exception as exc:
             source = inspect.getsourcefile(recipe_entry.fn)
             path = Path(source).resolve() if source else Path(recipe_entry.source)
-            _record(LoadProblem(path, describe_exception(exc), (recipe_entry.name,), _line_in(exc, path), "call"))
+            _record(
+                LoadProblem(path, describe_exception(exc), (recipe_entry.name,), _line_in(exc, path), "call")
+            )
             made = None
         self._made[recipe_entry.name] = made
         return made

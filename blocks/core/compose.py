@@ -404,7 +404,11 @@ def _blocks_with_field(kind: str, field: str) -> list[str]:
     """Registered blocks of *kind* that have a field called *field*."""
     if kind not in KINDS:
         return []
-    return [e.name for e in active_registry().entries(kind) if field in {f.name for f in dataclasses.fields(e.cls)}]
+    return [
+        e.name
+        for e in active_registry().entries(kind)
+        if field in {f.name for f in dataclasses.fields(e.cls)}
+    ]
 
 
 @dataclass(frozen=True)

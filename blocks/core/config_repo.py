@@ -42,7 +42,9 @@ class ConfigRepo:
     def __init__(self) -> None:
         self._options: dict[str, StoredOption] = {}
 
-    def add(self, group: str | None, name: str, node: Any, *, source: str, package: str | None = None) -> None:
+    def add(
+        self, group: str | None, name: str, node: Any, *, source: str, package: str | None = None
+    ) -> None:
         """Store *node* (or a zero-argument builder of it) as option *name* of *group*.
 
         A namespaced name (``acme/resnet``) nests as Hydra looks it up (``model/acme/resnet``),

@@ -54,7 +54,9 @@ class Entry:
         for part in qualname.split("."):
             found = getattr(found, part)
         if not (isinstance(found, type) and issubclass(found, Block)):
-            raise RegistryError(f"{self.kind} block '{self.name}' names {self.target}, which is not a block class")
+            raise RegistryError(
+                f"{self.kind} block '{self.name}' names {self.target}, which is not a block class"
+            )
         return found
 
 
@@ -70,7 +72,9 @@ class Registry:
     under ``<entry point name>/<name>`` (see :mod:`blocks.core.packages`).
     """
 
-    def __init__(self, kinds: Sequence[str] = KINDS, listed: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    def __init__(
+        self, kinds: Sequence[str] = KINDS, listed: Mapping[str, Mapping[str, str]] | None = None
+    ) -> None:
         self.kinds = tuple(kinds)
         """The kinds (config groups) this registry holds: the kind table's names unless given."""
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in self.kinds}
