@@ -158,3 +158,15 @@ def test_kind_packages_still_export_their_blocks() -> None:
         package = importlib.import_module(kind.package)
         for name in package.__all__:
             assert getattr(package, name).__name__ == name
+
+
+def test_hydra_initialized_without_its_stack_walk_composes_as_hydra_initialize_does() -> None:
+    from hydra import compose, initialize
+
+    from blocks.core.catalog import current
+
+    with jobs.hydra_context() as name:
+        ours = compose(name, overrides=["recipe=blobs", "optim.lr=0.5"])
+    with current().installed(), initialize(version_base="1.3", config_path=None, job_name="blocks"):
+        hydras = compose(name, overrides=["recipe=blobs", "optim.lr=0.5"])
+    assert ours == hydras and ours.optim.lr == 0.5

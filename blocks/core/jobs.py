@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from omegaconf import DictConfig
 
+from blocks.compat.hydra_private import initialize_hydra
 from blocks.core import catalog as catalogs
 from blocks.core import packages
 from blocks.core.catalog import Catalog
@@ -60,7 +61,7 @@ def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None)
     options only inside the block. Hydra's global state is left as it was found:
     a compose inside a running Hydra app (a pipeline stage, a sweep job) does not reset that app.
     """
-    from hydra import initialize, initialize_config_dir
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
@@ -72,7 +73,7 @@ def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None)
                 version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
             )
             if config_dir
-            else initialize(version_base="1.3", config_path=None, job_name="blocks")
+            else contextlib.nullcontext(initialize_hydra("blocks"))  # hydra.initialize without its stack walk
         )
         with (catalog or catalogs.current()).installed(), context:
             yield PRIMARY_CONFIG
