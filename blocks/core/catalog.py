@@ -179,6 +179,12 @@ class Catalog:
         chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "recipe"]
         self.make_recipes({*words, *(chosen[-1:] or [DEFAULT_RECIPE])})
 
+    def customizes(self, recipe_name: str, kind: str) -> bool:
+        """Whether recipe *recipe_name* makes a preset of *kind* (option ``<kind>=<recipe_name>``); calls it."""
+        self.make_recipes([recipe_name])
+        made = self._made.get(recipe_name)
+        return isinstance(made, _MadeRecipe) and any(k == kind for k, _ in made.presets)
+
     @contextmanager
     def installed(self) -> Iterator[None]:
         """Hydra's ConfigStore holds exactly this catalog's options inside the block."""
@@ -493,12 +499,9 @@ def option_source(catalog: Catalog, group: str, name: str) -> str | None:
     if group in REGISTRY_KINDS and name in catalog.registry.names(group):
         cls = catalog.registry.get(group, name).cls
         return f"{cls.__module__}.{cls.__qualname__} ({_class_file(cls)})"
-    if name in {e.name for e in catalog.recipes.entries()}:
-        catalog.make_recipes([name])
-        entry = catalog.recipes.get(name)
-        made = catalog._made.get(name)
-        if group == "recipe" or (isinstance(made, _MadeRecipe) and any(k == group for k, _ in made.presets)):
-            return f"recipe {name} ({entry.file})"
+    recipes = {e.name for e in catalog.recipes.entries()}
+    if name in recipes and (group == "recipe" or catalog.customizes(name, group)):
+        return f"recipe {name} ({catalog.recipes.get(name).file})"
     return None
 
 
