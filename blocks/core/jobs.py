@@ -68,14 +68,13 @@ def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None)
     outer = get_gh_backup()
     GlobalHydra.instance().clear()  # Hydra initializes only a cleared GlobalHydra
     try:
-        context = (
+        if config_dir:
             initialize_config_dir(
                 version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
             )
-            if config_dir
-            else contextlib.nullcontext(initialize_hydra("blocks"))  # hydra.initialize without its stack walk
-        )
-        with (catalog or catalogs.current()).installed(), context:
+        else:
+            initialize_hydra("blocks")  # hydra.initialize without its stack walk
+        with (catalog or catalogs.current()).installed():
             yield PRIMARY_CONFIG
     finally:
         restore_gh_from_backup(outer)
