@@ -1,17 +1,18 @@
 """The default recipe: a character-level transformer language model on text that ships with Python."""
 
 from blocks import Recipe, recipe
-from blocks.data import Text
-from blocks.model import Transformer
-from blocks.monitor import Monitor
-from blocks.optim import AdamW
-from blocks.task import LanguageModeling
-from blocks.trainer import Trainer
 
 
 @recipe("charlm")
 def charlm() -> Recipe:
     """A small GPT on the byte stream of Python's ``email`` package sources; learns in about a minute on a CPU."""
+    from blocks.data import Text
+    from blocks.model import Transformer
+    from blocks.monitor import Monitor
+    from blocks.optim import AdamW
+    from blocks.task import LanguageModeling
+    from blocks.trainer import Trainer
+
     return Recipe(
         data=Text(seq_len=128, batch_size=32),
         model=Transformer(d_model=128, n_layers=4, n_heads=4, context=128),

@@ -1,16 +1,17 @@
 """A regression recipe on tabular data that ships with scikit-learn: diabetes progression."""
 
 from blocks import Recipe, recipe
-from blocks.data import Diabetes
-from blocks.model import MLP
-from blocks.optim import AdamW
-from blocks.task import Regression
-from blocks.trainer import Trainer
 
 
 @recipe("diabetes_mlp")
 def diabetes_mlp() -> Recipe:
     """An MLP regressor on scikit-learn's diabetes table; validation R² around 0.4-0.5 in seconds."""
+    from blocks.data import Diabetes
+    from blocks.model import MLP
+    from blocks.optim import AdamW
+    from blocks.task import Regression
+    from blocks.trainer import Trainer
+
     return Recipe(
         data=Diabetes(batch_size=32),
         model=MLP(hidden=(32,), dropout=0.1),

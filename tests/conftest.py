@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.catalog_fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN_SIGNS = ("devices=2", "check_ddp", "torchrun", "strategy=ddp", "strategy=fsdp", "nproc")
 """Text in a test (or its parameters) that means it starts several processes through torchrun."""

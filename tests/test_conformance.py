@@ -27,13 +27,12 @@ from blocks.testing import (
     host,
 )
 from blocks.testing.plugin import blocks_kit  # noqa: F401 - the plugin's fixture, as pytest11 would load it
+from tests.catalog_fixtures import fresh_catalog
 
 catalog.load()
 BUILTINS = [
-    (e.kind, e.name)
-    for e in REGISTRY.entries()
-    if "/" not in e.name and e.package == "blocks" and e.cls.__module__.startswith("blocks.")
-]  # not the blocks other test modules register in this process
+    (e.kind, e.name) for e in fresh_catalog().registry.entries()
+]  # blocks' own, none a test module added
 ADAPTER_OVERRIDES = {
     ("model", "torch_module"): [
         "model.target=tests.legacy_team.TinyNet",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from blocks.core import catalog
+from blocks.core.catalog import Catalog
 from blocks.core.checks import SHARDS, write_shard_manifest
 from blocks.data.base import SPLITS, DataBlock
 from blocks.data.blobs import Blobs
@@ -29,10 +29,9 @@ BUILT_IN = {
 }
 
 
-def test_every_built_in_data_block_has_no_test_split_unless_configured() -> None:
-    catalog.load()
+def test_every_built_in_data_block_has_no_test_split_unless_configured(clean_catalog: Catalog) -> None:
     write_shard_manifest()
-    built_in = {e.name for e in REGISTRY.entries("data") if e.cls.__module__.startswith("blocks.")}
+    built_in = set(clean_catalog.registry.names("data"))
     assert built_in == set(BUILT_IN), "add the new data block to BUILT_IN"
     for name in sorted(built_in):
         block: DataBlock = BUILT_IN[name]()

@@ -25,7 +25,7 @@ from blocks.core.environment import Environment
 from blocks.core.recipe import RECIPES
 from blocks.spec.block import KINDS
 from blocks.spec.errors import BlocksError
-from blocks.spec.registry import REGISTRY
+from tests.catalog_fixtures import fresh_catalog
 
 catalog.load()
 
@@ -57,7 +57,7 @@ FLOAT_VALUES = st.one_of(
 
 def _library_entries(kind: str) -> list[typing.Any]:
     """The library's own blocks of *kind*, not those other test modules register in this process."""
-    return [e for e in REGISTRY.entries(kind) if e.cls.__module__.startswith("blocks.")]
+    return fresh_catalog().registry.entries(kind)
 
 
 def _fields(kind: str) -> dict[str, typing.Any]:

@@ -75,7 +75,7 @@ def _hydra_candidates(overrides: list[str], *, new_word: bool) -> list[str]:
     from blocks.core import catalog
     from blocks.core.compose import BLOCK_KEY, PRIMARY_CONFIG
 
-    catalog.load()
+    catalog.register_configs()  # every recipe's presets are options to complete
     GlobalHydra.instance().clear()
     with initialize(version_base="1.3", config_path=None, job_name="blocks"):
         loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]

@@ -10,9 +10,11 @@ from blocks.core.compose import GROUPS, group_options
 
 
 def all_options() -> dict[str, list[str]]:
-    """Each config group's options, by group in :data:`GROUPS` order (the catalog must be loaded)."""
+    """Each config group's options, by group in :data:`GROUPS` order (every recipe is called for its presets)."""
+    from blocks.core import catalog
     from blocks.core.recipe import RECIPES
 
+    catalog.register_configs()
     options = {group: group_options(group) for group in GROUPS}
     options["recipe"] = sorted({*options["recipe"], *(entry.name for entry in RECIPES.entries())})
     return options

@@ -99,3 +99,73 @@ def hydra_completion(config_loader: Any, config_name: str, line: str) -> list[st
 
     found: list[str] = BashCompletion(config_loader)._query(config_name=config_name, line=line)
     return found
+
+
+def lazy_config_node(
+    name: str, group: str | None, package: str | None, provider: str, build: Callable[[], Any]
+) -> Any:
+    """A ``hydra.core.config_store.ConfigNode`` whose node *build* makes the first time Hydra loads it.
+
+    ``ConfigStore.store`` converts every node up front; a lazy one lets the store list every
+    option by name while only the options a composition chooses are built (and their
+    classes imported). ``ConfigStore.load`` shallow-copies the stored object and reads
+    ``node``, so the built node is cached in a holder the copies share.
+    """
+    from hydra.core.config_store import ConfigNode
+    from omegaconf import OmegaConf
+
+    holder: dict[str, Any] = {}
+
+    class LazyConfigNode(ConfigNode):
+        def __init__(self) -> None:
+            self.name = f"{name}.yaml"
+            self.group = group
+            self.package = package
+            self.provider = provider
+            self._own: Any = None
+
+        @property
+        def node(self) -> Any:
+            if self._own is not None:
+                return self._own
+            if "node" not in holder:
+                holder["node"] = OmegaConf.structured(build())
+            return holder["node"]
+
+        @node.setter
+        def node(self, value: Any) -> None:
+            self._own = value
+
+    return LazyConfigNode()
+
+
+def config_store_repo() -> dict[str, Any]:
+    """The nested dict of Hydra's global ``ConfigStore`` (group → … → ``name.yaml`` → ConfigNode)."""
+    from hydra.core.config_store import ConfigStore
+
+    return ConfigStore.instance().repo
+
+
+def swap_config_store_repo(repo: dict[str, Any]) -> dict[str, Any]:
+    """Make *repo* the content of Hydra's global ``ConfigStore``; returns the one it replaces."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    previous, store.repo = store.repo, repo
+    return previous
+
+
+def initialize_hydra(job_name: str) -> None:
+    """What ``hydra.initialize(version_base="1.3", config_path=None, job_name=...)`` does, without its stack walk.
+
+    ``initialize`` finds its caller with ``inspect.stack()``, reading the source of every frame
+    (tens of milliseconds in a fresh process) only to compute a search path that
+    ``config_path=None`` leaves empty. The caller restores Hydra's global state afterwards
+    (``hydra.initialize.get_gh_backup``/``restore_gh_from_backup``).
+    """
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+
+    version.setbase("1.3")
+    Hydra.create_main_hydra2(task_name=job_name, config_search_path=create_config_search_path(None))

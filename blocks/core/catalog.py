@@ -7,33 +7,37 @@ shows each problem as a warning, and choosing a recipe that could not load names
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import importlib
 import importlib.util
 import inspect
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
+from omegaconf import DictConfig
+
+from blocks.compat.hydra_private import config_store_repo, swap_config_store_repo
 from blocks.core import packages, paths, project
-from blocks.core.compose import GROUPS, block_node, primary_node, store_option
+from blocks.core.compose import DEFAULT_RECIPE, GROUPS, PRIMARY_CONFIG, block_node, primary_node
+from blocks.core.config_repo import ConfigRepo
 from blocks.core.launcher import RAY_LAUNCHER_NODE
 from blocks.core.pipeline import Pipeline
-from blocks.core.recipe import RECIPES, RecipeEntry
+from blocks.core.recipe import RECIPES, RecipeBook, RecipeEntry, active_recipes
 from blocks.spec.block import KINDS as REGISTRY_KINDS
 from blocks.spec.errors import DuplicateName, Problem, RegistryError, describe_exception
 from blocks.spec.kinds import KIND_TABLE
-from blocks.spec.registry import REGISTRY
-
-if TYPE_CHECKING:
-    from hydra.core.config_store import ConfigStore
+from blocks.spec.registry import REGISTRY, Entry, Registry
 
 BUILTIN_KINDS = tuple(kind.package for kind in KIND_TABLE)
-"""The packages whose import registers the built-in blocks (from the kind table)."""
+"""The packages whose modules register the built-in blocks (from the kind table)."""
 
-_loaded = False
 _RECIPE_DECORATOR = re.compile(r"""@recipe\(\s*["']([^"']+)["']""")
 
 
@@ -88,21 +92,269 @@ def _record(problem: LoadProblem) -> LoadProblem:
     return _problems.setdefault((problem.path, problem.message), problem)
 
 
-def load() -> None:
-    """Import built-in blocks and recipes and register every config group option (once)."""
-    global _loaded
-    if _loaded:
-        return
-    for module in BUILTIN_KINDS:
-        importlib.import_module(module)
-    recipes = paths.recipes_dir()
-    if recipes is not None:
-        load_recipe_files(recipes)
-    packages.discover()
-    found = project.find()
-    load_project_recipes(found.recipes)
-    register_configs(found)
-    _loaded = True
+@dataclass(eq=False)
+class Catalog:
+    """Everything that can be composed: blocks, recipes, packages' and the project's presets.
+
+    Built once per process entry by :func:`build_catalog` and passed to what composes and
+    plans (:func:`blocks.core.jobs.plan`, :func:`blocks.core.jobs.hydra_context`). Its
+    registry lists blocks by import path, and its config options are built when Hydra first
+    loads them, so building a catalog imports no block and planning imports only the chosen
+    blocks' modules. Hydra's global ConfigStore sees the catalog only inside
+    :meth:`installed` (one composition) or after :meth:`install` (the command-line edge).
+
+    Attributes:
+        registry: the blocks, by kind and name.
+        recipes: the Python recipes, by name.
+        project: the user's project (recipe files and preset dirs).
+        presets: the YAML presets of block packages and of the project, parsed.
+    """
+
+    registry: Registry
+    recipes: RecipeBook
+    project: project.Project = field(default_factory=lambda: project.Project(None, (), ()))
+    presets: list[Preset] = field(default_factory=list)
+    _made: dict[str, _MadeRecipe | None] = field(default_factory=dict, repr=False)
+
+    @contextmanager
+    def active(self) -> Iterator[Catalog]:
+        """``@register``, ``@recipe`` and block look-ups use this catalog inside the block."""
+        with self.registry.collecting(), self.recipes.collecting(), _using(self):
+            yield self
+
+    def config_repo(self) -> ConfigRepo:
+        """The catalog's config options, in a store of their own (see :class:`ConfigRepo`)."""
+        repo = ConfigRepo()
+        for entry in self.registry.entries():
+            repo.add(entry.kind, entry.name, _BlockNode(entry), source=entry.target)
+        for recipe_entry in self.recipes.entries():
+            made = self._made.get(recipe_entry.name, _UNMADE)
+            if made is None:
+                continue  # raised when called, or a pipeline: no config option
+            if isinstance(made, _MadeRecipe):
+                for kind, node in made.presets:
+                    repo.add(kind, recipe_entry.name, node, source=f"recipe {recipe_entry.source}")
+                repo.add(
+                    "recipe",
+                    recipe_entry.name,
+                    {"defaults": made.defaults},
+                    source=recipe_entry.source,
+                    package="_global_",
+                )
+            else:
+                repo.add(
+                    "recipe",
+                    recipe_entry.name,
+                    functools.partial(self._recipe_node, recipe_entry),
+                    source=recipe_entry.source,
+                    package="_global_",
+                )
+        for preset in self.presets:
+            repo.add(
+                preset.group, preset.option, preset.node, source=str(preset.path), package=preset.package
+            )
+        repo.add("hydra/launcher", "ray", RAY_LAUNCHER_NODE, source="blocks.core.launcher")
+        conf = paths.conf_dir()
+        repo.add(
+            None, PRIMARY_CONFIG, primary_node([str(conf)] if conf else []), source="blocks.core.compose"
+        )
+        return repo
+
+    def make_recipes(self, names: Iterable[str] | None = None) -> int:
+        """Call the recipes named (every one by default), so their presets become options; how many were new.
+
+        A recipe that raises is recorded as a :class:`LoadProblem` and is no option.
+        """
+        wanted = set(names) if names is not None else None
+        made = 0
+        for recipe_entry in self.recipes.entries():
+            if (wanted is None or recipe_entry.name in wanted) and recipe_entry.name not in self._made:
+                self._make(recipe_entry)
+                made += 1
+        return made
+
+    def prepare(self, overrides: Sequence[str]) -> None:
+        """Call the recipes a command line names (and the default one), before composing it."""
+        words = {w for o in overrides for w in re.split(r"[=,\[\]\s()'\"]+", o.partition("=")[2]) if w}
+        chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "recipe"]
+        self.make_recipes({*words, *(chosen[-1:] or [DEFAULT_RECIPE])})
+
+    def customizes(self, recipe_name: str, kind: str) -> bool:
+        """Whether recipe *recipe_name* makes a preset of *kind* (option ``<kind>=<recipe_name>``); calls it."""
+        self.make_recipes([recipe_name])
+        made = self._made.get(recipe_name)
+        return isinstance(made, _MadeRecipe) and any(k == kind for k, _ in made.presets)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Hydra's ConfigStore holds exactly this catalog's options inside the block."""
+        with self.active(), self.config_repo().installed():
+            yield
+
+    def install(self) -> None:
+        """Write the catalog's options into Hydra's global ConfigStore (once, at the command-line edge)."""
+        self.config_repo().install()
+
+    def _make(self, recipe_entry: RecipeEntry) -> _MadeRecipe | None:
+        try:
+            with self.active():
+                made = _made_recipe(recipe_entry, self.registry)
+        except Exception as exc:
+            source = inspect.getsourcefile(recipe_entry.fn)
+            path = Path(source).resolve() if source else Path(recipe_entry.source)
+            _record(
+                LoadProblem(path, describe_exception(exc), (recipe_entry.name,), _line_in(exc, path), "call")
+            )
+            made = None
+        self._made[recipe_entry.name] = made
+        return made
+
+    def _recipe_node(self, recipe_entry: RecipeEntry) -> dict[str, Any]:
+        """A recipe Hydra loads before :meth:`prepare` saw it: make it, and add its presets to the live store."""
+        made = self._made.get(recipe_entry.name) or self._make(recipe_entry)
+        if made is None:
+            raise RegistryError(f"recipe '{recipe_entry.name}' could not be made; see the warnings above")
+        live = ConfigRepo()
+        for kind, node in made.presets:
+            live.add(kind, recipe_entry.name, node, source=f"recipe {recipe_entry.source}")
+        swap_config_store_repo(live.merged_into(config_store_repo()))
+        return {"defaults": made.defaults}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A YAML preset of a block package or of the project: option *option* of *group*."""
+
+    group: str
+    option: str
+    node: Any
+    package: str | None
+    path: Path
+
+
+@dataclass(frozen=True)
+class _MadeRecipe:
+    defaults: list[dict[str, str]]
+    presets: list[tuple[str, DictConfig]]
+
+
+_UNMADE = object()
+
+
+class _BlockNode:
+    """Builds a registered block's config node when Hydra first loads it (imports its class then)."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+
+    def __call__(self) -> DictConfig:
+        return block_node(self.entry.cls())
+
+
+def _made_recipe(recipe_entry: RecipeEntry, registry: Registry) -> _MadeRecipe | None:
+    """The defaults list and presets of a recipe option (None for a pipeline, which is no option)."""
+    made = recipe_entry.make()
+    if isinstance(made, Pipeline):
+        return None  # a pipeline is no config option: `blocks run` runs its stages (blocks.launch.pipeline)
+    defaults = []
+    presets = []
+    for kind, block in made.blocks().items():
+        option = block.block_name
+        if block != type(block)():
+            option = recipe_entry.name
+            if option in registry.names(kind):
+                raise RegistryError(
+                    f"recipe '{option}' customizes its {kind} block, and its preset would shadow the "
+                    f"{kind} block '{option}'; rename the recipe"
+                )
+            presets.append((kind, block_node(block)))
+        defaults.append({f"override /{kind}": option})
+    return _MadeRecipe(defaults, presets)
+
+
+_CURRENT: contextvars.ContextVar[Catalog | None] = contextvars.ContextVar("blocks_catalog", default=None)
+
+
+@contextmanager
+def _using(catalog: Catalog) -> Iterator[None]:
+    token = _CURRENT.set(catalog)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def build_catalog(
+    *,
+    registry: Registry | None = None,
+    recipes: RecipeBook | None = None,
+    with_packages: bool = True,
+    with_project: bool = True,
+) -> Catalog:
+    """Build a catalog: blocks' own blocks and recipes, installed packages, the project's recipes and presets.
+
+    Without *registry* and *recipes* the catalog gets fresh ones (built-in blocks listed by
+    import path, blocks' shipped recipes), so it sees no block another catalog registered.
+    The default catalog of a process (:func:`default_catalog`) passes the process-wide
+    :data:`~blocks.spec.registry.REGISTRY` and :data:`~blocks.core.recipe.RECIPES` instead.
+    """
+    fresh = registry is None
+    registry = registry if registry is not None else Registry.builtin()
+    recipes = recipes if recipes is not None else RecipeBook()
+    shipped = paths.recipes_dir()
+    if shipped is not None:
+        load_recipe_files(shipped)  # into the default book, once per process
+    if fresh or recipes is not RECIPES:
+        for recipe_entry in RECIPES.entries():
+            if recipe_entry.source.startswith(_SHIPPED_PREFIX):
+                recipes.add_entry(recipe_entry)
+    catalog = Catalog(registry, recipes)
+    if with_packages:
+        packages.discover()
+        if registry is not REGISTRY:
+            # a package's modules register once per process, into the default registry and book
+            owned = {f"{package.namespace}/" for package in packages.packages()}
+            for entry in REGISTRY.entries():
+                if entry.name.startswith(tuple(owned)):
+                    registry.add_entry(entry)
+            for recipe_entry in RECIPES.entries() if recipes is not RECIPES else ():
+                if recipe_entry.name.startswith(tuple(owned)):
+                    recipes.add_entry(recipe_entry)
+    found = project.find() if with_project else catalog.project
+    catalog.project = found
+    with catalog.active():
+        load_project_recipes(found.recipes)
+    if with_packages:
+        for package in packages.packages():
+            if package.conf is not None:
+                catalog.presets += package_presets(package.namespace, package.conf, registry)
+    for conf_dir in found.conf:
+        catalog.presets += project_presets(catalog, conf_dir)
+    return catalog
+
+
+_SHIPPED_PREFIX = "blocks_recipes.blocks."
+_default: Catalog | None = None
+
+
+def default_catalog() -> Catalog:
+    """The catalog of this process: built on first use, over the default registry and recipe book."""
+    global _default
+    if _default is None:
+        _default = build_catalog(registry=REGISTRY, recipes=RECIPES)
+    return _default
+
+
+def current() -> Catalog:
+    """The catalog a :meth:`Catalog.active` block names, else :func:`default_catalog`."""
+    return _CURRENT.get() or default_catalog()
+
+
+def load() -> Catalog:
+    """The default catalog, its options written into Hydra's global ConfigStore (the command-line edge)."""
+    catalog = current()
+    catalog.install()
+    return catalog
 
 
 def load_project_recipes(directories: tuple[Path, ...]) -> list[LoadProblem]:
@@ -145,7 +397,7 @@ def load_project_recipes(directories: tuple[Path, ...]) -> list[LoadProblem]:
 def _refuse_shadowed_yaml_recipes() -> None:
     """A Python recipe named like a YAML recipe of blocks' own ``conf/recipe`` is a clash."""
     for directory in _shipped_conf_dirs():
-        for entry in RECIPES.entries():
+        for entry in active_recipes().entries():
             yaml = directory / "recipe" / f"{entry.name}.yaml"
             if yaml.is_file():
                 raise project.clash(f"recipe '{entry.name}'", str(yaml), entry.file)
@@ -210,95 +462,47 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 
 
 def register_configs(found: project.Project | None = None) -> None:
-    """Store every block and recipe in Hydra's ConfigStore, plus the primary config.
+    """Make every recipe of the current catalog an option and write the catalog into Hydra's ConfigStore.
 
-    The presets of *found* (the user's project) are stored beside blocks' own, under their
-    plain names (``optim=fastsgd``).
+    For code that registers blocks or recipes after the catalog was built (tests, notebooks);
+    *found* is kept for compatibility (the catalog knows its project).
     """
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    for entry in REGISTRY.entries():
-        store_option(store, entry.kind, entry.name, block_node(entry.cls()))
-    for recipe_entry in RECIPES.entries():
-        try:
-            _register_recipe(store, recipe_entry)
-        except Exception as exc:
-            source = inspect.getsourcefile(recipe_entry.fn)
-            path = Path(source).resolve() if source else Path(recipe_entry.source)
-            _record(
-                LoadProblem(path, describe_exception(exc), (recipe_entry.name,), _line_in(exc, path), "call")
-            )
-    for package in packages.packages():
-        if package.conf is not None:
-            register_package_presets(store, package.namespace, package.conf)
-    for conf_dir in found.conf if found is not None else ():
-        register_project_presets(store, conf_dir)
-    store.store(group="hydra/launcher", name="ray", node=RAY_LAUNCHER_NODE)
-    conf = paths.conf_dir()
-    store.store(name="blocks", node=primary_node([str(conf)] if conf else []))
+    catalog = current()
+    catalog.make_recipes()
+    catalog.install()
 
 
-def _register_recipe(store: ConfigStore, recipe_entry: RecipeEntry) -> None:
-    """Store a recipe as an option of the ``recipe`` group, and each block it customizes as a preset."""
-    made = recipe_entry.make()
-    if isinstance(made, Pipeline):
-        return  # a pipeline is no config option: `blocks run` runs its stages (blocks.launch.pipeline)
-    recipe = made
-    defaults = []
-    presets = []
-    for kind, block in recipe.blocks().items():
-        option = block.block_name
-        if block != type(block)():
-            option = recipe_entry.name
-            if option in REGISTRY.names(kind):
-                raise RegistryError(
-                    f"recipe '{option}' customizes its {kind} block, and its preset would shadow the "
-                    f"{kind} block '{option}'; rename the recipe"
-                )
-            presets.append((kind, block_node(block)))
-        defaults.append({f"override /{kind}": option})
-    for kind, node in presets:
-        store_option(store, kind, recipe_entry.name, node)
-    store_option(store, "recipe", recipe_entry.name, {"defaults": defaults}, package="_global_")
+def project_presets(catalog: Catalog, conf: Path) -> list[Preset]:
+    """Each ``conf/<group>/<name>.yaml`` of the project as option ``<group>=<name>``.
 
-
-def register_project_presets(store: ConfigStore, conf: Path) -> None:
-    """Store each ``conf/<group>/<name>.yaml`` of the project as option ``<group>=<name>``.
-
-    An option of that name already in the group (blocks' own YAML preset, a block, a recipe or
-    its preset, another project conf dir) is an error naming both files.
+    An option of that name already in the group (blocks' own YAML preset, a block, a recipe's
+    preset, a package's or another project conf dir's preset) is an error naming both files.
     """
     for group in GROUPS:
         directory = conf / group
         for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
-            taken = option_source(group, path.stem, store)
+            taken = option_source(catalog, group, path.stem)
             if taken is not None:
                 raise project.clash(f"preset {group}={path.stem}", taken, str(path))
-            _project_presets[(group, path.stem)] = path
-    register_package_presets(store, "", conf)
+    return package_presets("", conf, catalog.registry)
 
 
-_project_presets: dict[tuple[str, str], Path] = {}
-
-
-def option_source(group: str, name: str, store: ConfigStore | None = None) -> str | None:
+def option_source(catalog: Catalog, group: str, name: str) -> str | None:
     """Where option *name* of *group* comes from (a file), or None when the name is free."""
-    if (group, name) in _project_presets:
-        return str(_project_presets[(group, name)])
+    for preset in catalog.presets:
+        if (preset.group, preset.option) == (group, name):
+            return str(preset.path)
     for conf in _shipped_conf_dirs():
         yaml = conf / group / f"{name}.yaml"
         if yaml.is_file():
             return str(yaml)
-    if store is not None and f"{name}.yaml" not in store.repo.get(group, {}):
-        return None
-    if group in REGISTRY_KINDS and name in REGISTRY.names(group):
-        cls = REGISTRY.get(group, name).cls
+    if group in REGISTRY_KINDS and name in catalog.registry.names(group):
+        cls = catalog.registry.get(group, name).cls
         return f"{cls.__module__}.{cls.__qualname__} ({_class_file(cls)})"
-    for entry in RECIPES.entries():
-        if entry.name == name:
-            return f"recipe {name} ({entry.file})"
-    return None if store is None else f"option {group}={name} of blocks' config store"
+    recipes = {e.name for e in catalog.recipes.entries()}
+    if name in recipes and (group == "recipe" or catalog.customizes(name, group)):
+        return f"recipe {name} ({catalog.recipes.get(name).file})"
+    return None
 
 
 def _class_file(cls: type) -> str:
@@ -308,8 +512,8 @@ def _class_file(cls: type) -> str:
         return cls.__module__
 
 
-def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> None:
-    """Store each ``conf/<group>/<name>.yaml`` of a package as option ``<group>=<namespace>/<name>``.
+def package_presets(namespace: str, conf: Path, registry: Registry) -> list[Preset]:
+    """Each ``conf/<group>/<name>.yaml`` of a package as option ``<group>=<namespace>/<name>``.
 
     With an empty *namespace* (the user's project) the option is ``<group>=<name>``.
 
@@ -317,10 +521,11 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
     block's typed node, so overriding one of its fields is checked like any block's. A file
     that cannot be read is recorded as a :class:`LoadProblem` and skipped.
     """
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     from blocks.compat.hydra_private import config_header
 
+    found = []
     for group in GROUPS:
         directory = conf / group
         if not directory.is_dir():
@@ -337,8 +542,9 @@ def register_package_presets(store: ConfigStore, namespace: str, conf: Path) -> 
                 if block is not None:
                     name = str(block) if "/" in str(block) or not namespace else f"{namespace}/{block}"
                     node["_block_"] = name
-                    typed = block_node(REGISTRY.get(group, name).cls())
+                    typed = block_node(registry.get(group, name).cls())
                     node = OmegaConf.merge(typed, node)
-                store_option(store, group, option, node, package=header.get("package"))
+                found.append(Preset(group, option, node, header.get("package"), path))
             except Exception as exc:
                 _record(LoadProblem(path.resolve(), describe_exception(exc), (option,)))
+    return found

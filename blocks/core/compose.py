@@ -26,7 +26,7 @@ from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.spec.kinds import CROSS_KIND_GROUPS, KIND_TABLE, BlockKind
 from blocks.spec.kinds import GROUPS as ALL_GROUPS
-from blocks.spec.registry import REGISTRY
+from blocks.spec.registry import active_registry
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
@@ -119,7 +119,7 @@ def config_to_blocks(config: Mapping[str, Any] | DictConfig) -> dict[str, Block]
                 Problem(
                     kind,
                     f"no {kind} block is chosen",
-                    f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>",
+                    f"{kind}=<one of {', '.join(active_registry().names(kind))}>",
                     check="missing-value",
                 )
             )
@@ -137,13 +137,13 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
     """One block from its config node; unknown fields, missing values and bad types are errors."""
     name = str(node[BLOCK_KEY])
     try:
-        cls = REGISTRY.get(kind, name).cls
+        cls = active_registry().get(kind, name).cls
     except RegistryError as exc:
         raise ConfigError(
             Problem(
                 kind,
                 exc.problems[0].message,
-                f"{kind}=<one of {', '.join(REGISTRY.names(kind))}>",
+                f"{kind}=<one of {', '.join(active_registry().names(kind))}>",
                 check="unknown-option",
             )
         ) from None
@@ -404,7 +404,11 @@ def _blocks_with_field(kind: str, field: str) -> list[str]:
     """Registered blocks of *kind* that have a field called *field*."""
     if kind not in KINDS:
         return []
-    return [e.name for e in REGISTRY.entries(kind) if field in {f.name for f in dataclasses.fields(e.cls)}]
+    return [
+        e.name
+        for e in active_registry().entries(kind)
+        if field in {f.name for f in dataclasses.fields(e.cls)}
+    ]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ from typing import TypeVar
 
 from omegaconf import DictConfig
 
-from blocks.core import catalog, packages
+from blocks.compat.hydra_private import initialize_hydra
+from blocks.core import catalog as catalogs
+from blocks.core import packages
+from blocks.core.catalog import Catalog
 from blocks.core.compose import (
     BLOCK_KEY,
     DEFAULT_RECIPE,
@@ -39,7 +42,7 @@ def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> Dic
 
 
 @contextlib.contextmanager
-def hydra_context(config_dir: str | None = None) -> Iterator[str]:
+def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None) -> Iterator[str]:
     """Hydra's ``initialize`` for blocks' config, for your own code and tests; yields the config name.
 
     Loads everything that can be composed first (blocks, recipes, installed packages, the
@@ -53,25 +56,25 @@ def hydra_context(config_dir: str | None = None) -> Iterator[str]:
 
     *config_dir* is ``--config-dir``. The composed config has every kind's node; check it and
     get its plan with :func:`plan` (the same overrides), or its blocks with
-    :func:`blocks.core.compose.config_to_blocks`. Hydra's global state is left as it was found:
+    :func:`blocks.core.compose.config_to_blocks`. *catalog* is what can be composed (default:
+    the current one, see :func:`blocks.core.catalog.current`); Hydra's ConfigStore holds its
+    options only inside the block. Hydra's global state is left as it was found:
     a compose inside a running Hydra app (a pipeline stage, a sweep job) does not reset that app.
     """
-    from hydra import initialize, initialize_config_dir
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
-    catalog.load()
     outer = get_gh_backup()
     GlobalHydra.instance().clear()  # Hydra initializes only a cleared GlobalHydra
     try:
-        context = (
+        if config_dir:
             initialize_config_dir(
                 version_base="1.3", config_dir=str(Path(config_dir).resolve()), job_name="blocks"
             )
-            if config_dir
-            else initialize(version_base="1.3", config_path=None, job_name="blocks")
-        )
-        with context:
+        else:
+            initialize_hydra("blocks")  # hydra.initialize without its stack walk
+        with (catalog or catalogs.current()).installed():
             yield PRIMARY_CONFIG
     finally:
         restore_gh_from_backup(outer)
@@ -92,15 +95,19 @@ MAX_COMPOSE_ROUNDS = 8
 """How many failing overrides composition looks past to report them together."""
 
 
-def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> Composed:
+def compose(
+    overrides: Sequence[str] = (), config_dir: str | None = None, *, catalog: Catalog | None = None
+) -> Composed:
     """Compose the job config for *overrides* with Hydra; mistakes become one ``ConfigError`` with all of them.
 
     Hydra stops at the first override it cannot apply; this composes again without each
     failing override (and without the keys of a group whose option failed) to find the
     others, so the user sees every problem at once. Import paths in the ``hydra`` node are
-    checked here too (see :mod:`blocks.core.hydra_node`).
+    checked here too (see :mod:`blocks.core.hydra_node`). *catalog* is what can be composed
+    (default: the current one).
     """
-    composed, problems = _compose_collecting(overrides, config_dir)
+    with (catalog or catalogs.current()).active():
+        composed, problems = _compose_collecting(overrides, config_dir)
     if problems:
         raise ConfigError(problems)
     assert composed is not None
@@ -108,13 +115,18 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> Com
 
 
 def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Composed:
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    catalog.load()
+    catalogs.current().prepare(overrides)
     packages.refuse_unusable(packages.namespaces_in(overrides))
     try:
-        raw = _compose_raw(overrides, config_dir)
+        try:
+            raw = _compose_raw(overrides, config_dir)
+        except MissingConfigException:
+            if not catalogs.current().make_recipes():
+                raise
+            raw = _compose_raw(overrides, config_dir)  # again, with every recipe's presets as options
         _refuse_hydra_targets(raw)
         launcher = launcher_problems(raw)
         if launcher:
@@ -132,7 +144,6 @@ T = TypeVar("T")
 
 def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tuple[T | None, list[Problem]]:
     """*step*'s result for the overrides that apply, and the problems of those that do not."""
-    catalog.load()
     remaining, problems = check_overrides(overrides)
     for _ in range(MAX_COMPOSE_ROUNDS):
         try:
@@ -208,7 +219,7 @@ def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigE
         key, _, value = override.partition("=")
         if key.lstrip("+") == "recipe":
             chosen = value
-    for broken in catalog.load_problems():
+    for broken in catalogs.load_problems():
         if chosen in broken.recipes:
             return ConfigError(
                 Problem(
@@ -284,13 +295,23 @@ def plan_config(composed: Composed, environment: Environment | None = None) -> P
 
 
 def plan(
-    overrides: Sequence[str] = (), environment: Environment | None = None, config_dir: str | None = None
+    overrides: Sequence[str] = (),
+    environment: Environment | None = None,
+    config_dir: str | None = None,
+    *,
+    catalog: Catalog | None = None,
 ) -> Plan:
-    """Compose *overrides* (with ``--config-dir`` *config_dir*) and plan the result (torch-free).
+    """Compose *overrides* (with ``--config-dir`` *config_dir*) from *catalog* and plan the result (torch-free).
 
-    When some overrides do not compose, the ``ConfigError`` also carries the plan errors of
-    the job without them, so one run shows every problem.
+    *catalog* defaults to the current one (:func:`blocks.core.catalog.current`). When some
+    overrides do not compose, the ``ConfigError`` also carries the plan errors of the job
+    without them, so one run shows every problem.
     """
+    with (catalog or catalogs.current()).active():
+        return _plan(overrides, environment, config_dir)
+
+
+def _plan(overrides: Sequence[str], environment: Environment | None, config_dir: str | None) -> Plan:
     built, problems = _collecting(overrides, functools.partial(_blocks_once, config_dir=config_dir))
     if not problems:
         assert built is not None

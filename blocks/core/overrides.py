@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from blocks.core import paths
 from blocks.spec.block import KINDS
 from blocks.spec.errors import Problem, did_you_mean
-from blocks.spec.registry import REGISTRY
+from blocks.spec.registry import active_registry
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
@@ -65,13 +65,18 @@ def _parse_problem(override: str, exc: Exception) -> Problem:
 
 def _root_key_problem(key: str) -> Problem:
     """``+foo=1``, ``+max_steps=3``: a key at the root of the config, which no block reads."""
-    kinds = [kind for kind in KINDS if any(key in _field_names(e.cls) for e in REGISTRY.entries(kind))]
+    kinds = [
+        kind for kind in KINDS if any(key in _field_names(e.cls) for e in active_registry().entries(kind))
+    ]
     if kinds:
         hint = " or ".join(f"'{kind}.{key}'" for kind in kinds)
         fix = " or ".join(f"{kind}.{key}=..." for kind in kinds)
     else:
         fields = {
-            f"{kind}.{name}" for kind in KINDS for e in REGISTRY.entries(kind) for name in _field_names(e.cls)
+            f"{kind}.{name}"
+            for kind in KINDS
+            for e in active_registry().entries(kind)
+            for name in _field_names(e.cls)
         }
         by_name = {candidate.split(".", 1)[1]: candidate for candidate in sorted(fields)}
         close = did_you_mean(key, [*_GROUPS, *by_name])

@@ -18,19 +18,23 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
+import sys
 import traceback
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from blocks.core.recipe import RECIPES
 from blocks.spec.block import Block
 from blocks.spec.errors import ConfigError, Problem, describe_exception
 from blocks.spec.registry import REGISTRY, Entry
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 ENTRY_POINT_GROUP = "blocks"
 API_VERSION = 1
@@ -115,6 +119,10 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
     if _discovered:
         return
     _discovered = True
+    if not _any_declares(group):
+        return  # no installed distribution declares the group: importlib.metadata is not needed
+    from importlib.metadata import entry_points
+
     by_name: dict[str, list[EntryPoint]] = defaultdict(list)
     for ep in entry_points(group=group):
         by_name[ep.name].append(ep)
@@ -141,6 +149,32 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
             )
             continue
         _load(name, next(iter(claims.values())))
+
+
+def _any_declares(group: str) -> bool:
+    """Whether any distribution on ``sys.path`` has ``[group]`` in its ``entry_points.txt``.
+
+    A quick scan of the metadata directories, without importing and parsing every
+    distribution's metadata as ``importlib.metadata`` does; when it finds the group, discovery
+    asks ``importlib.metadata`` for the real entry points.
+    """
+    header = f"[{group}]"
+    for entry in sys.path:
+        try:
+            listing = os.scandir(entry or ".")
+        except OSError:
+            continue
+        with listing:
+            for found in listing:
+                if not found.name.endswith((".dist-info", ".egg-info")):
+                    continue
+                try:
+                    with open(os.path.join(found.path, "entry_points.txt"), encoding="utf-8") as text:
+                        if header in text.read():
+                            return True
+                except OSError:
+                    continue
+    return False
 
 
 def _dist_label(ep: EntryPoint) -> str:

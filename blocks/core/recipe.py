@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -128,6 +129,15 @@ class RecipeBook:
         """Maps a recipe function's module to its block package (see ``Registry.owner``)."""
 
     @contextmanager
+    def collecting(self) -> Iterator[RecipeBook]:
+        """Make ``@recipe`` add to this book inside the block (a catalog's own recipes)."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    @contextmanager
     def namespace(self, prefix: str, package: str) -> Iterator[None]:
         """Register the recipes defined inside the block under ``prefix/`` for *package*."""
         saved = self._namespace, self._package
@@ -163,6 +173,10 @@ class RecipeBook:
         self._entries[full] = entry
         return entry
 
+    def add_entry(self, entry: RecipeEntry) -> None:
+        """Add a recipe another book holds already (a catalog starting from blocks' shipped recipes)."""
+        self._entries.setdefault(entry.name, entry)
+
     def get(self, name: str) -> RecipeEntry:
         """The recipe called *name*, or a did-you-mean error."""
         try:
@@ -177,7 +191,14 @@ class RecipeBook:
 
 
 RECIPES = RecipeBook()
-"""The process-wide recipe book."""
+"""The default recipe book: what ``@recipe`` adds outside a catalog's :meth:`RecipeBook.collecting`."""
+
+_ACTIVE: contextvars.ContextVar[RecipeBook] = contextvars.ContextVar("blocks_recipes", default=RECIPES)
+
+
+def active_recipes() -> RecipeBook:
+    """The book ``@recipe`` adds to (and :func:`derive` looks bases up in) here."""
+    return _ACTIVE.get()
 
 
 Changes = Block | Mapping[str, Any]
@@ -198,7 +219,7 @@ def derive(base: str, **changes: Changes) -> Recipe:
         def digits_wide() -> Recipe:
             return derive("digits_mlp", model={"hidden": (512, 256)}, optim=SGD(lr=0.05))
     """
-    made = RECIPES.get(base).build()
+    made = _ACTIVE.get().get(base).build()
     unknown = [kind for kind in changes if kind not in KINDS]
     if unknown:
         hint = did_you_mean(unknown[0], KINDS)
@@ -237,7 +258,7 @@ class RecipeDecorator:
 
     def __call__(self, fn: F) -> F:
         """Register *fn* as the recipe."""
-        RECIPES.add(self.name, fn)
+        _ACTIVE.get().add(self.name, fn)
         return fn
 
     def based_on(self, base: str, /, **changes: Changes) -> RecipeFn:
@@ -251,7 +272,7 @@ class RecipeDecorator:
             "-", "_"
         )
         derived.__module__ = inspect.stack(0)[1].frame.f_globals.get("__name__", __name__)
-        RECIPES.add(self.name, derived)
+        _ACTIVE.get().add(self.name, derived)
         return derived
 
 

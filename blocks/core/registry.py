@@ -5,5 +5,6 @@ from blocks.spec.registry import (  # noqa: F401
     B,
     Entry,
     Registry,
+    active_registry,
     register,
 )

@@ -1,29 +1,68 @@
-"""The registry: every block class by kind and name, and where it came from."""
+"""The registry: every block by kind and name, as an import path, and where it came from.
+
+A registry holds names, not classes: a built-in block is listed by ``module:Class``
+(:data:`blocks.spec.manifest.BUILTIN_BLOCKS`) and its module is imported only when the block
+is chosen (:attr:`Entry.cls`). ``@register`` adds to the active registry: the process default
+:data:`REGISTRY`, or the one a :meth:`Registry.collecting` block names.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import importlib
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import DuplicateName, Problem, RegistryError, did_you_mean
+from blocks.spec.manifest import BUILTIN_BLOCKS
 
 B = TypeVar("B", bound=type[Block])
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered block class and its provenance."""
+    """A registered block, by import path, and its provenance.
+
+    Attributes:
+        kind: the block's kind (config group).
+        name: the option name (``transformer``, ``acme/resnet``).
+        target: ``module:Class``; the class is imported from it on first use of :attr:`cls`.
+        package: the distribution that provides it (``blocks`` for built-ins).
+        version: that distribution's version.
+    """
 
     kind: str
     name: str
-    cls: type[Block]
+    target: str
     package: str
     version: str
+    registered: type[Block] | None = field(default=None, compare=False, repr=False)
+    """The class itself when ``@register`` ran (a class defined in a function has no import path)."""
+
+    @property
+    def cls(self) -> type[Block]:
+        """The block class; imports its module the first time a lazily listed block is used."""
+        if self.registered is not None:
+            return self.registered
+        module, _, qualname = self.target.partition(":")
+        found: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        if not (isinstance(found, type) and issubclass(found, Block)):
+            raise RegistryError(
+                f"{self.kind} block '{self.name}' names {self.target}, which is not a block class"
+            )
+        return found
+
+
+def target_of(cls: type) -> str:
+    """``module:QualName`` of a class."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 class Registry:
@@ -33,10 +72,15 @@ class Registry:
     under ``<entry point name>/<name>`` (see :mod:`blocks.core.packages`).
     """
 
-    def __init__(self, kinds: Sequence[str] = KINDS) -> None:
+    def __init__(
+        self, kinds: Sequence[str] = KINDS, listed: Mapping[str, Mapping[str, str]] | None = None
+    ) -> None:
         self.kinds = tuple(kinds)
         """The kinds (config groups) this registry holds: the kind table's names unless given."""
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in self.kinds}
+        for kind, names in (listed or {}).items():
+            for name, target in names.items():
+                self._entries[kind][name] = Entry(kind, name, target, "blocks", "")
         self._namespace: str = ""
         self._package: tuple[str, str] = ("blocks", "")
         self.owner: Callable[[str], tuple[str, str, str] | None] = lambda module: None
@@ -47,6 +91,20 @@ class Registry:
         """
         self.package_modules: list[str] = []
         """The module of every loaded block package, set by package discovery; configs may import from them."""
+
+    @classmethod
+    def builtin(cls) -> Registry:
+        """A registry listing blocks' own blocks by import path (none is imported yet)."""
+        return cls(listed=BUILTIN_BLOCKS)
+
+    @contextmanager
+    def collecting(self) -> Iterator[Registry]:
+        """Make ``@register`` add to this registry inside the block (a catalog's own blocks)."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
 
     @contextmanager
     def namespace(self, prefix: str, package: str, version: str) -> Iterator[None]:
@@ -81,9 +139,15 @@ class Registry:
                 )
         owner = self.owner(cls.__module__)
         namespace, (package, version) = (owner[0], owner[1:]) if owner else (self._namespace, self._package)
+        if BUILTIN_BLOCKS.get(kind, {}).get(name) == target_of(cls):
+            # a built-in imported for the first time by a package's import keeps its plain name
+            namespace, (package, version) = "", ("blocks", "")
         full = f"{namespace}/{name}" if namespace else name
         existing = self._entries[kind].get(full)
-        if existing is not None and existing.cls is not cls:
+        target = target_of(cls)
+        if existing is not None and (
+            existing.registered is not cls if existing.registered is not None else existing.target != target
+        ):
             raise DuplicateName(
                 Problem(
                     kind,
@@ -94,10 +158,14 @@ class Registry:
                     check="name-clash",
                 )
             )
-        entry = Entry(kind, full, cls, package, version)
+        entry = Entry(kind, full, target, package, version, cls)
         self._entries[kind][full] = entry
         cls.block_name = full
         return entry
+
+    def add_entry(self, entry: Entry) -> None:
+        """Add an entry another registry holds already (a package's blocks, registered once per process)."""
+        self._entries[entry.kind].setdefault(entry.name, entry)
 
     def drop_namespace(self, prefix: str) -> None:
         """Forget every block registered under ``prefix/`` (a package that failed half-way)."""
@@ -138,8 +206,15 @@ def _file(cls: type) -> str:
         return cls.__module__
 
 
-REGISTRY = Registry()
-"""The process-wide registry."""
+REGISTRY = Registry.builtin()
+"""The default registry: blocks' own blocks by import path, plus what ``@register`` adds outside a catalog."""
+
+_ACTIVE: contextvars.ContextVar[Registry] = contextvars.ContextVar("blocks_registry", default=REGISTRY)
+
+
+def active_registry() -> Registry:
+    """The registry ``@register`` adds to here: a :meth:`Registry.collecting` one, else :data:`REGISTRY`."""
+    return _ACTIVE.get()
 
 
 def register(name: str) -> Callable[[B], B]:
@@ -154,7 +229,7 @@ def register(name: str) -> Callable[[B], B]:
     """
 
     def decorate(cls: B) -> B:
-        REGISTRY.add(cls, name)
+        _ACTIVE.get().add(cls, name)
         return cls
 
     return decorate
