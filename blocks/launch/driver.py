@@ -1,8 +1,10 @@
 """The driver: what ``blocks run`` does inside each Hydra job.
 
-Hydra composes the config and picks the run dir (one per job, also in sweeps). The driver
-plans the job, freezes ``config.yaml`` and ``plan.json`` into the run dir, and trains: in
-its own process for one process, through torchrun for several (or when restarts are asked for).
+A single ``blocks run`` is composed once and planned once before anything is written
+(:func:`plan_run`, :func:`check_run`); Hydra's job runner then gets that composed config and
+the driver that plan. In a sweep Hydra composes each job and the driver plans it. The driver
+freezes ``config.yaml`` and ``plan.json`` into the run dir, and trains: in its own process for
+one process, through torchrun for several (or when restarts are asked for).
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
+from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
-from blocks.core.compose import config_to_blocks
+from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
-from blocks.core.jobs import compose, plan_blocks
+from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
 from blocks.launch.lock import locked
 from blocks.launch.ray_workers import uses_ray
@@ -47,22 +51,24 @@ from blocks.spec.errors import BlocksError
 from blocks.spec.imports import refuse_objects
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers."""
+def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
+    """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers.
+
+    *checked* is the job as ``blocks run`` composed and planned it before Hydra started it
+    (:func:`check_run`): its plan is used, not made again.
+    """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     catalog.load()  # launcher plugins (joblib, submitit) run jobs in fresh processes
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    choices = {
-        str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")
-    }
+    choices = job_choices(hydra_cfg)
     # In a sweep a failed job is recorded (its summary.json) and the sweep goes on; the sweeper
     # gets the worst value there is. An interrupted job stops the sweep.
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        with held(run_dir, cfg, choices) as plan:
+        with held(run_dir, cfg, choices, checked) as plan:
             summary = launch(run_dir, plan)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
@@ -85,6 +91,11 @@ def run_job(cfg: DictConfig) -> float | None:
     return objective(plan, summary)
 
 
+def job_choices(hydra: DictConfig) -> dict[str, str]:
+    """The option of each group a Hydra job chose (``hydra.runtime.choices`` without Hydra's own), as ``plan.json`` records them."""
+    return {str(k): str(v) for k, v in hydra.runtime.choices.items() if not str(k).startswith("hydra/")}
+
+
 def failed_objective(cfg: DictConfig) -> float:
     """The value a failed sweep job returns: the worst for ``monitor.objective_mode`` (Optuna records it, ranks it last)."""
     mode = str(OmegaConf.select(cfg, "monitor.objective_mode", default="min"))
@@ -103,6 +114,59 @@ def exit_code(summary: Summary) -> int:
     return EXIT_INTERRUPTED if summary.status == "interrupted" else 1
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A single run composed once and planned once, before Hydra creates its run dir (:func:`check_run`).
+
+    Attributes:
+        run_dir: the run dir Hydra will create (``hydra.run.dir``, absolute).
+        hydra_config: Hydra's whole composed config, handed to Hydra's job runner as is.
+        config: the job config as the run will use it (:func:`freeze_config`).
+        plan: its plan, checked and preflighted.
+    """
+
+    run_dir: Path
+    hydra_config: DictConfig
+    config: DictConfig
+    plan: Plan
+
+
+def frozen_for_run(job: Job) -> Composed:
+    """The config a single run of *job* will use: frozen with the run dir its ``hydra.run.dir`` names."""
+    run_dir = Path(run_output_dir(job.hydra_config))
+    choices = job_choices(job.hydra_config.hydra)
+    return Composed(config=freeze_config(job.composed.config, run_dir), choices=choices)
+
+
+def plan_run(overrides: list[str], config_dir: str | None = None) -> tuple[Job, Composed, Plan]:
+    """Compose a single run once and plan it once, as it will run (in the run dir Hydra will create).
+
+    Raises ``ConfigError`` when the overrides do not compose; the plan may have errors
+    (:func:`check_run` refuses them).
+    """
+    if not any(o.lstrip("+~").startswith("hydra.mode=") for o in overrides):
+        overrides = [*overrides, "hydra.mode=RUN"]  # as Hydra's single run adds it
+    return plan_job(overrides, Environment.detect(), config_dir, freeze=frozen_for_run)
+
+
+def check_run(job: Job, composed: Composed, plan: Plan) -> Checked:
+    """Refuse a plan with errors, then run the preflight I/O checks; the run as Hydra will be handed it."""
+    preflight_job(plan)
+    run_dir = Path(run_output_dir(job.hydra_config))
+    return Checked(run_dir=run_dir, hydra_config=job.hydra_config, config=composed.config, plan=plan)
+
+
+def preflight_job(plan: Plan) -> None:
+    """The checks after planning: no plan errors, no refused import, the data's storage (and Ray) reachable."""
+    plan.raise_for_errors()
+    refuse_objects(plan.blocks.values())
+    plan.data.preflight()  # I/O the pure plan does not do
+    if uses_ray(plan):
+        from blocks.launch.ray_workers import preflight
+
+        preflight(plan)  # can the Ray cluster place the workers?
+
+
 def _checked(
     config: DictConfig, choices: dict[str, str], run_dir: Path, environment: Environment | None = None
 ) -> tuple[DictConfig, Plan]:
@@ -114,13 +178,7 @@ def _checked(
     """
     frozen = freeze_config(config, run_dir)
     plan = plan_blocks(config_to_blocks(frozen), choices, environment or Environment.detect())
-    plan.raise_for_errors()
-    refuse_objects(plan.blocks.values())
-    plan.data.preflight()  # I/O the pure plan does not do
-    if uses_ray(plan):
-        from blocks.launch.ray_workers import preflight
-
-        preflight(plan)  # can the Ray cluster place the workers?
+    preflight_job(plan)
     return frozen, plan
 
 
@@ -136,15 +194,21 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
 
 
 @contextlib.contextmanager
-def held(run_dir: Path, config: DictConfig, choices: dict[str, str]) -> Iterator[Plan]:
+def held(
+    run_dir: Path, config: DictConfig, choices: dict[str, str], checked: Checked | None = None
+) -> Iterator[Plan]:
     """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
 
     A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
     resume or storage that cannot work, is refused before anything is written. Multi-node jobs
     under torchrun share one run dir between the nodes' drivers, so they are not locked (under
-    Ray one driver starts every node's workers, so they are).
+    Ray one driver starts every node's workers, so they are). A *checked* run for this run dir
+    is not planned again.
     """
-    frozen, plan = _checked(config, choices, run_dir)
+    if checked is not None and checked.run_dir == run_dir:
+        frozen, plan = checked.config, checked.plan
+    else:
+        frozen, plan = _checked(config, choices, run_dir)
     one_driver = plan.derived.nodes == 1 or uses_ray(plan)
     with locked(run_dir) if one_driver else contextlib.nullcontext():
         _write_job_files(run_dir, frozen, plan)
