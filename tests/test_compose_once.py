@@ -87,3 +87,17 @@ def test_an_invalid_single_run_is_refused_before_any_run_dir(tmp_path: Path, cal
     assert "data.batch_size" in output
     assert calls["plan"] == 1
     assert not (tmp_path / "outputs").exists()
+
+
+def test_each_sweep_job_is_planned_once(tmp_path: Path, calls: Counter[str]) -> None:
+    sweep = tmp_path / "sweep"
+    with inside(tmp_path):
+        code, output = run_captured(["run", "-m", *TINY, "optim.lr=0.01,0.003", f"hydra.sweep.dir={sweep}"])
+    assert code == 0, output
+    assert calls["plan"] == 2, output  # by the precheck, before any job started; the jobs reuse them
+    for job, lr in (("0", 0.01), ("1", 0.003)):
+        plan = json.loads((sweep / job / "plan.json").read_text())
+        assert plan["blocks"]["optim"]["fields"]["lr"] == lr
+        assert plan["blocks"]["checkpoint"]["fields"]["dir"] == str(sweep / job / "checkpoints")
+        assert json.loads((sweep / job / "summary.json").read_text())["status"] == "completed"
+        assert (sweep / job / ".hydra" / "overrides.yaml").is_file()

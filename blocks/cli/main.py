@@ -246,9 +246,11 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
+    from blocks.launch.driver import PLANNED, job_key
     from blocks.launch.sweep import expand_sweep
     from blocks.spec.imports import refuse_objects
 
+    PLANNED.clear()
     parsed = hydra_args_parser().parse_args(list(args))
     _refuse_combined_modes(parsed)
     for flag, value in (("--config-name", parsed.config_name), ("--config-path", parsed.config_path)):
@@ -304,7 +306,10 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1
+            continue
+        PLANNED[job_key(one)] = plan  # a job Hydra runs in this process is not planned again
     if failed:
+        PLANNED.clear()
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
@@ -439,13 +444,18 @@ def cmd_run(args: Sequence[str]) -> int:
     from blocks.compat.hydra_private import run_composed, run_hydra_app
     from blocks.core.compose import PRIMARY_CONFIG
     from blocks.core.overrides import keep_shipped_searchpath
+    from blocks.launch.driver import PLANNED
     from blocks.launch.sweep import FAILED_JOBS
 
     if checked is not None:
+        assert checked.hydra_config is not None
         run_composed(checked.hydra_config, functools.partial(run_and_say_where, checked=checked))
         return 0
     FAILED_JOBS.clear()
-    run_hydra_app(keep_shipped_searchpath(args), run_and_say_where, PRIMARY_CONFIG)
+    try:
+        run_hydra_app(keep_shipped_searchpath(args), run_and_say_where, PRIMARY_CONFIG)
+    finally:
+        PLANNED.clear()
     return 1 if FAILED_JOBS else 0
 
 

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
 from blocks.compat.hydra_private import run_output_dir
@@ -68,6 +71,8 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
     # gets the worst value there is. An interrupted job stops the sweep.
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        if in_sweep and checked is None:
+            checked = _planned_by_precheck(cfg, choices, run_dir, list(hydra_cfg.overrides.task))
         with held(run_dir, cfg, choices, checked) as plan:
             summary = launch(run_dir, plan)
     except JobFailed as exc:
@@ -91,7 +96,45 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
     return objective(plan, summary)
 
 
-def job_choices(hydra: DictConfig) -> dict[str, str]:
+PLANNED: dict[tuple[str, ...], Plan] = {}
+"""The plans ``blocks run -m`` made of each sweep job before launching any, by :func:`job_key`.
+
+A job that Hydra runs in this process (the basic launcher) uses its plan instead of planning
+again; a job in another process (joblib, submitit, Ray) plans itself.
+"""
+
+
+def job_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """A job's overrides without Hydra's own settings: how :data:`PLANNED` finds a job's plan."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
+
+
+def _planned_by_precheck(
+    config: DictConfig, choices: dict[str, str], run_dir: Path, overrides: list[str]
+) -> Checked | None:
+    """The sweep job as the precheck planned it, in its run dir (None when it was not planned here).
+
+    The precheck planned the job before its run dir existed, so its checkpoint block has no
+    run-dir default yet; nothing the plan checks or derives reads that path (the blocks are
+    compared to be sure), so the plan holds with the frozen blocks in it.
+    """
+    planned = PLANNED.pop(job_key(overrides), None)
+    if planned is None:
+        return None
+    frozen = freeze_config(config, run_dir)
+    blocks = config_to_blocks(frozen)
+    checkpoint = blocks.get("checkpoint")
+    if not isinstance(checkpoint, CheckpointBlock) or blocks.keys() != planned.blocks.keys():
+        return None
+    unfrozen = {**blocks, "checkpoint": dataclasses.replace(checkpoint, dir=planned.checkpoint.dir)}
+    if unfrozen != dict(planned.blocks):
+        return None
+    plan = dataclasses.replace(planned, blocks=blocks, choices=choices)
+    preflight_job(plan)
+    return Checked(run_dir=run_dir, hydra_config=None, config=frozen, plan=plan)
+
+
+def job_choices(hydra: Any) -> dict[str, str]:
     """The option of each group a Hydra job chose (``hydra.runtime.choices`` without Hydra's own), as ``plan.json`` records them."""
     return {str(k): str(v) for k, v in hydra.runtime.choices.items() if not str(k).startswith("hydra/")}
 
@@ -116,17 +159,18 @@ def exit_code(summary: Summary) -> int:
 
 @dataclass(frozen=True)
 class Checked:
-    """A single run composed once and planned once, before Hydra creates its run dir (:func:`check_run`).
+    """A job composed once and planned once before it runs: a single run (:func:`check_run`) or a sweep job.
 
     Attributes:
         run_dir: the run dir Hydra will create (``hydra.run.dir``, absolute).
-        hydra_config: Hydra's whole composed config, handed to Hydra's job runner as is.
+        hydra_config: Hydra's whole composed config of a single run, handed to Hydra's job
+            runner as is (None for a sweep job, which Hydra's launcher composed).
         config: the job config as the run will use it (:func:`freeze_config`).
         plan: its plan, checked and preflighted.
     """
 
     run_dir: Path
-    hydra_config: DictConfig
+    hydra_config: DictConfig | None
     config: DictConfig
     plan: Plan
 
