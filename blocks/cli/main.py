@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import sys
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from blocks.core.pipeline import Pipeline
     from blocks.core.plan import Plan
+    from blocks.launch.driver import Checked
 
 EXIT_INVALID = 2
 
@@ -234,14 +236,21 @@ def cmd_report(path: str, *, objective: str | None, mode: str | None) -> int:
     return 0
 
 
-def _precheck(args: Sequence[str]) -> int | None:
-    """Plan every job the command line would launch; print problems and return 2 if any fails."""
-    from blocks.cli.render import plan_panel, print_problems
+def _precheck(args: Sequence[str]) -> int | Checked | None:
+    """Plan every job the command line would launch; print problems and return 2 if any fails.
+
+    A single run is composed once and planned once, as it will run: the returned
+    :class:`~blocks.launch.driver.Checked` goes to Hydra's job runner and the driver as is.
+    None: Hydra runs the command line (a sweep, or one of its informational flags).
+    """
+    from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
+    from blocks.launch.driver import PLANNED, job_key
     from blocks.launch.sweep import expand_sweep
     from blocks.spec.imports import refuse_objects
 
+    PLANNED.clear()
     parsed = hydra_args_parser().parse_args(list(args))
     _refuse_combined_modes(parsed)
     for flag, value in (("--config-name", parsed.config_name), ("--config-path", parsed.config_path)):
@@ -276,7 +285,7 @@ def _precheck(args: Sequence[str]) -> int | None:
     elif multirun:
         job_overrides = [[o for o in overrides if "," not in o.split("=", 1)[-1] and "(" not in o]]
     else:
-        job_overrides = [overrides]
+        return _check_single(overrides, parsed.config_dir)
     failed = 0
     for one in job_overrides:
         header = RUN_HEADER
@@ -288,8 +297,6 @@ def _precheck(args: Sequence[str]) -> int | None:
             _fail(exc, header)
             failed += 1
             continue
-        if not multirun:
-            stdout.print(plan_panel(plan))
         if not plan.ok:
             print_problems(stderr, plan.errors, header=header)
             failed += 1
@@ -299,11 +306,32 @@ def _precheck(args: Sequence[str]) -> int | None:
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1
+            continue
+        PLANNED[job_key(one)] = plan  # a job Hydra runs in this process is not planned again
     if failed:
+        PLANNED.clear()
         return EXIT_INVALID
-    if multirun:
-        stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
+    stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
+
+
+def _check_single(overrides: list[str], config_dir: str | None) -> int | Checked:
+    """Compose and plan a single run once, print its plan, run its preflight; 2 when it has problems."""
+    from blocks.cli.render import plan_panel, print_problems
+    from blocks.launch.driver import check_run, plan_run
+
+    try:
+        job, composed, plan = plan_run(overrides, config_dir)
+    except BlocksError as exc:
+        return _fail(exc, RUN_HEADER)
+    stdout.print(plan_panel(plan))
+    if not plan.ok:
+        print_problems(stderr, plan.errors, header=RUN_HEADER)
+        return EXIT_INVALID
+    try:
+        return check_run(job, composed, plan)
+    except BlocksError as exc:
+        return _fail(exc, RUN_HEADER)
 
 
 def _refuse_combined_modes(parsed: argparse.Namespace) -> None:
@@ -410,16 +438,24 @@ def cmd_run(args: Sequence[str]) -> int:
     chosen = _pipeline_of(args)
     if chosen is not None:
         return cmd_run_pipeline(*chosen, args)
-    code = _precheck(args)
-    if code is not None:
-        return code
-    from blocks.compat.hydra_private import run_hydra_app
+    checked = _precheck(args)
+    if isinstance(checked, int):
+        return checked
+    from blocks.compat.hydra_private import run_composed, run_hydra_app
     from blocks.core.compose import PRIMARY_CONFIG
     from blocks.core.overrides import keep_shipped_searchpath
+    from blocks.launch.driver import PLANNED
     from blocks.launch.sweep import FAILED_JOBS
 
+    if checked is not None:
+        assert checked.hydra_config is not None
+        run_composed(checked.hydra_config, functools.partial(run_and_say_where, checked=checked))
+        return 0
     FAILED_JOBS.clear()
-    run_hydra_app(keep_shipped_searchpath(args), run_and_say_where, PRIMARY_CONFIG)
+    try:
+        run_hydra_app(keep_shipped_searchpath(args), run_and_say_where, PRIMARY_CONFIG)
+    finally:
+        PLANNED.clear()
     return 1 if FAILED_JOBS else 0
 
 
@@ -440,8 +476,8 @@ def cmd_run_help() -> int:
     return 0
 
 
-def run_and_say_where(cfg: DictConfig) -> float | None:
-    """The Hydra task of ``blocks run``: print a single run's run dir, then run the driver."""
+def run_and_say_where(cfg: DictConfig, checked: Checked | None = None) -> float | None:
+    """The Hydra task of ``blocks run``: print a single run's run dir, then run the driver (with the *checked* run)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -452,7 +488,7 @@ def run_and_say_where(cfg: DictConfig) -> float | None:
         stdout.print(
             f"run dir: {hydra_cfg.runtime.output_dir}", highlight=False, markup=False, soft_wrap=True
         )
-    return run_job(cfg)
+    return run_job(cfg, checked)
 
 
 def _plan_epilog() -> str:

@@ -22,7 +22,7 @@ _DERIVED_LABELS = {
     "world_size": "world size (devices × nodes)",
     "micro_batch": "micro-batch per device",
     "accumulate": "accumulate",
-    "global_batch": "global batch (micro × world × accumulate)",
+    "global_batch": "global batch (micro × data-parallel × accumulate)",
     "train_samples": "train samples",
     "val_samples": "val samples",
     "steps_per_epoch": "steps per epoch",

@@ -38,6 +38,61 @@ def run_hydra_app(argv: Sequence[str], task_function: Callable[[DictConfig], Any
     )
 
 
+def run_output_dir(cfg: DictConfig) -> str:
+    """The absolute run dir Hydra's job runner will use for a single run of *cfg* (``hydra.run.dir``).
+
+    Resolved as ``hydra.core.utils.run_job`` resolves it, with the config set as the current
+    Hydra config (so ``${hydra:...}`` works); a ``${now:...}`` in it is cached in *cfg*, so
+    the job runner, handed the same *cfg*, names the same second.
+    """
+    import os
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    HydraConfig.instance().set_config(cfg)
+    return os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+
+
+def run_composed(cfg: DictConfig, task_function: Callable[[DictConfig], Any]) -> None:
+    """What ``@hydra.main`` does for a single run (``Hydra.run`` inside ``_run_hydra``), for a config composed already.
+
+    *cfg* was composed with ``return_hydra_config`` (``hydra.compose``); Hydra would compose
+    it again (twice: ``Hydra.get_mode``, then ``Hydra.run``). From here it is Hydra's own code:
+    its logging, callbacks and ``run_job`` (the run dir, ``.hydra/`` with config.yaml,
+    hydra.yaml and overrides.yaml, ``hydra.job.chdir``), errors reported as Hydra reports them.
+    """
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict, read_write
+
+    def run() -> None:
+        configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            if cfg.hydra.mode is None:
+                cfg.hydra.mode = RunMode.RUN
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=cfg.hydra.job.config_name)
+        ret = run_job(
+            hydra_context=HydraContext(config_loader=hydra_config_loader(), callbacks=callbacks),
+            task_function=task_function,
+            config=cfg,
+            job_dir_key="hydra.run.dir",
+            job_subdir_key=None,
+            configure_logging=True,
+        )
+        callbacks.on_run_end(config=cfg, config_name=cfg.hydra.job.config_name, job_return=ret)
+        _ = ret.return_value  # raises the task's exception, as Hydra.run does
+
+    try:
+        run_and_report(run)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def hydra_config_loader(extra_search_path: Sequence[tuple[str, str]] = ()) -> Any:
     """Hydra's config loader over its default search path plus *extra_search_path* ``(provider, url)`` entries.
 

@@ -144,6 +144,13 @@ CHECKS: tuple[Check, ...] = (
         ("trainer.devices=2",),
     ),
     Check(
+        "mesh-world-size",
+        ("strategy", "trainer"),
+        "strategy",
+        "the strategy's device mesh (`strategy.mesh`) spans `trainer.devices × trainer.nodes` processes",
+        (),  # no built-in strategy declares another mesh; tests/test_mesh_ranks.py plans one that does
+    ),
+    Check(
         "backend-accelerator",
         ("strategy", "trainer"),
         "strategy.backend",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -115,6 +116,24 @@ def compose(
 
 
 def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Composed:
+    return _job_once(overrides, config_dir).composed
+
+
+@dataclass(frozen=True)
+class Job:
+    """One composed job: Hydra's whole config (its ``hydra`` node included) and the job's own part.
+
+    Attributes:
+        hydra_config: what Hydra composed with ``return_hydra_config``; ``blocks run`` hands
+            it to Hydra's job runner, so the run is not composed a second time.
+        composed: the job config (without ``hydra``) and the chosen options.
+    """
+
+    hydra_config: DictConfig
+    composed: Composed
+
+
+def _job_once(overrides: Sequence[str], config_dir: str | None = None) -> Job:
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -131,7 +150,7 @@ def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Co
         launcher = launcher_problems(raw)
         if launcher:
             raise ConfigError(launcher)
-        return split_hydra(raw)
+        return Job(hydra_config=raw, composed=split_hydra(raw))
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -166,11 +185,16 @@ def _compose_collecting(
     return _collecting(overrides, functools.partial(_compose_once, config_dir=config_dir))
 
 
+Freeze = Callable[[Job], Composed]
+"""Turns a composed job into the config the run will use (``blocks run`` fills in run-dir defaults)."""
+
+
 def _blocks_once(
-    overrides: Sequence[str], config_dir: str | None = None
-) -> tuple[Composed, dict[str, Block]]:
-    composed = _compose_once(overrides, config_dir)
-    return composed, config_to_blocks(composed.config)
+    overrides: Sequence[str], config_dir: str | None = None, freeze: Freeze | None = None
+) -> tuple[Job, Composed, dict[str, Block]]:
+    job = _job_once(overrides, config_dir)
+    composed = freeze(job) if freeze is not None else job.composed
+    return job, composed, config_to_blocks(composed.config)
 
 
 def _override_key(override: str) -> str:
@@ -308,14 +332,26 @@ def plan(
     without them, so one run shows every problem.
     """
     with (catalog or catalogs.current()).active():
-        return _plan(overrides, environment, config_dir)
+        return plan_job(overrides, environment, config_dir)[2]
 
 
-def _plan(overrides: Sequence[str], environment: Environment | None, config_dir: str | None) -> Plan:
-    built, problems = _collecting(overrides, functools.partial(_blocks_once, config_dir=config_dir))
+def plan_job(
+    overrides: Sequence[str] = (),
+    environment: Environment | None = None,
+    config_dir: str | None = None,
+    freeze: Freeze | None = None,
+) -> tuple[Job, Composed, Plan]:
+    """Compose *overrides* once and plan once: the job, the config planned (*freeze* applied) and its plan.
+
+    The config planned is the composed job config, or what *freeze* makes of the job (the
+    config the run will use). Problems are reported as :func:`plan` reports them.
+    """
+    step = functools.partial(_blocks_once, config_dir=config_dir, freeze=freeze)
+    built, problems = _collecting(overrides, step)
     if not problems:
         assert built is not None
-        return plan_blocks(built[1], built[0].choices, environment)
+        job, composed, blocks = built
+        return job, composed, plan_blocks(blocks, composed.choices, environment)
     failed_groups = {p.key for p in problems if p.key and "." not in p.key}
 
     def independent(problem: Problem) -> bool:
@@ -324,7 +360,8 @@ def _plan(overrides: Sequence[str], environment: Environment | None, config_dir:
         return problem not in problems and not any(k.split(".", 1)[0] in failed_groups for k in keys)
 
     if built is not None:
-        problems += [p for p in plan_blocks(built[1], built[0].choices, environment).errors if independent(p)]
+        _, composed, blocks = built
+        problems += [p for p in plan_blocks(blocks, composed.choices, environment).errors if independent(p)]
     raise ConfigError(problems)
 
 
@@ -333,4 +370,14 @@ def blocks_for(overrides: Sequence[str] = ()) -> dict[str, Block]:
     return config_to_blocks(compose(overrides).config)
 
 
-__all__ = ["BlocksError", "Composed", "blocks_for", "compose", "hydra_context", "plan", "plan_config"]
+__all__ = [
+    "BlocksError",
+    "Composed",
+    "Job",
+    "blocks_for",
+    "compose",
+    "hydra_context",
+    "plan",
+    "plan_config",
+    "plan_job",
+]

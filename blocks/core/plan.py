@@ -22,7 +22,7 @@ from blocks.precision.base import PrecisionBlock
 from blocks.spec.block import KINDS, Block, non_finite_fields
 from blocks.spec.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
 from blocks.spec.kinds import KIND_TABLE, BlockKind
-from blocks.strategy.base import StrategyBlock
+from blocks.strategy.base import MeshShape, StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock
 
@@ -39,7 +39,9 @@ class Derived:
         world_size: processes in the job (devices × nodes).
         micro_batch: samples per device per forward pass (``data.batch_size``).
         accumulate: micro-batches per optimizer step (``optim.accumulate``).
-        global_batch: samples per optimizer step (micro_batch × world_size × accumulate).
+        mesh: the strategy's device mesh for the world size (``strategy.mesh``): how many
+            ranks are data-parallel, and how many split each model replica (tensor, pipeline).
+        global_batch: samples per optimizer step (micro_batch × data-parallel ranks × accumulate).
         train_samples: samples in the training split.
         val_samples: samples in the validation split (0 with ``trainer.limit_val_batches=0``).
         steps_per_epoch: optimizer steps per pass over the training split (partial global
@@ -60,6 +62,7 @@ class Derived:
     devices: int = 1
     nodes: int = 1
     world_size: int = 1
+    mesh: MeshShape = field(default_factory=MeshShape)
     micro_batch: int = 0
     accumulate: int = 1
     global_batch: int = 0
@@ -74,6 +77,11 @@ class Derived:
     effective_lr: float = 0.0
     parameters: int | None = None
     memory: MemoryEstimate | None = None
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each read a different share of every global batch (the mesh's ``replicate × shard``)."""
+        return self.mesh.data_parallel
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -346,6 +354,8 @@ class Plan:
         derived = dict(frozen["derived"])
         if derived.get("memory") is not None:
             derived["memory"] = MemoryEstimate(**derived["memory"])
+        # a plan.json from before meshes were recorded: every rank was data-parallel
+        derived["mesh"] = MeshShape(**(derived.get("mesh") or {"replicate": derived.get("world_size", 1)}))
         problems = tuple(
             Problem(
                 key=str(p["key"]),
@@ -445,9 +455,10 @@ def _derive(state: _State) -> None:
     devices = max(1, int(trainer.devices or 1))
     nodes = max(1, int(trainer.nodes or 1))
     world = devices * nodes
+    mesh = _mesh(state, world)
     micro = max(0, data.batch_size)
     accumulate = max(1, optim.accumulate)
-    per_micro_step = micro * world
+    per_micro_step = micro * mesh.data_parallel
     if optim.global_batch and per_micro_step and optim.global_batch % per_micro_step == 0:
         accumulate = optim.global_batch // per_micro_step
     global_batch = per_micro_step * accumulate
@@ -483,6 +494,7 @@ def _derive(state: _State) -> None:
         devices=devices,
         nodes=nodes,
         world_size=world,
+        mesh=mesh,
         micro_batch=micro,
         accumulate=accumulate,
         global_batch=global_batch,
@@ -503,6 +515,30 @@ def _derive(state: _State) -> None:
         state.derived = dataclasses.replace(state.derived, memory=_estimate_memory(state, parameters))
 
 
+def _mesh(state: _State, world: int) -> MeshShape:
+    """The strategy's mesh for *world* processes; one that spans another number is an error (then all data-parallel)."""
+    strategy = state.blocks.get("strategy")
+    if not isinstance(strategy, StrategyBlock):
+        return MeshShape(replicate=world)
+    mesh = strategy.mesh(world)
+    if mesh.world_size == world and min(mesh.replicate, mesh.shard, mesh.tensor, mesh.pipeline) >= 1:
+        return mesh
+    state.problems.append(
+        Problem(
+            key="strategy",
+            message=(
+                f"strategy={strategy.block_name} lays out {mesh.world_size} processes "
+                f"(replicate {mesh.replicate} × shard {mesh.shard} × tensor {mesh.tensor} × "
+                f"pipeline {mesh.pipeline}), but trainer.devices × trainer.nodes = {world}"
+            ),
+            fix="set trainer.devices and trainer.nodes to the processes the strategy's mesh spans",
+            check="mesh-world-size",
+            related=("trainer.devices", "trainer.nodes"),
+        )
+    )
+    return MeshShape(replicate=world)
+
+
 def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
     """Parameters, gradients, optimizer state and activations per device under the strategy and precision."""
     model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
@@ -519,7 +555,7 @@ def _estimate_memory(state: _State, parameters: int) -> MemoryEstimate:
     sharded = layout.shards_parameters
     checkpointing = layout.activation_checkpointing and model.shard_units() is not None
     offload = layout.cpu_offload
-    held = -(-parameters // strategy.mesh(d.world_size).shard) if sharded else parameters
+    held = -(-parameters // d.mesh.shard) if sharded else parameters
     resident = held * param_bytes
     if sharded:
         unit = model.unit_parameters(spec) or 0
@@ -584,7 +620,7 @@ def _check_batch_arithmetic(state: _State) -> None:
                 key="data.batch_size",
                 message=(
                     f"the training split has {d.train_samples} samples, fewer than one global batch of "
-                    f"{d.global_batch} (data.batch_size={d.micro_batch} × world size {d.world_size} × "
+                    f"{d.global_batch} (data.batch_size={d.micro_batch} × data-parallel size {d.data_parallel} × "
                     f"optim.accumulate={d.accumulate})"
                 ),
                 fix="lower data.batch_size or optim.accumulate, or use more data",

@@ -1,28 +1,35 @@
 """The driver: what ``blocks run`` does inside each Hydra job.
 
-Hydra composes the config and picks the run dir (one per job, also in sweeps). The driver
-plans the job, freezes ``config.yaml`` and ``plan.json`` into the run dir, and trains: in
-its own process for one process, through torchrun for several (or when restarts are asked for).
+A single ``blocks run`` is composed once and planned once before anything is written
+(:func:`plan_run`, :func:`check_run`); Hydra's job runner then gets that composed config and
+the driver that plan. In a sweep Hydra composes each job and the driver plans it. The driver
+freezes ``config.yaml`` and ``plan.json`` into the run dir, and trains: in its own process for
+one process, through torchrun for several (or when restarts are asked for).
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
+from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
-from blocks.core.compose import config_to_blocks
+from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
-from blocks.core.jobs import compose, plan_blocks
+from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
 from blocks.launch.lock import locked
 from blocks.launch.ray_workers import uses_ray
@@ -47,22 +54,26 @@ from blocks.spec.errors import BlocksError
 from blocks.spec.imports import refuse_objects
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers."""
+def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
+    """The Hydra task function: plan, write the run dir, train. Returns ``monitor.objective`` for sweepers.
+
+    *checked* is the job as ``blocks run`` composed and planned it before Hydra started it
+    (:func:`check_run`): its plan is used, not made again.
+    """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     catalog.load()  # launcher plugins (joblib, submitit) run jobs in fresh processes
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    choices = {
-        str(k): str(v) for k, v in hydra_cfg.runtime.choices.items() if not str(k).startswith("hydra/")
-    }
+    choices = job_choices(hydra_cfg)
     # In a sweep a failed job is recorded (its summary.json) and the sweep goes on; the sweeper
     # gets the worst value there is. An interrupted job stops the sweep.
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        with held(run_dir, cfg, choices) as plan:
+        if in_sweep and checked is None:
+            checked = _planned_by_precheck(cfg, choices, run_dir, list(hydra_cfg.overrides.task))
+        with held(run_dir, cfg, choices, checked) as plan:
             summary = launch(run_dir, plan)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
@@ -85,6 +96,49 @@ def run_job(cfg: DictConfig) -> float | None:
     return objective(plan, summary)
 
 
+PLANNED: dict[tuple[str, ...], Plan] = {}
+"""The plans ``blocks run -m`` made of each sweep job before launching any, by :func:`job_key`.
+
+A job that Hydra runs in this process (the basic launcher) uses its plan instead of planning
+again; a job in another process (joblib, submitit, Ray) plans itself.
+"""
+
+
+def job_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """A job's overrides without Hydra's own settings: how :data:`PLANNED` finds a job's plan."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
+
+
+def _planned_by_precheck(
+    config: DictConfig, choices: dict[str, str], run_dir: Path, overrides: list[str]
+) -> Checked | None:
+    """The sweep job as the precheck planned it, in its run dir (None when it was not planned here).
+
+    The precheck planned the job before its run dir existed, so its checkpoint block has no
+    run-dir default yet; nothing the plan checks or derives reads that path (the blocks are
+    compared to be sure), so the plan holds with the frozen blocks in it.
+    """
+    planned = PLANNED.pop(job_key(overrides), None)
+    if planned is None:
+        return None
+    frozen = freeze_config(config, run_dir)
+    blocks = config_to_blocks(frozen)
+    checkpoint = blocks.get("checkpoint")
+    if not isinstance(checkpoint, CheckpointBlock) or blocks.keys() != planned.blocks.keys():
+        return None
+    unfrozen = {**blocks, "checkpoint": dataclasses.replace(checkpoint, dir=planned.checkpoint.dir)}
+    if unfrozen != dict(planned.blocks):
+        return None
+    plan = dataclasses.replace(planned, blocks=blocks, choices=choices)
+    preflight_job(plan)
+    return Checked(run_dir=run_dir, hydra_config=None, config=frozen, plan=plan)
+
+
+def job_choices(hydra: Any) -> dict[str, str]:
+    """The option of each group a Hydra job chose (``hydra.runtime.choices`` without Hydra's own), as ``plan.json`` records them."""
+    return {str(k): str(v) for k, v in hydra.runtime.choices.items() if not str(k).startswith("hydra/")}
+
+
 def failed_objective(cfg: DictConfig) -> float:
     """The value a failed sweep job returns: the worst for ``monitor.objective_mode`` (Optuna records it, ranks it last)."""
     mode = str(OmegaConf.select(cfg, "monitor.objective_mode", default="min"))
@@ -103,6 +157,60 @@ def exit_code(summary: Summary) -> int:
     return EXIT_INTERRUPTED if summary.status == "interrupted" else 1
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A job composed once and planned once before it runs: a single run (:func:`check_run`) or a sweep job.
+
+    Attributes:
+        run_dir: the run dir Hydra will create (``hydra.run.dir``, absolute).
+        hydra_config: Hydra's whole composed config of a single run, handed to Hydra's job
+            runner as is (None for a sweep job, which Hydra's launcher composed).
+        config: the job config as the run will use it (:func:`freeze_config`).
+        plan: its plan, checked and preflighted.
+    """
+
+    run_dir: Path
+    hydra_config: DictConfig | None
+    config: DictConfig
+    plan: Plan
+
+
+def frozen_for_run(job: Job) -> Composed:
+    """The config a single run of *job* will use: frozen with the run dir its ``hydra.run.dir`` names."""
+    run_dir = Path(run_output_dir(job.hydra_config))
+    choices = job_choices(job.hydra_config.hydra)
+    return Composed(config=freeze_config(job.composed.config, run_dir), choices=choices)
+
+
+def plan_run(overrides: list[str], config_dir: str | None = None) -> tuple[Job, Composed, Plan]:
+    """Compose a single run once and plan it once, as it will run (in the run dir Hydra will create).
+
+    Raises ``ConfigError`` when the overrides do not compose; the plan may have errors
+    (:func:`check_run` refuses them).
+    """
+    if not any(o.lstrip("+~").startswith("hydra.mode=") for o in overrides):
+        overrides = [*overrides, "hydra.mode=RUN"]  # as Hydra's single run adds it
+    return plan_job(overrides, Environment.detect(), config_dir, freeze=frozen_for_run)
+
+
+def check_run(job: Job, composed: Composed, plan: Plan) -> Checked:
+    """Refuse a plan with errors, then run the preflight I/O checks; the run as Hydra will be handed it."""
+    preflight_job(plan)
+    run_dir = Path(run_output_dir(job.hydra_config))
+    return Checked(run_dir=run_dir, hydra_config=job.hydra_config, config=composed.config, plan=plan)
+
+
+def preflight_job(plan: Plan) -> None:
+    """The checks after planning: no plan errors, no refused import, the data's storage (and Ray) reachable."""
+    plan.raise_for_errors()
+    refuse_objects(plan.blocks.values())
+    plan.data.preflight()  # I/O the pure plan does not do
+    if uses_ray(plan):
+        from blocks.launch.ray_workers import preflight
+
+        preflight(plan)  # can the Ray cluster place the workers?
+
+
 def _checked(
     config: DictConfig, choices: dict[str, str], run_dir: Path, environment: Environment | None = None
 ) -> tuple[DictConfig, Plan]:
@@ -114,13 +222,7 @@ def _checked(
     """
     frozen = freeze_config(config, run_dir)
     plan = plan_blocks(config_to_blocks(frozen), choices, environment or Environment.detect())
-    plan.raise_for_errors()
-    refuse_objects(plan.blocks.values())
-    plan.data.preflight()  # I/O the pure plan does not do
-    if uses_ray(plan):
-        from blocks.launch.ray_workers import preflight
-
-        preflight(plan)  # can the Ray cluster place the workers?
+    preflight_job(plan)
     return frozen, plan
 
 
@@ -136,15 +238,21 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
 
 
 @contextlib.contextmanager
-def held(run_dir: Path, config: DictConfig, choices: dict[str, str]) -> Iterator[Plan]:
+def held(
+    run_dir: Path, config: DictConfig, choices: dict[str, str], checked: Checked | None = None
+) -> Iterator[Plan]:
     """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
 
     A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
     resume or storage that cannot work, is refused before anything is written. Multi-node jobs
     under torchrun share one run dir between the nodes' drivers, so they are not locked (under
-    Ray one driver starts every node's workers, so they are).
+    Ray one driver starts every node's workers, so they are). A *checked* run for this run dir
+    is not planned again.
     """
-    frozen, plan = _checked(config, choices, run_dir)
+    if checked is not None and checked.run_dir == run_dir:
+        frozen, plan = checked.config, checked.plan
+    else:
+        frozen, plan = _checked(config, choices, run_dir)
     one_driver = plan.derived.nodes == 1 or uses_ray(plan)
     with locked(run_dir) if one_driver else contextlib.nullcontext():
         _write_job_files(run_dir, frozen, plan)

@@ -109,9 +109,9 @@ class OptimBlock(Block):
             )
 
     def _check_global_batch(self, ctx: CheckContext) -> None:
-        """``optim.global_batch`` must be a multiple of one micro-step across all processes."""
+        """``optim.global_batch`` must be a multiple of one micro-step across the data-parallel ranks."""
         data_batch = ctx.data.batch_size
-        world = ctx.derived.world_size
+        world = ctx.derived.data_parallel
         per_micro_step = data_batch * world
         if per_micro_step <= 0 or self.global_batch is None or self.global_batch % per_micro_step == 0:
             if self.accumulate != 1 and per_micro_step > 0:
@@ -127,7 +127,7 @@ class OptimBlock(Block):
         below = max(per_micro_step, self.global_batch // per_micro_step * per_micro_step)
         ctx.error(
             "global_batch",
-            f"optim.global_batch={self.global_batch} is not a multiple of data.batch_size × world size "
+            f"optim.global_batch={self.global_batch} is not a multiple of data.batch_size × data-parallel size "
             f"= {data_batch} × {world} = {per_micro_step}",
             f"optim.global_batch={below} or {below + per_micro_step}, or change data.batch_size",
             check="global-batch-divisible",

@@ -52,14 +52,16 @@ def batched(dataset: Dataset) -> Dataset:
 class BlocksDataModule(pl.LightningDataModule):
     """Train and val loaders for a data block, with the global batch stream of the plan.
 
-    The batch layout (micro-batch, accumulation, world size, global batch) is the plan's
-    derived numbers, passed in; nothing here derives it again.
+    The batch layout (micro-batch, accumulation, the device mesh, global batch) is the plan's
+    derived numbers, passed in; nothing here derives it again. Which share of each global
+    batch a process reads is its data-parallel index in the plan's mesh.
     """
 
     def __init__(self, data: DataBlock, *, derived: Derived, seed: int, overfit_batches: int = 0) -> None:
         super().__init__()
         self.data = data
         self.overfit_batches = overfit_batches
+        self.derived = derived
         self.accumulate = derived.accumulate
         self.world_size = derived.world_size
         self.global_batch = derived.global_batch
@@ -117,13 +119,7 @@ class BlocksDataModule(pl.LightningDataModule):
         sampler = (
             own_order(self.seed) if callable(own_order) else SeededPermutation(len(self.train_set), self.seed)  # type: ignore[arg-type]
         )
-        batches = GlobalBatchSampler(
-            sampler,
-            micro_batch=self.data.batch_size,
-            accumulate=self.accumulate,
-            rank=self.trainer.global_rank,
-            world_size=self.world_size,
-        )
+        batches = GlobalBatchSampler.for_rank(sampler, self.derived, self.trainer.global_rank)
         return ResumableLoader(
             batched(self.train_set),
             batch_sampler=batches,
@@ -136,10 +132,10 @@ class BlocksDataModule(pl.LightningDataModule):
         """The validation loader: contiguous shards per rank (an empty list without a split)."""
         if self.val_set is None or self.trainer is None:
             return []
-        batches = ShardedBatchSampler(
+        batches = ShardedBatchSampler.for_rank(
             len(self.val_set),  # type: ignore[arg-type]
+            self.derived,
+            self.trainer.global_rank,
             batch_size=self.data.batch_size,
-            rank=self.trainer.global_rank,
-            world_size=self.world_size,
         )
         return DataLoader(batched(self.val_set), batch_sampler=batches, **self._loader_options())

@@ -2,9 +2,13 @@
 
 Each optimizer step consumes one *global batch*: ``global_batch`` consecutive indices of a
 seeded permutation of the training split. The global batch is cut into ``accumulate``
-micro-steps, and each micro-step into ``world_size`` micro-batches, one per rank. So the
-samples behind every optimizer step depend only on the seed and the global batch size, not
-on how many processes share it or how many micro-batches it is accumulated from.
+micro-steps, and each micro-step into one micro-batch per *data-parallel* rank. So the samples
+behind every optimizer step depend only on the seed and the global batch size, not on how many
+processes share it or how many micro-batches it is accumulated from.
+
+The data-parallel size and a process's data-parallel index come from the device mesh the plan
+recorded (``derived.mesh``), not from the world size and the global rank: the ranks of one
+tensor- or pipeline-parallel group read the same micro-batches (:meth:`GlobalBatchSampler.for_rank`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterator
 
 from torch.utils.data import Sampler
 
+from blocks.core.plan import Derived
 from blocks.data.permutation import SeededPermutation
 
 __all__ = ["GlobalBatchSampler", "SeededPermutation", "ShardedBatchSampler"]
@@ -22,7 +27,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
     """Yields this rank's micro-batches, in order, for every global batch of the epoch.
 
     Partial global batches at the end of an epoch are dropped, so every optimizer step
-    averages exactly ``micro_batch × world_size × accumulate`` samples.
+    averages exactly ``micro_batch × world_size × accumulate`` samples. *rank* and
+    *world_size* are data-parallel ones: the index of this rank's share and how many shares
+    there are (:meth:`for_rank` reads them from a plan's mesh).
     """
 
     def __init__(
@@ -41,6 +48,17 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.global_batch = micro_batch * accumulate * world_size
         self._resume: tuple[int, int] | None = None
+
+    @classmethod
+    def for_rank(cls, sampler: SeededPermutation, derived: Derived, rank: int) -> GlobalBatchSampler:
+        """The sampler of global *rank* under a plan's *derived* numbers: its share by the plan's mesh."""
+        return cls(
+            sampler,
+            micro_batch=derived.micro_batch,
+            accumulate=derived.accumulate,
+            rank=derived.mesh.data_parallel_rank(rank),
+            world_size=derived.data_parallel,
+        )
 
     def resume_at(self, *, epoch: int, steps_done: int) -> None:
         """On the next pass over *epoch*, skip the *steps_done* global batches already trained on."""
@@ -77,7 +95,20 @@ class ShardedBatchSampler(Sampler[list[int]]):
     Every rank must run the same number of batches (FSDP all-gathers in every forward; the
     metric sync waits for all ranks), so the last shards are padded with the split's first
     samples, as ``DistributedSampler`` does: up to ``world_size - 1`` samples count twice.
+    *rank* and *world_size* are data-parallel ones (:meth:`for_rank`).
     """
+
+    @classmethod
+    def for_rank(
+        cls, num_samples: int, derived: Derived, rank: int, *, batch_size: int
+    ) -> ShardedBatchSampler:
+        """The evaluation sampler of global *rank* under a plan's *derived* numbers (its shard by the plan's mesh)."""
+        return cls(
+            num_samples,
+            batch_size=batch_size,
+            rank=derived.mesh.data_parallel_rank(rank),
+            world_size=derived.data_parallel,
+        )
 
     def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int) -> None:
         per_rank = -(-num_samples // world_size)

@@ -34,8 +34,14 @@ class MeshShape:
     """The device-mesh dimensions a strategy lays the processes out in.
 
     Data parallelism is ``replicate × shard`` (DDP replicates, FSDP shards, HSDP both);
-    ``tensor`` and ``pipeline`` split each model replica further. The plan and the sampler read
-    the number of data-parallel ranks from here, not from the world size.
+    ``tensor`` and ``pipeline`` split each model replica further. The plan records the mesh
+    (``plan.json``'s ``derived.mesh``); the global batch and the sampler read the number of
+    data-parallel ranks and each rank's data-parallel index from it, not from the world size.
+
+    Global ranks are laid out row-major over ``(pipeline, replicate, shard, tensor)``, as
+    ``torch.distributed.device_mesh.init_device_mesh`` lays out a mesh with those dimension
+    names: the ranks of one tensor-parallel group are adjacent (on one node), and every rank of
+    a tensor- or pipeline-parallel group reads the same samples.
 
     Attributes:
         replicate: data-parallel groups that each hold a full copy of the (sharded) state.
@@ -58,6 +64,10 @@ class MeshShape:
     def world_size(self) -> int:
         """Processes the mesh spans."""
         return self.data_parallel * self.tensor * self.pipeline
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """The data-parallel index (``0 .. data_parallel - 1``) of global *rank*: which share of each global batch it reads."""
+        return (rank // self.tensor) % self.data_parallel
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
