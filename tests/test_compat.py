@@ -280,3 +280,24 @@ def test_skipping_automatic_hyperparameters_keeps_lightning_from_logging_them(tm
     assert "width" in fit(False, "logged").read_text()
     skipped = fit(True, "skipped")
     assert not skipped.exists() or "width" not in skipped.read_text()
+
+
+def test_a_compose_shares_the_config_store_and_still_reads_copies() -> None:
+    """Hydra's caching repository deep-copies its delegate per compose; the store in it is the one store."""
+    import copy
+
+    from hydra import compose
+    from hydra.core.config_store import ConfigStore
+
+    from blocks.core import catalog
+    from blocks.core.jobs import hydra_context
+
+    catalog.load()
+    store = ConfigStore.instance()
+    assert copy.deepcopy({"store": store})["store"] is store
+    with hydra_context() as name:
+        first = compose(name, overrides=["recipe=blobs"])
+        first.optim.lr = 123.0  # a composed config is the caller's own: the store is not changed
+        again = compose(name, overrides=["recipe=blobs"])
+    assert again.optim.lr != 123.0
+    assert store.load("optim/adamw.yaml").node is not store.load("optim/adamw.yaml").node

@@ -99,3 +99,21 @@ def hydra_completion(config_loader: Any, config_name: str, line: str) -> list[st
 
     found: list[str] = BashCompletion(config_loader)._query(config_name=config_name, line=line)
     return found
+
+
+def share_config_store() -> None:
+    """Make a deep copy of Hydra's ``ConfigStore`` the store itself, so a compose stops copying every option.
+
+    Each ``hydra.compose`` builds a ``CachingConfigRepository`` that deep-copies its delegate
+    repository (``hydra._internal.config_repository``) to keep its list of sources apart; that
+    repository's structured source holds the process-wide ``ConfigStore``, so every compose
+    copied every registered block, recipe and preset (most of a ``blocks plan``). Sharing it is
+    safe: ``ConfigStore.load`` already returns a deep copy of the node it reads, and a source
+    made anew takes ``ConfigStore.instance()`` anyway.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    def shared(self: ConfigStore, memo: dict[int, Any]) -> ConfigStore:
+        return self
+
+    ConfigStore.__deepcopy__ = shared  # type: ignore[attr-defined]

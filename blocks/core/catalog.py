@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from blocks.compat.hydra_private import share_config_store
 from blocks.core import packages, paths, project
 from blocks.core.compose import GROUPS, block_node, primary_node, store_option
 from blocks.core.launcher import RAY_LAUNCHER_NODE
@@ -217,6 +218,7 @@ def register_configs(found: project.Project | None = None) -> None:
     """
     from hydra.core.config_store import ConfigStore
 
+    share_config_store()
     store = ConfigStore.instance()
     for entry in REGISTRY.entries():
         store_option(store, entry.kind, entry.name, block_node(entry.cls()))
