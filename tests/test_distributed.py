@@ -38,6 +38,7 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_global_batch_stream_is_independent_of_the_process_layout(tmp_path: Path) -> None:
     """Batch 16 on one process = 8 × accumulate 2 = DDP 2 × 8 = FSDP 2 × 8 = FSDP 2 × 4 × accumulate 2."""
     layouts = {
@@ -64,6 +65,7 @@ def test_global_batch_stream_is_independent_of_the_process_layout(tmp_path: Path
             torch.testing.assert_close(other[key], tensor, rtol=1e-4, atol=2e-5, msg=f"{name}: {key}")
 
 
+@pytest.mark.slow
 def test_ddp_logs_every_ranks_loss_and_the_spread(tmp_path: Path) -> None:
     summary = driver.run([*FAST_DDP, "monitor.log_every_n_steps=2"], tmp_path)
     assert summary.status == "completed" and summary.world_size == 2
@@ -75,6 +77,7 @@ def test_ddp_logs_every_ranks_loss_and_the_spread(tmp_path: Path) -> None:
     assert summary.metrics["train/loss"] == pytest.approx(sum(ranks) / 2, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_fsdp_with_activation_checkpointing_and_bf16_mixed(tmp_path: Path) -> None:
     summary = driver.run(
         [
@@ -94,6 +97,7 @@ def test_fsdp_with_activation_checkpointing_and_bf16_mixed(tmp_path: Path) -> No
     )
 
 
+@pytest.mark.slow
 def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     result = cli("run", "-m", *LM, "strategy=ddp,fsdp", "trainer.devices=2", f"hydra.sweep.dir={sweep}")
@@ -121,6 +125,7 @@ def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(cli, tmp_path: Path
     ],
     ids=["joblib", "submitit_local"],
 )
+@pytest.mark.slow
 def test_hydra_launcher_plugins_run_the_jobs(
     cli, tmp_path: Path, launcher: list[str], job_args: list[str]
 ) -> None:
@@ -140,6 +145,7 @@ def test_hydra_launcher_plugins_run_the_jobs(
         assert read_summary(sweep / job)["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_three_two_process_jobs_at_once_never_collide(tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         procs = [
@@ -169,6 +175,7 @@ def test_three_two_process_jobs_at_once_never_collide(tmp_path: Path) -> None:
         assert read_summary(tmp_path / str(i))["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:
     """Two `blocks run` invocations, one per "node", meet at a c10d rendezvous and train together."""
     run_dir = tmp_path / "run"
@@ -210,6 +217,7 @@ def test_multi_node_without_a_rendezvous_is_a_clear_error(cli) -> None:
     assert "BLOCKS_RDZV_ENDPOINT" in result.output
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [
@@ -244,6 +252,7 @@ class GradProbe(pl.Callback):
             self.has_grads.append(any(p.grad is not None for p in pl_module.model.parameters()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("every_micro_batch", "expected"), [(True, [True, True]), (False, [False, True])])
 def test_fsdp_gradient_sync_follows_reduce_every_micro_batch(
     tmp_path: Path, every_micro_batch: bool, expected: list[bool]
@@ -282,6 +291,7 @@ TORCH_DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LO
     shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
     reason="needs Open MPI (Debian: openmpi-bin libopenmpi-dev) and mpi4py (pip install '.[mpi]')",
 )
+@pytest.mark.slow
 def test_mpirun_starts_the_same_worker(tmp_path: Path) -> None:
     """The worker entry point under Open MPI's mpirun (Lightning's MPIEnvironment), no torchrun."""
     run_dir = tmp_path / "run"
@@ -310,6 +320,7 @@ def test_mpirun_starts_the_same_worker(tmp_path: Path) -> None:
     assert summary["status"] == "completed" and summary["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
     """Two workers started the way `srun` starts them (SLURM's variables, no torchrun) train one job."""
     run_dir = tmp_path / "run"
@@ -351,6 +362,7 @@ def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
     assert summary["status"] == "completed" and summary["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(tmp_path: Path) -> None:
     """Rank 1 stops (injected); rank 0's next gradient all-reduce gives up after strategy.collective_timeout_s."""
     run_dir = tmp_path / "run"

@@ -44,6 +44,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.timeout(900)
 
 FAST = {"trainer.max_steps": "3", "trainer.max_epochs": "null"}
+SMALLER = {"hydra.sweeper.n_trials": "2"}
+"""Keys a command does set whose value only makes it longer: an Optuna search shows its sweeper in two trials."""
 INFO_FLAGS = {"--info", "-i", "--help", "-h", "--cfg", "-c", "--hydra-help", "--shell-completion", "-sc"}
 """Hydra flags that print and exit: nothing trains, and ``--info`` would take an override as its argument."""
 SHELL_BUILTINS = ("export ", "cd ", "mkdir ")
@@ -120,7 +122,7 @@ def parse(page: Path) -> list[DocBlock]:
 
 
 def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
-    """*command* with ``blocks`` → ``python -m blocks`` and (with *append*) FAST overrides for ``blocks run``.
+    """*command* with ``blocks`` → ``python -m blocks`` and (with *append*) FAST and SMALLER overrides for ``blocks run``.
 
     With *plan*, a ``blocks run`` becomes ``blocks plan`` with the same arguments.
     """
@@ -132,6 +134,7 @@ def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
     if append and len(tokens) > 1 and tokens[1] == "run" and not INFO_FLAGS & set(tokens):
         keys = {t.split("=", 1)[0] for t in tokens}
         tokens += [f"{k}={v}" for k, v in FAST.items() if k not in keys]
+        tokens = [f"{k}={SMALLER[k]}" if (k := t.split("=", 1)[0]) in SMALLER else t for t in tokens]
     quoted = [t if t.startswith("$") else shlex.quote(t) for t in tokens[1:]]
     return " ".join(['"$BLOCKS_PYTHON" -m blocks', *quoted])
 
@@ -192,6 +195,7 @@ def test_a_run_trains_only_where_the_block_needs_its_training() -> None:
     failing = DocBlock("page.md", 1, "bash", commands[2:3], [None], None, 2)
     assert trains(shown, 0) and trains(failing, 0)
     assert fast(commands[2], plan=True).startswith('"$BLOCKS_PYTHON" -m blocks plan recipe=blobs')
+    assert " hydra.sweeper.n_trials=2 " in fast(commands[3] + " hydra.sweeper.n_trials=20")
 
 
 @pytest.mark.parametrize("block", _params())

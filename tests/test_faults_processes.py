@@ -53,6 +53,7 @@ def snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.slow
 def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refused_meanwhile(
     tmp_path: Path,
 ) -> None:
@@ -73,6 +74,7 @@ def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refuse
     assert snapshot(run_dir) == before, "nothing writes into the run dir after the job died"
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_killed_torchrun_and_the_summary_counts_what_happened(tmp_path: Path) -> None:
     """kill -9 of torchrun alone: the workers die too; the driver's summary has the real restarts and steps."""
     run_dir = tmp_path / "run"
@@ -89,6 +91,7 @@ def test_workers_die_with_a_killed_torchrun_and_the_summary_counts_what_happened
     assert not (run_dir / LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_peer_is_named_in_the_failure_reason(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     with blocks_run_until_step([*LONG_DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
@@ -116,6 +119,7 @@ MULTI_PROCESS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", sorted(MULTI_PROCESS))
 def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resumes_exactly(
     tmp_path: Path, strategy: str
@@ -249,6 +253,7 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> 
     assert "optim.lr: 0.001" in best
 
 
+@pytest.mark.slow
 def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> None:
     args = [
         "recipe=blobs",

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import REPO, read_summary
 from tests.packaging import EXAMPLE, Venv, make_venv, write_package
 
+pytestmark = pytest.mark.slow  # every test reads the venv fixture: a wheel build and six pip installs
+
 BROKEN = """\
 BLOCKS_API = 1
 

@@ -143,6 +143,7 @@ def _assert_names_keys(problems: typing.Sequence[typing.Any], where: str) -> Non
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
 )
+@pytest.mark.slow
 @given(overrides(), st.sampled_from([ENV, GPU]))
 def test_any_overrides_plan_or_fail_naming_a_key(args: list[str], env: Environment) -> None:
     try:

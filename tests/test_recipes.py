@@ -38,7 +38,9 @@ def test_every_recipe_plans(cli_in_process, name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SINGLE)
 def test_every_recipe_trains_a_few_steps(cli, tmp_path: Path, name: str) -> None:
-    result = cli("run", f"recipe={name}", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}")
+    # Small batches and one validation batch: the recipe's blocks train together, at a CPU's pace.
+    small = ["data.batch_size=4", "trainer.limit_val_batches=1"]
+    result = cli("run", f"recipe={name}", "debug=fast", *small, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "completed" and summary["global_step"] == 5

@@ -282,6 +282,7 @@ def metric_rows(run_dir: Path) -> list[tuple[str, ...]]:
     return [(r["step"], r.get("train/loss", ""), r.get("val/loss", "")) for r in rows]
 
 
+@pytest.mark.slow
 def test_ddp_from_s3_killed_and_rerun_matches_the_uninterrupted_run(s3) -> None:
     _, url, work = s3
     args = [
