@@ -280,4 +280,3 @@ def test_skipping_automatic_hyperparameters_keeps_lightning_from_logging_them(tm
     assert "width" in fit(False, "logged").read_text()
     skipped = fit(True, "skipped")
     assert not skipped.exists() or "width" not in skipped.read_text()
-
