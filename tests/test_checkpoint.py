@@ -43,6 +43,18 @@ def blocks_run(args: list[str], cwd: Path, env: dict[str, str] | None = None) ->
     )
 
 
+def trained(args: list[str], run_dir: Path) -> dict:
+    """A setup run, trained in this process (``blocks.launch.driver.run``, the Python ``blocks run``).
+
+    For the runs a test only needs to exist: the run under test is still a ``blocks run`` process.
+    """
+    from blocks.launch.driver import run
+
+    summary = run(args, run_dir)
+    assert summary.status == "completed", summary
+    return read_summary(run_dir)
+
+
 def run_and_kill_at(args: list[str], cwd: Path, step: int) -> None:
     """Start a run and SIGKILL it (driver and workers) once it logs *step*: a machine dying mid-run."""
     with blocks_run_until_step(args, cwd=cwd, step=step) as proc:
@@ -51,15 +63,14 @@ def run_and_kill_at(args: list[str], cwd: Path, step: int) -> None:
 
 def digest_of_uninterrupted(args: list[str], cwd: Path) -> tuple[str, str]:
     run_dir = cwd / "uninterrupted"
-    result = blocks_run([*args, f"hydra.run.dir={run_dir}"], cwd)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return read_summary(run_dir)["state_digest"], (run_dir / "metrics.csv").read_text()
+    return trained(args, run_dir)["state_digest"], (run_dir / "metrics.csv").read_text()
 
 
 def metric_columns(csv_text: str, columns: int = 3) -> list[str]:
     return [",".join(line.split(",")[:columns]) for line in csv_text.splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("layout", "kill_steps"), [("single", 2), ("ddp", 1)])
 def test_kill_9_and_rerun_reaches_the_uninterrupted_digest(
     tmp_path: Path, layout: str, kill_steps: int
@@ -79,11 +90,11 @@ def test_kill_9_and_rerun_reaches_the_uninterrupted_digest(
         assert metric_columns((run_dir / "metrics.csv").read_text()) == metric_columns(expected_metrics)
 
 
+@pytest.mark.slow
 def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(tmp_path: Path) -> None:
     """What a kill during a save leaves: files of the newest step without a manifest."""
     run_dir = tmp_path / "run"
-    args = [*LM, "trainer.max_steps=9", f"hydra.run.dir={run_dir}"]
-    assert blocks_run(args, tmp_path).returncode == 0
+    trained([*LM, "trainer.max_steps=9"], run_dir)
     checkpoints = run_dir / "checkpoints"
     newest = checkpoints / store.step_dir_name(9)
     half_written = checkpoints / store.step_dir_name(12)
@@ -99,9 +110,10 @@ def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(tmp_path: Path) ->
     assert not half_written.exists() or (half_written / store.MANIFEST).exists()
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    assert blocks_run([*LM, "trainer.max_steps=9", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    trained([*LM, "trainer.max_steps=9"], run_dir)
     newest = run_dir / "checkpoints" / store.step_dir_name(9) / "state.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -112,6 +124,7 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> 
     assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(6))
 
 
+@pytest.mark.slow
 def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [
@@ -124,7 +137,7 @@ def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> 
         "trainer.val_every=2",
         f"hydra.run.dir={run_dir}",
     ]
-    assert blocks_run(args, tmp_path).returncode == 0
+    trained(args[:-1], run_dir)
     committed, uncommitted = store.scan(str(run_dir / "checkpoints"))
     steps = [c.manifest.step for c in committed]
     best = min(committed, key=lambda c: c.manifest.metrics["val/loss"]).manifest.step
@@ -139,6 +152,7 @@ def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> 
     assert Path(resumed, store.MANIFEST).exists(), "the checkpoint a run resumed from is never deleted"
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [
@@ -168,7 +182,7 @@ def test_resume_from_a_missing_url_is_a_plan_error(cli, tmp_path: Path) -> None:
 
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    assert blocks_run([*LM, "trainer.max_steps=6", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    trained([*LM, "trainer.max_steps=6"], run_dir)
     result = blocks_run(
         [*LM, "trainer.max_steps=9", "model.d_model=48", "model.n_heads=2", f"hydra.run.dir={run_dir}"],
         tmp_path,
@@ -180,7 +194,7 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
 
 def test_resume_refuses_a_checkpoint_of_another_strategy_format(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    assert blocks_run([*LM, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    trained([*LM, "trainer.max_steps=3"], run_dir)
     result = blocks_run([*LM, "trainer.max_steps=6", "strategy=fsdp", f"hydra.run.dir={run_dir}"], tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "is a full checkpoint, but strategy=fsdp loads sharded (FSDP) ones" in result.stderr
@@ -192,7 +206,7 @@ class Payload:
 
 def test_a_checkpoint_carrying_pickled_code_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    assert blocks_run([*LM, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    trained([*LM, "trainer.max_steps=3"], run_dir)
     good = run_dir / "checkpoints" / store.step_dir_name(3)
     evil = tmp_path / "evil" / store.step_dir_name(3)
     shutil.copytree(good, evil)
@@ -209,6 +223,7 @@ def test_a_checkpoint_carrying_pickled_code_is_refused(tmp_path: Path) -> None:
     assert "refusing to load" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_fsdp_save_on_two_resume_on_two_and_load_on_one(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     fsdp = [
@@ -287,6 +302,7 @@ def s3_server(monkeypatch: pytest.MonkeyPatch):
         yield env, fs
 
 
+@pytest.mark.slow
 def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) -> None:
     env, fs = s3_server
     url = "s3://blocks-test/run1"

@@ -234,6 +234,7 @@ def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: 
     assert "| failed |" in report and "| completed |" in report
 
 
+@pytest.mark.slow
 def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> None:
     sweep = tmp_path / "optuna"
     result = cli(

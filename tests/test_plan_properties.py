@@ -11,6 +11,7 @@ the wrong type, null). Nothing else may escape: no ``KeyError``, ``ZeroDivisionE
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -144,14 +145,21 @@ def _assert_names_keys(problems: typing.Sequence[typing.Any], where: str) -> Non
     derandomize=True,
 )
 @pytest.mark.slow
-@given(overrides(), st.sampled_from([ENV, GPU]))
-def test_any_overrides_plan_or_fail_naming_a_key(args: list[str], env: Environment) -> None:
+@given(args=overrides(), env=st.sampled_from([ENV, GPU]))
+def test_any_overrides_plan_or_fail_naming_a_key(
+    args: list[str], env: Environment, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A drawn relative path (data.cache_dir='c-c.') is prepared into the working directory: not the checkout.
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.getbasetemp())
     try:
         plan = jobs.plan(args, env)
     except BlocksError as error:
         assert error.problems
         _assert_names_keys(error.problems, " ".join(args))
         return
+    finally:
+        os.chdir(here)
     _assert_names_keys(plan.problems, " ".join(args))
     assert plan.derived.world_size >= 1
     plan.to_json()

@@ -46,6 +46,7 @@ def test_every_recipe_trains_a_few_steps(cli, tmp_path: Path, name: str) -> None
     assert summary["status"] == "completed" and summary["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_digits_classifier_reaches_its_stated_accuracy_on_cpu(cli, tmp_path: Path) -> None:
     result = cli("run", "recipe=digits_mlp", "debug=cpu", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.output[-3000:]
@@ -86,6 +87,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "run"
 
 
+@pytest.mark.slow
 def test_finetune_starts_from_the_run_and_keeps_frozen_layers(cli, tmp_path: Path, trained: Path) -> None:
     from safetensors.torch import load_file
 
@@ -118,6 +120,7 @@ def test_freeze_and_init_from_mistakes_name_the_key(cli, tmp_path: Path) -> None
     assert "model.init_from: cannot load weights" in result.stderr
 
 
+@pytest.mark.slow
 def test_eval_reproduces_the_runs_validation_metrics(cli, trained: Path) -> None:
     result = cli("eval", str(trained), "--json")
     assert result.returncode == 0, result.output[-3000:]
@@ -229,6 +232,7 @@ def test_a_pipeline_refuses_hydra_flags(cli) -> None:
     assert result.returncode == 2 and "is a pipeline" in result.stderr
 
 
+@pytest.mark.slow
 def test_debug_overfit_memorizes_a_few_batches(cli, tmp_path: Path) -> None:
     result = cli("run", "recipe=digits_mlp", "debug=overfit", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.output[-3000:]
