@@ -338,6 +338,13 @@ CHECKS: tuple[Check, ...] = (
         ("optim=sgd", "optim.nesterov=true", "optim.momentum=0"),
     ),
     Check(
+        "fused-clipping",
+        ("optim", "precision"),
+        "optim.fused",
+        "a fused optimizer is not clipped under `*-mixed` precision (Lightning's plugin cannot)",
+        ("recipe=blobs", "optim.fused=true", "optim.grad_clip=1.0", "precision=bf16-mixed"),
+    ),
+    Check(
         "keep-best-monitor",
         ("checkpoint",),
         "checkpoint.monitor",
