@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -190,6 +191,22 @@ def lazy_config_node(
         @node.setter
         def node(self, value: Any) -> None:
             self._own = value
+
+        def __deepcopy__(self, memo: dict[int, Any]) -> LazyConfigNode:
+            # Hydra deep-copies the store on every compose: copies share the builder, nothing is built.
+            clone = LazyConfigNode()
+            clone._own = copy.deepcopy(self._own, memo)
+            return clone
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            # Hydra's joblib/submitit launchers pickle the ConfigStore with each job: send the built
+            # node as a plain ConfigNode. An option that cannot be built (a pipeline recipe) was
+            # never composable; the job's overrides were checked before the sweep started.
+            try:
+                node = self.node
+            except Exception as exc:  # the builder's own error, kept as the node's text
+                node = OmegaConf.create({"_unavailable_": str(exc)})
+            return (ConfigNode, (self.name, node, self.group, self.package, self.provider))
 
     return LazyConfigNode()
 
