@@ -13,18 +13,11 @@ from pathlib import Path
 import pytorch_lightning as pl
 from pytorch_lightning.profilers import PassThroughProfiler
 
+from blocks.compat.torch_private import STEP_HOOKS
 from blocks.launch import driver
 from blocks.runtime.trainer import build_run
 
 STEPS = 20
-STEP_HOOKS = (
-    "on_train_batch_start",
-    "on_train_batch_end",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-)
 
 
 class CountingProfiler(PassThroughProfiler):
