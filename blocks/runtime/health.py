@@ -406,18 +406,22 @@ class StallWatchdog(pl.Callback):
             fh.write(f"rank {self._rank}: no training step for {idle:.0f}s after step {self._step}\n")
             fh.flush()
             faulthandler.dump_traceback(fh, all_threads=True)
-        deadline = time.monotonic() + self.grace_s
         pattern = f"rank*-attempt{self._attempt}.txt"
-        while len(list(directory.glob(pattern))) < self._world_size and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for(lambda: len(list(directory.glob(pattern))) >= self._world_size, self.grace_s)
         reason = (
             f"stalled: no training step for {self.timeout_s:g}s after step {self._step} "
             f"(monitor.stall_timeout_s); Python stacks of every rank in {directory}"
         )
         print(f"blocks: {reason}", flush=True)
+        recorded = directory / f".recorded-attempt{self._attempt}"
         try:
             if self._rank == 0:
                 self.on_stall(reason, self._step)
+                recorded.touch()
+            else:
+                # The first rank to exit makes torchrun stop the others: wait until rank 0 has
+                # written the stall into summary.json, or the job's account would be a SIGTERM.
+                _wait_for(recorded.exists, self.grace_s)
         finally:
             # The main thread is blocked inside a collective that never returns (a peer is gone),
             # and an exception raised in this watchdog thread would end only this thread: ending
@@ -427,6 +431,13 @@ class StallWatchdog(pl.Callback):
 
 
 _STALLED = threading.Event()
+
+
+def _wait_for(condition: Callable[[], bool], patience_s: float) -> None:
+    """Poll *condition* until it holds or *patience_s* has passed."""
+    deadline = time.monotonic() + patience_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def stall_detected() -> bool:
