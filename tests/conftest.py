@@ -11,9 +11,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,44 @@ def run_in_process(args: Sequence[str], *, cwd: Path) -> Result:
     with contextlib.chdir(cwd):
         code, output = run_captured(list(args))
     return Result(code, output, "")
+
+
+def call_in_fresh_process(function: Callable[..., Any], *args: Any, timeout: float = 300) -> Any:
+    """``function(*args)`` in a new Python process (a test module's top-level function); its JSON result.
+
+    For in-process work that leaves state behind which no API clears (a process group torch
+    keeps alive): the pytest worker never hosts it.
+    """
+    script = (
+        "import importlib, json, sys\n"
+        "sys.path += [sys.argv[4], sys.argv[5]]\n"  # as pytest imports test modules: by directory
+        "module, name, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+        "result = getattr(importlib.import_module(module), name)(*args)\n"
+        "print('\\n' + RESULT + json.dumps(result))\n"
+    ).replace("RESULT", repr(_RESULT))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            function.__module__,
+            function.__name__,
+            json.dumps(args),
+            str(Path(inspect.getfile(function)).parent),
+            str(REPO),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith(_RESULT)]
+    return json.loads(line.removeprefix(_RESULT))
+
+
+_RESULT = "blocks-test-result: "
 
 
 def read_summary(run_dir: Path) -> dict:
