@@ -14,8 +14,18 @@ nox.options.default_venv_backend = "venv"
 # The CPU build on this project's machines; set BLOCKS_TORCH to e.g. "torch==2.13.0" from another index
 # for a GPU build.
 TORCH = os.environ.get("BLOCKS_TORCH", "torch==2.13.0")
-PARALLEL = ["-n", os.environ.get("BLOCKS_TEST_WORKERS", "auto"), "--dist", "loadgroup"]
-"""pytest-xdist: a worker per core (``BLOCKS_TEST_WORKERS=3`` to choose), shared-fixture tests grouped."""
+PARALLEL = [
+    "-n",
+    os.environ.get("BLOCKS_TEST_WORKERS", "auto"),
+    "--dist",
+    "loadgroup",
+    "--max-worker-restart=0",
+]
+"""pytest-xdist: a worker per core (``BLOCKS_TEST_WORKERS=3`` to choose), shared-fixture tests grouped.
+
+A worker that dies ends the run with the test it died in named: xdist 3.8's ``loadgroup``
+scheduler can wait forever for a replaced worker (pytest-xdist issues 1323, 1327, 1378).
+"""
 
 
 def install_project(session: nox.Session, extras: str = "dev") -> None:
