@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import inspect
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,48 @@ pytest_plugins = ["tests.catalog_fixtures"]
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN_SIGNS = ("devices=2", "check_ddp", "torchrun", "strategy=ddp", "strategy=fsdp", "nproc")
 """Text in a test (or its parameters) that means it starts several processes through torchrun."""
+
+
+FAULT_DIR_ENV = "BLOCKS_TEST_FAULT_DIR"
+"""Where each xdist worker's ``faulthandler`` writes, so a worker killed by a fatal signal leaves its stacks."""
+_fault_log: list[object] = []  # the controller's directory, or a worker's open file (kept alive)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Send fatal-signal stacks of xdist workers to files the controller prints at the end.
+
+    A worker's stderr is captured while a test runs, so when one dies of SIGABRT or SIGSEGV
+    its ``faulthandler`` dump is lost with it; xdist only says "node down".
+    """
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        if FAULT_DIR_ENV not in os.environ:
+            os.environ[FAULT_DIR_ENV] = tempfile.mkdtemp(prefix="blocks-test-faults-")
+            _fault_log.append(os.environ[FAULT_DIR_ENV])
+        return
+    directory = os.environ.get(FAULT_DIR_ENV)
+    if directory:
+        fh = open(Path(directory) / f"{worker['workerid']}.txt", "w")  # noqa: SIM115  # open for the process's life
+        _fault_log.append(fh)
+        faulthandler.enable(file=fh, all_threads=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the stacks of any worker that died of a fatal signal."""
+    directory = os.environ.get(FAULT_DIR_ENV)
+    if not directory or hasattr(terminalreporter.config, "workerinput"):
+        return
+    for path in sorted(Path(directory).glob("*.txt")):
+        if path.stat().st_size:
+            terminalreporter.section(f"{path.stem} died of a fatal signal: its threads' Python stacks")
+            terminalreporter.write(path.read_text())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller removes the workers' fault files once the summary is printed."""
+    if not hasattr(config, "workerinput") and _fault_log:  # only the run that made the directory
+        shutil.rmtree(os.environ.pop(FAULT_DIR_ENV), ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
