@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import blocks
 from blocks.compat import hydra_private
+from tests.conftest import call_in_fresh_process
 
 PACKAGE = Path(blocks.__file__).parent
 
@@ -280,3 +281,44 @@ def test_skipping_automatic_hyperparameters_keeps_lightning_from_logging_them(tm
     assert "width" in fit(False, "logged").read_text()
     skipped = fit(True, "skipped")
     assert not skipped.exists() or "width" not in skipped.read_text()
+
+
+class FullDisk:
+    """A binary file that takes *room* bytes, then fails like a full disk; closed, it refuses every write."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.closed = room, False
+
+    def write(self, data: bytes) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        if len(data) > self.room:
+            raise OSError(28, "No space left on device")
+        self.room -= len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing buffered."""
+
+
+def save_into_a_full_disk_then_collect() -> str:
+    """A save that fails midway, its file closed, then garbage collection; what the save raised."""
+    import gc
+
+    import torch
+
+    from blocks.compat.torch_private import save_without_zip_crc
+
+    disk = FullDisk(room=4000)
+    try:
+        save_without_zip_crc({"weight": torch.randn(10_000)}, disk)  # type: ignore[arg-type]
+    except OSError as exc:
+        raised = str(exc)
+    disk.closed = True
+    gc.collect()  # frees the writer the traceback kept; unfinished, its destructor aborted the process
+    return raised
+
+
+def test_a_save_that_fails_midway_leaves_no_writer_to_abort_the_process_later() -> None:
+    """Regression: a failed checkpoint write SIGABRTed the process at a later garbage collection."""
+    assert "No space left" in call_in_fresh_process(save_into_a_full_disk_then_collect)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import signal
 import threading
@@ -117,7 +118,16 @@ def save_without_zip_crc(obj: Any, fh: IO[bytes]) -> None:
     reader is built without that check), so the file loads as usual.
     """
     writer = torch._C.PyTorchFileWriter(fh, False, _get_storage_alignment())
-    _save(obj, writer, pickle, DEFAULT_PROTOCOL, False)
+    try:
+        _save(obj, writer, pickle, DEFAULT_PROTOCOL, False)
+    except BaseException:
+        # Finish the writer now, while *fh* is open, as torch.save's context manager does. Left
+        # unfinished, it writes its end-of-file record from its C++ destructor whenever garbage
+        # collection frees it (the traceback keeps it alive); by then *fh* is closed, the write
+        # fails there, and the error aborts the whole process (SIGABRT) in unrelated code.
+        with contextlib.suppress(Exception):
+            writer.write_end_of_file()
+        raise
     writer.write_end_of_file()
     fh.flush()
 
