@@ -288,8 +288,8 @@ def test_fsdp_gradient_sync_follows_reduce_every_micro_batch(
     """Deferred sync keeps gradients unsharded (no reduce-scatter) until the step's last micro-batch.
 
     In a process of its own: torch keeps an FSDP run's device mesh, and with it a gloo group's
-    threads and TCPStore server, alive after ``destroy_process_group``; a pytest worker that
-    hosted one was later aborted (SIGABRT) in an unrelated test.
+    threads and TCPStore server, alive after ``destroy_process_group``; the pytest worker
+    would host them for the rest of the suite.
     """
     has_grads = call_in_fresh_process(fsdp_gradients_per_micro_batch, every_micro_batch, str(tmp_path))
     assert has_grads == expected
