@@ -30,7 +30,8 @@ TORCHRUN_SIGNS = ("devices=2", "check_ddp", "torchrun", "strategy=ddp", "strateg
 
 FAULT_DIR_ENV = "BLOCKS_TEST_FAULT_DIR"
 """Where each xdist worker's ``faulthandler`` writes, so a worker killed by a fatal signal leaves its stacks."""
-_fault_log: list[object] = []  # the controller's directory, or a worker's open file (kept alive)
+_made_fault_dir: list[str] = []  # the directory, in the controller that made it
+_fault_file: list[object] = []  # a worker's open file for faulthandler, kept alive
 
 
 @pytest.hookimpl(trylast=True)
@@ -44,12 +45,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is None:
         if FAULT_DIR_ENV not in os.environ:
             os.environ[FAULT_DIR_ENV] = tempfile.mkdtemp(prefix="blocks-test-faults-")
-            _fault_log.append(os.environ[FAULT_DIR_ENV])
+            _made_fault_dir.append(os.environ[FAULT_DIR_ENV])
         return
     directory = os.environ.get(FAULT_DIR_ENV)
     if directory:
         fh = open(Path(directory) / f"{worker['workerid']}.txt", "w")  # noqa: SIM115  # open for the process's life
-        _fault_log.append(fh)
+        _fault_file.append(fh)
         faulthandler.enable(file=fh, all_threads=True)
 
 
@@ -66,8 +67,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The controller removes the workers' fault files once the summary is printed."""
-    if not hasattr(config, "workerinput") and _fault_log:  # only the run that made the directory
-        shutil.rmtree(os.environ.pop(FAULT_DIR_ENV), ignore_errors=True)
+    for directory in _made_fault_dir:
+        shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop(FAULT_DIR_ENV, None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -149,16 +151,17 @@ def call_in_fresh_process(function: Callable[..., Any], *args: Any, timeout: flo
     """
     script = (
         "import importlib, json, sys\n"
-        "sys.path += [sys.argv[4], sys.argv[5]]\n"  # as pytest imports test modules: by directory
-        "module, name, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+        "marker, module, name, args = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])\n"
+        "sys.path += sys.argv[5:]\n"  # as pytest imports test modules: by directory
         "result = getattr(importlib.import_module(module), name)(*args)\n"
-        "print('\\n' + RESULT + json.dumps(result))\n"
-    ).replace("RESULT", repr(_RESULT))
+        "print('\\n' + marker + json.dumps(result))\n"
+    )
     proc = subprocess.run(
         [
             sys.executable,
             "-c",
             script,
+            _RESULT,
             function.__module__,
             function.__name__,
             json.dumps(args),
