@@ -236,3 +236,35 @@ def test_stop_leaves_overflowing_gradients_to_the_fp16_scaler() -> None:
     plain = HealthGuard("stop", max_bad_steps=20, spike_factor=0, checkpoint_dir=None)
     with pytest.raises(NonFiniteError, match="grad_norm is inf"):
         plain.check_row(trainer, {"train/loss": 1.0, "grad_norm": math.inf})
+
+
+def test_a_stalled_non_zero_rank_exits_only_after_rank_0_recorded_the_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: rank 1 left first and torchrun SIGTERMed rank 0 before summary.json named the stall."""
+    import threading
+    import time
+
+    from blocks.runtime import health
+
+    exits: list[tuple[int, float]] = []
+    recorded: list[float] = []
+    monkeypatch.setattr(health.os, "_exit", lambda code: exits.append((code, time.monotonic())))
+    watchdogs = []
+    for rank in (0, 1):
+
+        def on_stall(reason: str, step: int) -> None:
+            time.sleep(1.0)  # rank 0 is slow to write summary.json (a loaded machine)
+            recorded.append(time.monotonic())
+
+        watchdog = health.StallWatchdog(5, tmp_path, on_stall=on_stall, grace_s=10)
+        watchdog._rank, watchdog._world_size = rank, 2
+        watchdogs.append(watchdog)
+    threads = [threading.Thread(target=w._fire, args=(6.0,)) for w in reversed(watchdogs)]  # rank 1 first
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(exits) == 2 and len(recorded) == 1
+    assert all(code == health.STALL_EXIT_CODE for code, _ in exits)
+    assert min(at for _, at in exits) >= recorded[0], "no rank exits before rank 0 has recorded the stall"
