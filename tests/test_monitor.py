@@ -268,3 +268,18 @@ def test_a_stalled_non_zero_rank_exits_only_after_rank_0_recorded_the_stall(
     assert len(exits) == 2 and len(recorded) == 1
     assert all(code == health.STALL_EXIT_CODE for code, _ in exits)
     assert min(at for _, at in exits) >= recorded[0], "no rank exits before rank 0 has recorded the stall"
+
+
+def test_a_stall_in_one_run_does_not_silence_the_next_run_in_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a process-wide "stalled" flag, once set, kept every later in-process run from writing summary.json."""
+    from blocks.runtime import health
+
+    monkeypatch.setattr(health.os, "_exit", lambda code: None)
+    stalled = health.StallWatchdog(5, tmp_path / "stalled", on_stall=lambda reason, step: None, grace_s=0)
+    stalled._fire(6.0)
+
+    summary = driver.run(["debug=fast", "trainer.max_steps=2", "monitor.progress=off"], tmp_path / "next")
+    assert summary.status == "completed"
+    assert read_summary(tmp_path / "next")["status"] == "completed"

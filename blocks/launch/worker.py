@@ -81,7 +81,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
                     save_weights(state, run_dir / WEIGHTS_FILE)
         summary.wall_s = time.perf_counter() - started
         # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
-        if trainer.is_global_zero and not stall_detected():
+        if trainer.is_global_zero and not stall_detected(trainer):
             summary.write(run_dir)
             if console and plan.monitor.progress != "off":
                 _print_summary(summary)

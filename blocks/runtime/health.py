@@ -335,6 +335,7 @@ class StallWatchdog(pl.Callback):
         self._last_beat = time.monotonic()
         self._step = 0
         self._stop = threading.Event()
+        self._fired = threading.Event()
         self._thread: threading.Thread | None = None
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -397,8 +398,13 @@ class StallWatchdog(pl.Callback):
             if idle >= self.timeout_s:
                 self._fire(idle)
 
+    @property
+    def fired(self) -> bool:
+        """Whether this watchdog found the run stalled (it records the stall and ends the process itself)."""
+        return self._fired.is_set()
+
     def _fire(self, idle: float) -> None:
-        _STALLED.set()
+        self._fired.set()
         directory = self.run_dir / STACKS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"rank{self._rank}-attempt{self._attempt}.txt"
@@ -430,9 +436,6 @@ class StallWatchdog(pl.Callback):
             os._exit(STALL_EXIT_CODE)
 
 
-_STALLED = threading.Event()
-
-
 def _wait_for(condition: Callable[[], bool], patience_s: float) -> None:
     """Poll *condition* until it holds or *patience_s* has passed."""
     deadline = time.monotonic() + patience_s
@@ -440,9 +443,13 @@ def _wait_for(condition: Callable[[], bool], patience_s: float) -> None:
         time.sleep(0.2)
 
 
-def stall_detected() -> bool:
-    """Whether this process's stall watchdog fired (it writes the summary and ends the process itself)."""
-    return _STALLED.is_set()
+def stall_detected(trainer: pl.Trainer) -> bool:
+    """Whether *trainer*'s stall watchdog fired (it writes the summary and ends the process itself).
+
+    The watchdog's own state, not the process's: a stall in one run says nothing of the next
+    run in the same process (in-process runs, tests).
+    """
+    return any(isinstance(cb, StallWatchdog) and cb.fired for cb in trainer.callbacks)
 
 
 def _parse_injection(value: str | None) -> tuple[int, int, float] | None:
