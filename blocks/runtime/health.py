@@ -449,7 +449,7 @@ def stall_detected(trainer: pl.Trainer) -> bool:
     The watchdog's own state, not the process's: a stall in one run says nothing of the next
     run in the same process (in-process runs, tests).
     """
-    return any(isinstance(cb, StallWatchdog) and cb.fired for cb in trainer.callbacks)
+    return any(isinstance(cb, StallWatchdog) and cb.fired for cb in trainer.callbacks)  # type: ignore[attr-defined]
 
 
 def _parse_injection(value: str | None) -> tuple[int, int, float] | None:
