@@ -81,3 +81,14 @@ def test_composing_leaves_an_initialized_hydra_as_it_was(tmp_path: Path) -> None
     with initialize_config_dir(version_base="1.3", config_dir=str(tmp_path), job_name="outer"):
         jobs.compose(TINY)
         assert compose("app").x == 1
+
+
+def test_a_one_process_ddp_run_leaves_the_environment_as_it_found_it(tmp_path: Path) -> None:
+    """Regression: Lightning's MASTER_ADDR/MASTER_PORT and seed variables stayed in os.environ after the run."""
+    import os
+
+    names = ("MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+    before = {name: os.environ.get(name) for name in names}
+    summary = driver.run([*TINY, "strategy=ddp", "trainer.devices=1"], tmp_path)
+    assert summary.status == "completed" and summary.world_size == 1
+    assert {name: os.environ.get(name) for name in names} == before

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import os
 import sys
 import time
 import traceback
@@ -304,7 +305,8 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     from blocks.launch.worker import train
 
     try:
-        return train(run_dir)
+        with environment_restored():
+            return train(run_dir)
     except BaseException as exc:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
@@ -317,6 +319,28 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
                 f"the job ended with status '{summary.status}': {summary.reason}", summary
             ) from None
         raise
+
+
+RUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+"""What Lightning writes into ``os.environ`` for a run: seeding, and a one-process DDP or FSDP group's address."""
+
+
+@contextlib.contextmanager
+def environment_restored(names: Sequence[str] = RUN_VARIABLES) -> Iterator[None]:
+    """The variables *names* as they were before the block: a run in this process leaves none behind.
+
+    A later run, or a process started from here, would inherit them (a stale ``MASTER_PORT``
+    points a new process group at a port nobody listens on).
+    """
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def restarts_done(run_dir: Path) -> int:
