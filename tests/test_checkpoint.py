@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
-from tests.conftest import Result, blocks_run_until_step, moto_s3_server, read_summary, run_in_process
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -53,14 +53,6 @@ def trained(args: list[str], run_dir: Path) -> dict:
     summary = run(args, run_dir)
     assert summary.status == "completed", summary
     return read_summary(run_dir)
-
-
-def refused_run(args: list[str], cwd: Path) -> Result:
-    """``blocks run ARGS`` in this process (the console script's entry), for a job the driver refuses.
-
-    A refusal comes before any worker starts: a process of its own would show nothing more.
-    """
-    return run_in_process(["run", *args], cwd=cwd)
 
 
 def run_and_kill_at(args: list[str], cwd: Path, step: int) -> None:
@@ -182,28 +174,27 @@ def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
     assert read_summary(run_dir)["resumed_from"] == committed[-1].url
 
 
-def test_resume_from_a_missing_url_is_a_plan_error(tmp_path: Path) -> None:
-    result = refused_run([*LM, f"checkpoint.resume={tmp_path}/nowhere/step-000000003"], tmp_path)
+def test_resume_from_a_missing_url_is_a_plan_error(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process("run", *LM, f"checkpoint.resume={tmp_path}/nowhere/step-000000003")
     assert result.returncode == 2
     assert "checkpoint.resume" in result.output and "not a committed checkpoint" in result.output
 
 
-def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+def test_resume_refuses_a_checkpoint_of_another_model(cli_in_process, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     trained([*LM, "trainer.max_steps=6"], run_dir)
-    result = refused_run(
-        [*LM, "trainer.max_steps=9", "model.d_model=48", "model.n_heads=2", f"hydra.run.dir={run_dir}"],
-        tmp_path,
+    result = cli_in_process(
+        "run", *LM, "trainer.max_steps=9", "model.d_model=48", "model.n_heads=2", f"hydra.run.dir={run_dir}"
     )
     assert result.returncode == 2, result.output[-2000:]
     assert "was saved by a job with a different model" in result.output
     assert "checkpoint.resume=never" in result.output
 
 
-def test_resume_refuses_a_checkpoint_of_another_strategy_format(tmp_path: Path) -> None:
+def test_resume_refuses_a_checkpoint_of_another_strategy_format(cli_in_process, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     trained([*LM, "trainer.max_steps=3"], run_dir)
-    result = refused_run([*LM, "trainer.max_steps=6", "strategy=fsdp", f"hydra.run.dir={run_dir}"], tmp_path)
+    result = cli_in_process("run", *LM, "trainer.max_steps=6", "strategy=fsdp", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2, result.output[-2000:]
     assert "is a full checkpoint, but strategy=fsdp loads sharded (FSDP) ones" in result.output
 
@@ -212,7 +203,7 @@ class Payload:
     """Something that is not a tensor: loading it would run arbitrary code."""
 
 
-def test_a_checkpoint_carrying_pickled_code_is_refused(tmp_path: Path) -> None:
+def test_a_checkpoint_carrying_pickled_code_is_refused(cli_in_process, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     trained([*LM, "trainer.max_steps=3"], run_dir)
     good = run_dir / "checkpoints" / store.step_dir_name(3)
@@ -222,11 +213,10 @@ def test_a_checkpoint_carrying_pickled_code_is_refused(tmp_path: Path) -> None:
     state["payload"] = Payload()
     torch.save(state, evil / "state.pt")
     store.commit(str(evil), store.read_manifest(str(good)))
-    result = refused_run(
-        [*LM, "trainer.max_steps=6", f"checkpoint.resume={evil}", f"hydra.run.dir={tmp_path / 'victim'}"],
-        tmp_path,
+    result = cli_in_process(
+        "run", *LM, "trainer.max_steps=6", f"checkpoint.resume={evil}", f"hydra.run.dir={tmp_path / 'victim'}"
     )
-    # Refused before any training process starts (tests/test_security.py drives more loaders).
+    # Refused in the driver (here, through the console entry) before any training process starts (tests/test_security.py drives more loaders).
     assert result.returncode == 2, result.output[-3000:]
     assert "refusing to load" in result.output and "Traceback" not in result.output
 

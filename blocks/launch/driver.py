@@ -326,13 +326,13 @@ RUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKER
 
 
 @contextlib.contextmanager
-def environment_restored(names: Sequence[str] = RUN_VARIABLES) -> Iterator[None]:
-    """The variables *names* as they were before the block: a run in this process leaves none behind.
+def environment_restored() -> Iterator[None]:
+    """:data:`RUN_VARIABLES` as they were before the block: a run in this process leaves none behind.
 
     A later run, or a process started from here, would inherit them (a stale ``MASTER_PORT``
     points a new process group at a port nobody listens on).
     """
-    saved = {name: os.environ.get(name) for name in names}
+    saved = {name: os.environ.get(name) for name in RUN_VARIABLES}
     try:
         yield
     finally:
