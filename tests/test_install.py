@@ -10,24 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.packaging import QUIET_LOCAL, build_wheel
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment with blocks installed from a freshly built wheel (deps from the host)."""
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True
-    )
-    (wheel,) = root.glob("blocks-*.whl")
+    wheel = build_wheel(root)
     names = zipfile.ZipFile(wheel).namelist()
     assert "blocks/_recipes/charlm.py" in names
     assert "blocks/_conf/recipe/tiny_lm.yaml" in names
     assert "hydra_plugins/blocks_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    subprocess.run([venv / "bin" / "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    subprocess.run([venv / "bin" / "pip", "install", *QUIET_LOCAL, str(wheel)], check=True)
     return venv
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_summary
-from tests.packaging import EXAMPLE, Venv, make_venv, write_package
+from tests.conftest import read_summary
+from tests.packaging import EXAMPLE, Venv, build_wheel, make_venv, write_package
 
 pytestmark = pytest.mark.slow  # every test reads the venv fixture: a wheel build and six pip installs
 
@@ -76,11 +74,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
         write_package(root / "aalab", "aalab-blocks", "aalab", "aalab_blocks", BUILDS_ON_ACME),
     ]
     # blocks itself too (its wheel, built from this checkout), for its pytest11 plugin's metadata.
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(REPO)], check=True
-    )
-    (wheel,) = root.glob("blocks-*.whl")
-    env.pip_install(wheel, EXAMPLE, *extra)
+    env.pip_install(build_wheel(root), EXAMPLE, *extra)
     return env
 
 
