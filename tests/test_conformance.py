@@ -101,7 +101,7 @@ def trained_once(kind: str, name: str, tmp_path_factory: pytest.TempPathFactory)
         recorded = workdir / "summary.json"
         if recorded.exists():
             return json.loads(recorded.read_text())
-        summary = check_training(kind, name, workdir, overrides)
+        summary = check_training(kind, name, workdir, overrides, in_process=True)
         recorded.write_text(json.dumps(summary))
         return summary
 
@@ -165,10 +165,30 @@ class Picky(ModelBlock):
         ctx.error("width", "refuses every composition", "there is none")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Unbuildable(MLP):
+    """Plans like an MLP; its build raises, as a block with a missing kernel would.
+
+    Attributes:
+        hidden: widths.
+        activation: activation.
+        dropout: dropout.
+    """
+
+    def build(self, spec):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the vendored kernels are missing")
+
+
 @pytest.fixture(scope="module")
 def bad_blocks() -> None:
+    bad = (
+        (Doubling, "doubling"),
+        (Undocumented, "undocumented"),
+        (Picky, "picky"),
+        (Unbuildable, "unbuildable"),
+    )
     with REGISTRY.namespace("kitbad", "kit-bad-blocks", "0.0.1"):
-        for cls, name in ((Doubling, "doubling"), (Undocumented, "undocumented"), (Picky, "picky")):
+        for cls, name in bad:
             register(name)(cls)
     catalog.register_configs()
 
@@ -185,6 +205,17 @@ def test_failures_say_what_the_block_must_fix(bad_blocks: None) -> None:
     assert "recipe=blobs" in str(info.value) and "refuses every composition" in str(info.value)
     with pytest.raises(ConformanceError, match=r"is not registered.*@register"):
         check_plan("model", "kitbad/missing")
+
+
+def test_a_block_that_fails_to_train_in_process_is_named_with_its_error(
+    bad_blocks: None, tmp_path: Path
+) -> None:
+    """In-process training checks a block registered by the test module itself, and reports its traceback."""
+    with pytest.raises(ConformanceError, match=r"did not complete \(exit 1") as info:
+        check_training("model", "kitbad/unbuildable", tmp_path, in_process=True)
+    assert "RuntimeError: the vendored kernels are missing" in str(info.value)
+    assert "build() must make objects that train" in str(info.value)
+    assert os.getcwd() != str(tmp_path), "the working directory is given back"
 
 
 def test_the_fixture_binds_the_kit_to_a_directory(blocks_kit, tmp_path: Path) -> None:  # noqa: F811

@@ -7,8 +7,9 @@ Each check takes a block by kind and registered name (``"model", "acme/resnet"``
   on the command line, give back the same block;
 * :func:`check_plan`: the block plans inside a minimal recipe (a built-in one, or one of its
   package's recipes) without errors;
-* :func:`check_training`: a few real optimizer steps on CPU (``blocks run`` in a subprocess),
-  with finite losses, and a checkpoint round trip (the run extended from its checkpoint);
+* :func:`check_training`: a few real optimizer steps on CPU (``blocks run`` in a subprocess,
+  or in this process), with finite losses, and a checkpoint round trip (the run extended from
+  its checkpoint);
 * :func:`check_ddp`: the same with ``strategy=ddp`` on 2 processes;
 * :func:`check_listing`: ``blocks list`` renders it (docs for the block and its fields) and
   loading the catalog does not import torch.
@@ -190,28 +191,50 @@ def check_plan(kind: str, name: str, overrides: Sequence[str] = (), recipe: str 
     return plan
 
 
-def _run(args: Sequence[str], workdir: Path, timeout: float) -> dict[str, Any]:
-    """``blocks run ARGS`` in a subprocess; the run dir's summary."""
+def _run(args: Sequence[str], workdir: Path, timeout: float, in_process: bool = False) -> dict[str, Any]:
+    """``blocks run ARGS`` from *workdir*, in a subprocess or (*in_process*) in this one; the run dir's summary."""
     run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
-    proc = subprocess.run(
-        [sys.executable, "-m", "blocks", "run", *args],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdin=subprocess.DEVNULL,
-    )
+    if in_process:
+        returncode, output = _run_here(
+            [a for a in args if not a.startswith("hydra.run.dir=")], run_dir, workdir
+        )
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "blocks", "run", *args],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+        )
+        returncode, output = proc.returncode, proc.stdout + proc.stderr
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    if proc.returncode != 0 or summary.get("status") != "completed":
-        tail = (proc.stdout + proc.stderr)[-4000:]
+    if returncode != 0 or summary.get("status") != "completed":
         raise ConformanceError(
-            f"`blocks run {' '.join(args)}` did not complete (exit {proc.returncode}, "
-            f"status {summary.get('status')!r}, reason {summary.get('reason')!r}). Its output ends with:\n{tail}\n"
-            f"the block's build() must make objects that train in a standard Lightning loop"
+            f"`blocks run {' '.join(args)}` did not complete (exit {returncode}, "
+            f"status {summary.get('status')!r}, reason {summary.get('reason')!r}). Its output ends with:\n"
+            f"{output[-4000:]}\nthe block's build() must make objects that train in a standard Lightning loop"
         )
     return summary
+
+
+def _run_here(args: Sequence[str], run_dir: Path, workdir: Path) -> tuple[int, str]:
+    """The Python ``blocks run`` (:func:`blocks.launch.driver.run`) from *workdir*: an exit status and an error."""
+    from blocks.launch.driver import run
+
+    here = os.getcwd()
+    os.chdir(workdir)
+    try:
+        run(list(args), run_dir)
+    except BlocksError as error:
+        return 2, str(error)
+    except Exception:  # a block's build() or step raised: the kit reports it, as a subprocess's stderr would
+        return 1, traceback.format_exc()
+    finally:
+        os.chdir(here)
+    return 0, ""
 
 
 def _finite_loss(summary: dict[str, Any], what: str) -> None:
@@ -230,8 +253,15 @@ def check_training(
     recipe: str | None = None,
     steps: int = 2,
     timeout: float = 300,
+    in_process: bool = False,
 ) -> dict[str, Any]:
-    """A few real optimizer steps on CPU, then the run extended by as many steps from its checkpoint."""
+    """A few real optimizer steps on CPU, then the run extended by as many steps from its checkpoint.
+
+    Each run is ``blocks run`` in a subprocess (killed after *timeout* seconds), or with
+    *in_process* :func:`blocks.launch.driver.run` in this process, without the ~8 s each
+    process spends importing torch and Lightning: for a suite that checks many blocks. A
+    subprocess also contains a block that crashes its process or leaves global state behind.
+    """
     hosted = host(kind, name, overrides, recipe)
     run_dir = workdir / f"train-{kind}-{name.replace('/', '-')}"
     args = [
@@ -241,11 +271,11 @@ def check_training(
         f"checkpoint.every_n_steps={steps}",
         f"hydra.run.dir={run_dir}",
     ]
-    first = _run([*args, f"trainer.max_steps={steps}"], workdir, timeout)
+    first = _run([*args, f"trainer.max_steps={steps}"], workdir, timeout, in_process)
     if first["global_step"] != steps:
         raise ConformanceError(f"{kind}={name} trained {first['global_step']} steps, not {steps}")
     _finite_loss(first, f"{kind}={name}")
-    second = _run([*args, f"trainer.max_steps={2 * steps}"], workdir, timeout)
+    second = _run([*args, f"trainer.max_steps={2 * steps}"], workdir, timeout, in_process)
     if not second.get("resumed_from") or second["global_step"] != 2 * steps:
         raise ConformanceError(
             f"{kind}={name}: extending the run did not resume from its checkpoint "
