@@ -92,3 +92,22 @@ def test_a_one_process_ddp_run_leaves_the_environment_as_it_found_it(tmp_path: P
     summary = driver.run([*TINY, "strategy=ddp", "trainer.devices=1"], tmp_path)
     assert summary.status == "completed" and summary.world_size == 1
     assert {name: os.environ.get(name) for name in names} == before
+
+
+def test_blocks_run_in_process_gives_back_the_callers_logging(tmp_path: Path) -> None:
+    """Regression: Hydra's job logging left the root logger writing to the last run's blocks.log, at its level."""
+    import logging
+
+    root = logging.getLogger()
+    ours = logging.StreamHandler()
+    root.addHandler(ours)
+    before = (list(root.handlers), root.level)
+    try:
+        code, out = run_captured(["run", *TINY, f"hydra.run.dir={tmp_path / 'run'}"])
+        assert code == 0, out
+        assert (tmp_path / "run" / "blocks.log").is_file(), "the run still logs to its run dir"
+        assert (list(root.handlers), root.level) == before
+        logging.getLogger("after.the.run").warning("a later record")
+        assert "a later record" not in (tmp_path / "run" / "blocks.log").read_text()
+    finally:
+        root.removeHandler(ours)

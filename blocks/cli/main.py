@@ -11,8 +11,9 @@ import contextlib
 import functools
 import io
 import json
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -569,6 +570,26 @@ def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _root_logging_restored() -> Iterator[None]:
+    """The root logger's handlers and level as they were, once a command is done.
+
+    A ``blocks run`` configures logging for its job (Hydra's ``job_logging``: the console and
+    the run dir's ``blocks.log``); a process ends there, but a caller of :func:`run_captured`
+    goes on, and its later records must not land in the last run's log.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def run_captured(argv: Sequence[str]) -> tuple[int, str]:
     """Run the CLI in this process with its output captured: (exit status, everything it printed).
 
@@ -583,7 +604,7 @@ def run_captured(argv: Sequence[str]) -> tuple[int, str]:
     stderr = Console(file=buffer, width=200)
     code: int = 0
     try:
-        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), _root_logging_restored():
             main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
