@@ -133,8 +133,10 @@ def run_cli(
 def run_in_process(args: Sequence[str], *, cwd: Path) -> Result:
     """``blocks ARGS`` in this process through the console script's own entry (``run_captured``).
 
-    For the torch-free commands (``plan``, ``list``) where a process per call shows nothing more;
-    stdout holds everything the command printed (stderr included), stderr is empty.
+    For commands where a process per call shows nothing more: the torch-free ones (``plan``,
+    ``list``), refusals, and one-process runs, evaluations and exports (a run trains in this
+    process; it gives back the cwd, environment and logging it found). stdout holds everything
+    the command printed (stderr included), stderr is empty.
     """
     from blocks.cli.main import run_captured
 

@@ -13,7 +13,7 @@ import pytest
 
 from blocks.core import catalog
 from tests.catalog_fixtures import fresh_catalog
-from tests.conftest import blocks_run_until_step, read_summary, run_cli
+from tests.conftest import blocks_run_until_step, read_summary, run_cli, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,25 +37,27 @@ def test_every_recipe_plans(cli_in_process, name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SINGLE)
-def test_every_recipe_trains_a_few_steps(cli, tmp_path: Path, name: str) -> None:
+def test_every_recipe_trains_a_few_steps(cli_in_process, tmp_path: Path, name: str) -> None:
     # Small batches and one validation batch: the recipe's blocks train together, at a CPU's pace.
     small = ["data.batch_size=4", "trainer.limit_val_batches=1"]
-    result = cli("run", f"recipe={name}", "debug=fast", *small, f"hydra.run.dir={tmp_path / 'run'}")
+    result = cli_in_process(
+        "run", f"recipe={name}", "debug=fast", *small, f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "completed" and summary["global_step"] == 5
 
 
 @pytest.mark.slow
-def test_digits_classifier_reaches_its_stated_accuracy_on_cpu(cli, tmp_path: Path) -> None:
-    result = cli("run", "recipe=digits_mlp", "debug=cpu", f"hydra.run.dir={tmp_path / 'run'}")
+def test_digits_classifier_reaches_its_stated_accuracy_on_cpu(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process("run", "recipe=digits_mlp", "debug=cpu", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(tmp_path / "run")
     assert summary["metrics"]["val/accuracy"] >= 0.9, summary["metrics"]
 
 
-def test_diabetes_regression_explains_part_of_the_variance(cli, tmp_path: Path) -> None:
-    result = cli("run", "recipe=diabetes_mlp", f"hydra.run.dir={tmp_path / 'run'}")
+def test_diabetes_regression_explains_part_of_the_variance(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process("run", "recipe=diabetes_mlp", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.output[-3000:]
     metrics = read_summary(tmp_path / "run")["metrics"]
     assert metrics["val/r2"] > 0.3 and metrics["val/mae"] > 0, metrics
@@ -80,7 +82,7 @@ def test_without_scikit_learn_the_plan_names_the_extra(tmp_path: Path) -> None:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished digits_mlp run (short)."""
     root = tmp_path_factory.mktemp("trained")
-    result = run_cli(
+    result = run_in_process(
         ["run", "recipe=digits_mlp", "trainer.max_steps=120", f"hydra.run.dir={root / 'run'}"], cwd=root
     )
     assert result.returncode == 0, result.output[-3000:]
@@ -88,11 +90,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_finetune_starts_from_the_run_and_keeps_frozen_layers(cli, tmp_path: Path, trained: Path) -> None:
+def test_finetune_starts_from_the_run_and_keeps_frozen_layers(
+    cli_in_process, tmp_path: Path, trained: Path
+) -> None:
     from safetensors.torch import load_file
 
     run = tmp_path / "ft"
-    result = cli(
+    result = cli_in_process(
         "run",
         "recipe=digits_finetune",
         f"model.init_from={trained}",
@@ -109,31 +113,33 @@ def test_finetune_starts_from_the_run_and_keeps_frozen_layers(cli, tmp_path: Pat
     assert read_summary(run)["metrics"]["val/accuracy"] > 0.85
 
 
-def test_freeze_and_init_from_mistakes_name_the_key(cli, tmp_path: Path) -> None:
-    result = cli("run", "recipe=digits_finetune", "model.freeze=[nope]", f"hydra.run.dir={tmp_path / 'a'}")
+def test_freeze_and_init_from_mistakes_name_the_key(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process(
+        "run", "recipe=digits_finetune", "model.freeze=[nope]", f"hydra.run.dir={tmp_path / 'a'}"
+    )
     assert result.returncode == 2
-    assert "model.freeze: 'nope' matches no parameter" in result.stderr and "0, 2, 4" in result.stderr
-    result = cli(
+    assert "model.freeze: 'nope' matches no parameter" in result.output and "0, 2, 4" in result.output
+    result = cli_in_process(
         "run", "recipe=digits_finetune", f"model.init_from={tmp_path}/none", f"hydra.run.dir={tmp_path / 'b'}"
     )
     assert result.returncode == 2
-    assert "model.init_from: cannot load weights" in result.stderr
+    assert "model.init_from: cannot load weights" in result.output
 
 
 @pytest.mark.slow
-def test_eval_reproduces_the_runs_validation_metrics(cli, trained: Path) -> None:
-    result = cli("eval", str(trained), "--json")
+def test_eval_reproduces_the_runs_validation_metrics(cli_in_process, trained: Path) -> None:
+    result = cli_in_process("eval", str(trained), "--json")
     assert result.returncode == 0, result.output[-3000:]
     metrics = json.loads(result.stdout)
     expected = read_summary(trained)["metrics"]
     assert metrics["val/accuracy"] == pytest.approx(expected["val/accuracy"], abs=1e-6)
     assert metrics["val/loss"] == pytest.approx(expected["val/loss"], rel=1e-5)
     checkpoint = sorted((trained / "checkpoints").glob("step-*"))[-1]
-    result = cli("eval", str(checkpoint), "data.val_fraction=0.5", "--split", "val", "--json")
+    result = cli_in_process("eval", str(checkpoint), "data.val_fraction=0.5", "--split", "val", "--json")
     assert result.returncode == 0, result.output[-3000:]
     assert json.loads(result.stdout)["val/accuracy"] > 0.8
-    result = cli("eval", str(trained), "data=text")
-    assert result.returncode == 2 and "data=text yields TokenBatch" in result.stderr
+    result = cli_in_process("eval", str(trained), "data=text")
+    assert result.returncode == 2 and "data=text yields TokenBatch" in result.output
 
 
 LOAD_BACK = """
@@ -147,7 +153,7 @@ print(json.dumps({"outputs": model(inputs).tolist(), "lightning": "pytorch_light
 
 
 def test_export_loads_back_without_training_code_and_reproduces_outputs(
-    cli, tmp_path: Path, trained: Path
+    cli_in_process, tmp_path: Path, trained: Path
 ) -> None:
     import torch
 
@@ -155,7 +161,7 @@ def test_export_loads_back_without_training_code_and_reproduces_outputs(
     from blocks.data import Digits
     from blocks.model import MLP
 
-    result = cli("export", str(trained), str(tmp_path / "export"))
+    result = cli_in_process("export", str(trained), str(tmp_path / "export"))
     assert result.returncode == 0, result.output[-3000:]
     assert {p.name for p in (tmp_path / "export").iterdir()} == {
         "model.safetensors",
@@ -185,9 +191,9 @@ PIPE = ["recipe=digits_pipeline", "pretrain.trainer.max_steps=40", "monitor.log_
 
 
 @pytest.mark.slow
-def test_pipeline_runs_end_to_end_then_skips_finished_stages(cli, tmp_path: Path) -> None:
+def test_pipeline_runs_end_to_end_then_skips_finished_stages(cli_in_process, tmp_path: Path) -> None:
     root = tmp_path / "pipe"
-    result = cli("run", *PIPE, "finetune.trainer.max_steps=20", f"hydra.run.dir={root}")
+    result = cli_in_process("run", *PIPE, "finetune.trainer.max_steps=20", f"hydra.run.dir={root}")
     assert result.returncode == 0, result.output[-3000:]
     assert {p.name for p in root.iterdir()} == {"pretrain", "finetune", "evaluate", "export"}
     finetune = read_summary(root / "finetune")
@@ -197,7 +203,7 @@ def test_pipeline_runs_end_to_end_then_skips_finished_stages(cli, tmp_path: Path
     metrics = json.loads((root / "evaluate" / "metrics.json").read_text())
     assert metrics["val/accuracy"] == pytest.approx(finetune["metrics"]["val/accuracy"], abs=1e-6)
     assert (root / "export" / "model" / "model.json").is_file()
-    again = cli("run", *PIPE, "finetune.trainer.max_steps=20", f"hydra.run.dir={root}")
+    again = cli_in_process("run", *PIPE, "finetune.trainer.max_steps=20", f"hydra.run.dir={root}")
     assert again.returncode == 0, again.output[-3000:]
     for stage in ("pretrain", "finetune", "evaluate", "export"):
         assert f"stage {stage}: finished earlier, skipped" in again.stdout
@@ -227,21 +233,21 @@ def test_pipeline_killed_during_finetune_skips_pretrain_and_resumes(tmp_path: Pa
     assert (root / "export" / "model" / "model.safetensors").is_file()
 
 
-def test_a_pipeline_refuses_hydra_flags(cli) -> None:
-    result = cli("run", "recipe=digits_pipeline", "-m")
-    assert result.returncode == 2 and "is a pipeline" in result.stderr
+def test_a_pipeline_refuses_hydra_flags(cli_in_process) -> None:
+    result = cli_in_process("run", "recipe=digits_pipeline", "-m")
+    assert result.returncode == 2 and "is a pipeline" in result.output
 
 
 @pytest.mark.slow
-def test_debug_overfit_memorizes_a_few_batches(cli, tmp_path: Path) -> None:
-    result = cli("run", "recipe=digits_mlp", "debug=overfit", f"hydra.run.dir={tmp_path / 'run'}")
+def test_debug_overfit_memorizes_a_few_batches(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process("run", "recipe=digits_mlp", "debug=overfit", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.output[-3000:]
     metrics = read_summary(tmp_path / "run")["metrics"]
     assert metrics["val/accuracy"] == 1.0 and metrics["val/loss"] < 0.1, metrics
 
 
-def test_experiment_preset_pins_a_recipe_and_its_changes(cli) -> None:
-    result = cli("plan", "experiment=digits_wide", "--json")
+def test_experiment_preset_pins_a_recipe_and_its_changes(cli_in_process) -> None:
+    result = cli_in_process("plan", "experiment=digits_wide", "--json")
     assert result.returncode == 0, result.output[-3000:]
     plan = json.loads(result.stdout)
     assert plan["choices"]["recipe"] == "digits_mlp" and plan["choices"]["experiment"] == "digits_wide"
