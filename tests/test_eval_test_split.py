@@ -14,7 +14,7 @@ from blocks.data.blobs import Blobs
 from blocks.data.bundled import Diabetes, Digits
 from blocks.spec.errors import BlocksError
 from blocks.spec.registry import REGISTRY
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 # How to make each built-in data block without files of its own (a new one must be added here).
 BUILT_IN = {
@@ -89,7 +89,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = {}
     for name, extra in (("with", ["data.test_fraction=0.2"]), ("without", [])):
         common = ["recipe=blobs", "data.samples=500", "trainer.max_steps=5", "checkpoint.enabled=false"]
-        result = run_cli(["run", *common, *extra, f"hydra.run.dir={root / name}"], cwd=root)
+        result = run_in_process(["run", *common, *extra, f"hydra.run.dir={root / name}"], cwd=root)
         assert result.returncode == 0, result.output[-3000:]
         made[name] = root / name
     return made

@@ -12,7 +12,7 @@ import pytest
 from blocks.checkpoint import store
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
-from tests.conftest import run_cli
+from tests.conftest import run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -109,7 +109,7 @@ def test_every_checkpoint_corrupt_fails_instead_of_training_from_scratch(run_dir
 def test_every_checkpoint_corrupt_exits_non_zero_on_the_cli(run_dir: Path, tmp_path: Path) -> None:
     for step in (3, 6, 9):
         corrupt(run_dir, step)
-    result = run_cli(["run", *BLOBS, "trainer.max_steps=12", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    result = run_in_process(["run", *BLOBS, "trainer.max_steps=12", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" not in result.output
     assert "checkpoint.resume=never" in result.output

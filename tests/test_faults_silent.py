@@ -9,7 +9,7 @@ import pytest
 
 from blocks.launch import driver
 from blocks.runtime.metrics import peak_flops_for
-from tests.conftest import read_summary, run_cli
+from tests.conftest import read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -23,7 +23,7 @@ EXPLODING = [
 
 
 def test_a_diverging_loss_fails_the_run_under_stop(tmp_path: Path) -> None:
-    result = run_cli(["run", *EXPLODING, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    result = run_in_process(["run", *EXPLODING, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert result.returncode == 1, result.output[-2000:]
     assert "Traceback" not in result.output
     summary = read_summary(tmp_path / "run")
@@ -49,7 +49,7 @@ def test_a_healthy_run_is_not_called_diverging(tmp_path: Path) -> None:
 
 
 def test_the_divergence_factor_is_checked_at_plan_time(tmp_path: Path) -> None:
-    result = run_cli(["plan", "recipe=blobs", "monitor.loss_divergence_factor=0.5"], cwd=tmp_path)
+    result = run_in_process(["plan", "recipe=blobs", "monitor.loss_divergence_factor=0.5"], cwd=tmp_path)
     assert result.returncode == 2
     assert "monitor.loss_divergence_factor" in result.output
 

@@ -84,8 +84,8 @@ def test_a_resumed_run_continues_the_same_lightning_logger_run(tmp_path: Path) -
     assert {5, 8} <= steps, "the resumed steps went to the same logger run"
 
 
-def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli, tmp_path: Path) -> None:
-    result = cli("run", *HUGE_LR, "monitor.on_nonfinite=stop", f"hydra.run.dir={tmp_path / 'run'}")
+def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process("run", *HUGE_LR, "monitor.on_nonfinite=stop", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1
     assert "Traceback" not in result.output
     summary = read_summary(tmp_path / "run")

@@ -30,10 +30,10 @@ def table_rows(markdown: str) -> list[list[str]]:
     return [[cell.strip() for cell in row] for row in rows]
 
 
-def test_a_run_report_has_plots_and_a_summary(cli, tmp_path: Path) -> None:
+def test_a_run_report_has_plots_and_a_summary(cli_in_process, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    assert cli("run", *BLOBS, f"hydra.run.dir={run_dir}").returncode == 0
-    result = cli("report", str(run_dir))
+    assert cli_in_process("run", *BLOBS, f"hydra.run.dir={run_dir}").returncode == 0
+    result = cli_in_process("report", str(run_dir))
     assert result.returncode == 0, result.output
     report = run_dir / "report"
     for name in ("loss", "throughput", "lr", "grad_norm", "validation"):
