@@ -48,12 +48,12 @@ def test_a_run_report_has_plots_and_a_summary(cli_in_process, tmp_path: Path) ->
     assert page.count("data:image/png;base64,") == 6, "every plot is embedded in the HTML"
 
 
-def test_a_sweep_report_ranks_every_job_by_the_objective(cli, tmp_path: Path) -> None:
+def test_a_sweep_report_ranks_every_job_by_the_objective(cli_in_process, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     lrs = ["0.0001", "0.003", "0.03"]
-    result = cli("run", "-m", *BLOBS, f"optim.lr={','.join(lrs)}", f"hydra.sweep.dir={sweep}")
+    result = cli_in_process("run", "-m", *BLOBS, f"optim.lr={','.join(lrs)}", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.output[-3000:]
-    result = cli("report", str(sweep))
+    result = cli_in_process("report", str(sweep))
     assert result.returncode == 0, result.output
     rows = table_rows((sweep / "report" / "report.md").read_text())
     header, jobs = rows[0], rows[1:]
@@ -65,7 +65,7 @@ def test_a_sweep_report_ranks_every_job_by_the_objective(cli, tmp_path: Path) ->
         assert float(row[4]) == pytest.approx(read_summary(sweep / row[1])["metrics"]["val/loss"], rel=1e-5)
     plot = sweep / "report" / "objective_vs_optim_lr.png"
     assert png_size(plot) == PNG_SIZE and plot.stat().st_size > 5000
-    maximized = cli("report", str(sweep), "--objective", "val/accuracy", "--mode", "max")
+    maximized = cli_in_process("report", str(sweep), "--objective", "val/accuracy", "--mode", "max")
     assert maximized.returncode == 0
     ranked = [float(row[4]) for row in table_rows((sweep / "report" / "report.md").read_text())[1:]]
     assert ranked == sorted(ranked, reverse=True)
@@ -92,9 +92,9 @@ def test_report_of_a_directory_without_runs_is_a_clear_error(cli, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_an_optuna_sweep_of_four_trials_completes_and_is_ranked(cli, tmp_path: Path) -> None:
+def test_an_optuna_sweep_of_four_trials_completes_and_is_ranked(cli_in_process, tmp_path: Path) -> None:
     sweep = tmp_path / "optuna"
-    result = cli(
+    result = cli_in_process(
         "run",
         "-m",
         "hparams_search=optuna",
@@ -111,7 +111,7 @@ def test_an_optuna_sweep_of_four_trials_completes_and_is_ranked(cli, tmp_path: P
         "Optuna optimized the objective each run returned"
     )
     assert set(results["best_params"]) == {"optim.lr", "optim.weight_decay"}
-    assert cli("report", str(sweep)).returncode == 0
+    assert cli_in_process("report", str(sweep)).returncode == 0
     rows = table_rows((sweep / "report" / "report.md").read_text())[1:]
     assert [row[1] for row in rows] == sorted(losses, key=losses.__getitem__)
     assert rows[0][3] == str(results["best_params"]["optim.lr"])
