@@ -20,6 +20,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
 from blocks.cli.main import run_captured
 from blocks.core import jobs
+from blocks.spec.errors import ConfigError
 
 TINY = ["recipe=blobs", "data.samples=64", "trainer.max_epochs=1", "monitor.progress=off"]
 
@@ -101,3 +102,16 @@ def test_each_sweep_job_is_planned_once(tmp_path: Path, calls: Counter[str]) -> 
         assert plan["blocks"]["checkpoint"]["fields"]["dir"] == str(sweep / job / "checkpoints")
         assert json.loads((sweep / job / "summary.json").read_text())["status"] == "completed"
         assert (sweep / job / ".hydra" / "overrides.yaml").is_file()
+
+
+def test_unknown_keys_are_named_with_hints_from_one_extra_composition(calls: Counter[str]) -> None:
+    """Each round drops the key that failed and composes again; the keys for did-you-mean are composed once."""
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", "optim.lrr=0.1", "optim.warmup_stepz=2"])
+    hints = {p.key: p.message for p in refused.value.problems}
+    assert (
+        "did you mean 'lr'" in hints["optim.lrr"]
+        and "did you mean 'warmup_steps'" in hints["optim.warmup_stepz"]
+    )
+    # two failing rounds, the round that composes, and one composition of the chosen groups' keys
+    assert calls["compose"] == 4

@@ -115,8 +115,10 @@ def compose(
     return composed
 
 
-def _compose_once(overrides: Sequence[str], config_dir: str | None = None) -> Composed:
-    return _job_once(overrides, config_dir).composed
+def _compose_once(
+    overrides: Sequence[str], config_dir: str | None = None, known: KnownKeysMemo | None = None
+) -> Composed:
+    return _job_once(overrides, config_dir, known).composed
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,9 @@ class Job:
     composed: Composed
 
 
-def _job_once(overrides: Sequence[str], config_dir: str | None = None) -> Job:
+def _job_once(
+    overrides: Sequence[str], config_dir: str | None = None, known: KnownKeysMemo | None = None
+) -> Job:
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -154,7 +158,7 @@ def _job_once(overrides: Sequence[str], config_dir: str | None = None) -> Job:
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        translated = translate_compose_error(exc, overrides, _KnownKeys(overrides))
+        translated = translate_compose_error(exc, overrides, _KnownKeys(overrides, known))
         raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
 
 
@@ -182,7 +186,7 @@ def _compose_collecting(
     overrides: Sequence[str], config_dir: str | None = None
 ) -> tuple[Composed | None, list[Problem]]:
     """The composition of the overrides that apply, and the problems of those that do not."""
-    return _collecting(overrides, functools.partial(_compose_once, config_dir=config_dir))
+    return _collecting(overrides, functools.partial(_compose_once, config_dir=config_dir, known={}))
 
 
 Freeze = Callable[[Job], Composed]
@@ -190,9 +194,12 @@ Freeze = Callable[[Job], Composed]
 
 
 def _blocks_once(
-    overrides: Sequence[str], config_dir: str | None = None, freeze: Freeze | None = None
+    overrides: Sequence[str],
+    config_dir: str | None = None,
+    freeze: Freeze | None = None,
+    known: KnownKeysMemo | None = None,
 ) -> tuple[Job, Composed, dict[str, Block]]:
-    job = _job_once(overrides, config_dir)
+    job = _job_once(overrides, config_dir, known)
     composed = freeze(job) if freeze is not None else job.composed
     return job, composed, config_to_blocks(composed.config)
 
@@ -255,31 +262,37 @@ def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigE
     return error
 
 
+KnownKeysMemo = dict[tuple[str, ...], dict[str, list[str]]]
+"""The keys of each group for a set of group choices, kept for one :func:`compose` or :func:`plan` call."""
+
+
 class _KnownKeys(Mapping[str, list[str]]):
     """Keys of each group's node when the overrides that set keys are left out (for did-you-mean).
 
-    Composed on first use only: most errors never ask, and an unknown key asks once. Nothing
-    is cached beyond this one translation, so a catalog that changes is always seen.
+    Composed on first use only: most errors never ask, and an unknown key asks once. *memo*
+    shares the answer between the composing rounds of one call (each round drops the
+    overrides that failed, so the group choices rarely change); nothing outlives the call,
+    so a catalog that changes is always seen.
     """
 
-    def __init__(self, overrides: Sequence[str]) -> None:
-        self._group_choices = [
+    def __init__(self, overrides: Sequence[str], memo: KnownKeysMemo | None = None) -> None:
+        self._group_choices = tuple(
             o for o in overrides if "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))
-        ]
-        self._keys: dict[str, list[str]] | None = None
+        )
+        self._memo = memo if memo is not None else {}
 
     def _composed(self) -> dict[str, list[str]]:
-        if self._keys is None:
+        if self._group_choices not in self._memo:
             try:
                 cfg = _compose_raw(self._group_choices)
             except Exception:
                 cfg = DictConfig({})
-            self._keys = {
+            self._memo[self._group_choices] = {
                 str(group): [str(k) for k in node if k != BLOCK_KEY]
                 for group, node in cfg.items()
                 if group != "hydra" and isinstance(node, DictConfig)
             }
-        return self._keys
+        return self._memo[self._group_choices]
 
     def __getitem__(self, group: str) -> list[str]:
         return self._composed()[group]
@@ -346,7 +359,7 @@ def plan_job(
     The config planned is the composed job config, or what *freeze* makes of the job (the
     config the run will use). Problems are reported as :func:`plan` reports them.
     """
-    step = functools.partial(_blocks_once, config_dir=config_dir, freeze=freeze)
+    step = functools.partial(_blocks_once, config_dir=config_dir, freeze=freeze, known={})
     built, problems = _collecting(overrides, step)
     if not problems:
         assert built is not None
