@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
-from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -82,8 +82,8 @@ def test_kill_9_and_rerun_reaches_the_uninterrupted_digest(
         run_dir = tmp_path / f"killed-{attempt}"
         run_and_kill_at([*args, f"hydra.run.dir={run_dir}"], tmp_path, step)
         assert not (run_dir / "summary.json").exists() or read_summary(run_dir)["status"] != "completed"
-        result = blocks_run([*args, f"hydra.run.dir={run_dir}"], tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
+        result = run_in_process(["run", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert result.returncode == 0, result.output[-3000:]
         summary = read_summary(run_dir)
         assert summary["resumed_from"], f"killed at step {step}: the rerun must resume"
         assert summary["state_digest"] == expected_digest, f"killed at step {step}"
@@ -102,8 +102,8 @@ def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(tmp_path: Path) ->
     (half_written / store.MANIFEST).unlink()
     with (half_written / "state.pt").open("r+b") as fh:
         fh.truncate(1000)
-    result = blocks_run([*LM, "trainer.max_steps=15", f"hydra.run.dir={run_dir}"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_in_process(["run", *LM, "trainer.max_steps=15", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(run_dir)
     assert summary["resumed_from"].endswith(store.step_dir_name(9))
     assert summary["global_step"] == 15
@@ -118,9 +118,9 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> 
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
-    result = blocks_run([*LM, "trainer.max_steps=12", f"hydra.run.dir={run_dir}"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "does not match the manifest" in result.stdout + result.stderr
+    result = run_in_process(["run", *LM, "trainer.max_steps=12", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "does not match the manifest" in result.output
     assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(6))
 
 
@@ -145,9 +145,10 @@ def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> 
     assert steps[-2:] == [10, 12]
     assert set(steps) == {10, 12, best}
     resumed = store.join(str(run_dir / "checkpoints"), store.step_dir_name(12))
-    assert (
-        blocks_run([*args[:-1], "trainer.max_steps=20", f"hydra.run.dir={run_dir}"], tmp_path).returncode == 0
+    rerun = run_in_process(
+        ["run", *args[:-1], "trainer.max_steps=20", f"hydra.run.dir={run_dir}"], cwd=tmp_path
     )
+    assert rerun.returncode == 0, rerun.output[-3000:]
     assert read_summary(run_dir)["resumed_from"] == resumed
     assert Path(resumed, store.MANIFEST).exists(), "the checkpoint a run resumed from is never deleted"
 
@@ -169,8 +170,8 @@ def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
     assert summary["status"] == "interrupted"
     committed, _ = store.scan(str(run_dir / "checkpoints"))
     assert committed and committed[-1].manifest.step == summary["global_step"]
-    result = blocks_run([*args[:1], "trainer.max_steps=20", *args[2:]], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_in_process(["run", *args[:1], "trainer.max_steps=20", *args[2:]], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
     assert read_summary(run_dir)["resumed_from"] == committed[-1].url
 
 

@@ -364,20 +364,21 @@ LAYOUTS = {
 
 
 def train(tmp_path: Path, layout: str, *extra: str) -> Path:
+    """An honest run of *layout*, through the CLI entry in this process (more devices: torchrun workers)."""
     run_dir = tmp_path / layout
-    result = blocks_cli(
-        [
-            "run",
-            *LAYOUTS[layout],
-            "trainer.max_steps=4",
-            "checkpoint.every_n_steps=2",
-            "monitor.progress=off",
-            *extra,
-            f"hydra.run.dir={run_dir}",
-        ],
-        tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    with contextlib.chdir(tmp_path):
+        code, output = run_captured(
+            [
+                "run",
+                *LAYOUTS[layout],
+                "trainer.max_steps=4",
+                "checkpoint.every_n_steps=2",
+                "monitor.progress=off",
+                *extra,
+                f"hydra.run.dir={run_dir}",
+            ]
+        )
+    assert code == 0, output[-3000:]
     return run_dir
 
 
@@ -450,15 +451,15 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
     url = crafted(honest[layout], run, marker, where)
     job = LAYOUTS[layout]
     single = [a for a in job if a != "strategy=fsdp"]
-    init = blocks_cli(
-        ["run", *single, "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"],
-        tmp_path,
-    )
+    with contextlib.chdir(tmp_path):
+        init_code, init_output = run_captured(
+            ["run", *single, "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"]
+        )
     # Weights come from the shards alone: a sharded checkpoint's state.pt is read only to resume.
     weights_refused = not (layout == "sharded" and where == "state")
     if weights_refused:
-        assert init.returncode != 0 and "refusing to load" in init.stderr, init.stderr[-3000:]
-    assert "Traceback" not in init.stdout + init.stderr
+        assert init_code != 0 and "refusing to load" in init_output, init_output[-3000:]
+    assert "Traceback" not in init_output
     assert not marker.exists()
     resumes = [
         [
