@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blocks.launch import driver
-from tests.conftest import REPO, blocks_run_until_step, read_summary, run_cli
+from tests.conftest import REPO, blocks_run_until_step, read_summary, run_cli, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -264,7 +264,7 @@ def test_a_logger_that_cannot_start_fails_before_the_first_step(
 ) -> None:
     pytest.importorskip("mlflow")
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = run_in_process(
         ["run", *BLOBS, "trainer.max_steps=3", f"monitor.loggers=[csv,{logger}]", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
     )

@@ -16,7 +16,8 @@ ADAPTED = [
     "+model.spec_args={in_features:num_features,num_classes:num_classes}",
 ]
 FAST = ["data.samples=256", "trainer.max_epochs=1"]
-ALLOW = {"BLOCKS_ALLOW_IMPORTS": "tests.legacy_team"}
+ALLOW = ("BLOCKS_ALLOW_IMPORTS", "tests.legacy_team")
+"""The environment variable that lets the legacy team's module be imported, and its value."""
 
 
 @pytest.mark.parametrize(
@@ -71,15 +72,17 @@ def test_aliases_are_resolved_and_refused_by_what_they_really_are() -> None:
     assert resolve("tests.legacy_team.TinyNet", "model.target", allowed).__name__ == "TinyNet"
 
 
-def test_an_alias_is_refused_before_it_is_called(cli, tmp_path: Path) -> None:
+def test_an_alias_is_refused_before_it_is_called(
+    cli_in_process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     victim = tmp_path / "pwned"
-    result = cli(
+    monkeypatch.setenv(*ALLOW)
+    result = cli_in_process(
         "run",
         *ADAPTED,
         *FAST,
         "model.target=tests.legacy_team.launch",
         f"+model.kwargs.command='touch {victim}'",
-        env=ALLOW,
     )
     assert result.returncode != 0
     assert "is really posix.system" in result.output
@@ -87,19 +90,22 @@ def test_an_alias_is_refused_before_it_is_called(cli, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_existing_module_and_lightning_code_train_through_adapters(cli, tmp_path: Path) -> None:
-    plain = cli(
+def test_an_existing_module_and_lightning_code_train_through_adapters(
+    cli_in_process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests.legacy_team,torch.nn")
+    plain = cli_in_process(
         "run",
         *ADAPTED,
         *FAST,
         "model.target=tests.legacy_team.TinyNet",
         "+model.kwargs={hidden:8,act:{_target_:torch.nn.Tanh}}",
         f"hydra.run.dir={tmp_path / 'plain'}",
-        env={"BLOCKS_ALLOW_IMPORTS": "tests.legacy_team,torch.nn"},
     )
     assert plain.returncode == 0, plain.output[-3000:]
     assert read_summary(tmp_path / "plain")["status"] == "completed"
-    lightning = cli(
+    monkeypatch.setenv(*ALLOW)
+    lightning = cli_in_process(
         "run",
         "recipe=blobs",
         "model=torch_module",
@@ -113,13 +119,12 @@ def test_an_existing_module_and_lightning_code_train_through_adapters(cli, tmp_p
         "optim.lr=0.03",
         "trainer.max_epochs=2",
         f"hydra.run.dir={tmp_path / 'lightning'}",
-        env=ALLOW,
     )
     assert lightning.returncode == 0, lightning.output[-3000:]
     summary = read_summary(tmp_path / "lightning")
     assert summary["status"] == "completed" and summary["global_step"] == 12
     assert summary["metrics"]["val/accuracy"] > 0.8, "the clusters are easy: it must learn"
-    wrong = cli(
+    wrong = cli_in_process(
         "run",
         "recipe=blobs",
         "model=torch_module",
@@ -130,6 +135,5 @@ def test_an_existing_module_and_lightning_code_train_through_adapters(cli, tmp_p
         "data.num_classes=3",
         "data.train_samples=100",
         "trainer.max_epochs=1",
-        env=ALLOW,
     )
     assert wrong.returncode != 0 and "data.train_samples=192" in wrong.output
