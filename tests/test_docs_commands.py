@@ -6,10 +6,12 @@ in a ``console`` block the lines starting with ``$ `` are commands and the lines
 are its output, whose first line must appear in the real output. ``text`` blocks are not run.
 
 How they run: each block is one test, in its own empty directory, its commands in order
-(so a block can train a run, then evaluate it). ``blocks plan`` and ``blocks list`` run in this
-process through the real CLI entry (``run_captured``); the other commands are ``python -m blocks``
-of this checkout, and ``blocks run`` gets small overrides appended to stay fast
-(:data:`FAST`, only keys the command does not set itself).
+(so a block can train a run, then evaluate it). Commands of one process (``plan``, ``list``,
+``eval``, ``export``, ``report``, a ``blocks run`` on one device) run in this process through
+the real CLI entry (``run_captured``); the others are ``python -m blocks`` of this checkout,
+and so is every command of a block that changes directory or the environment. ``blocks run``
+gets small overrides appended to stay fast (:data:`FAST`, only keys the command does not set
+itself).
 
 A ``blocks run`` trains only where training is its point (:func:`trains`): a later command of
 the block reads what it wrote, the page shows its output, or it picks a Hydra launcher or
@@ -121,20 +123,27 @@ def parse(page: Path) -> list[DocBlock]:
     return found
 
 
-def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
-    """*command* with ``blocks`` → ``python -m blocks`` and (with *append*) FAST and SMALLER overrides for ``blocks run``.
+def fast_tokens(tokens: list[str], *, append: bool = True, plan: bool = False) -> list[str]:
+    """A ``blocks`` command line with (*append*) FAST and SMALLER overrides for ``blocks run``.
 
     With *plan*, a ``blocks run`` becomes ``blocks plan`` with the same arguments.
     """
-    tokens = shlex.split(command, comments=True)
-    if not tokens or tokens[0] != "blocks":
-        return command
+    tokens = list(tokens)
     if plan and tokens[1:2] == ["run"]:
         tokens[1] = "plan"
     if append and len(tokens) > 1 and tokens[1] == "run" and not INFO_FLAGS & set(tokens):
         keys = {t.split("=", 1)[0] for t in tokens}
         tokens += [f"{k}={v}" for k, v in FAST.items() if k not in keys]
         tokens = [f"{k}={SMALLER[k]}" if (k := t.split("=", 1)[0]) in SMALLER else t for t in tokens]
+    return tokens
+
+
+def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
+    """*command* as :func:`fast_tokens` makes it, with ``blocks`` → ``python -m blocks``, for bash."""
+    tokens = shlex.split(command, comments=True)
+    if not tokens or tokens[0] != "blocks":
+        return command
+    tokens = fast_tokens(tokens, append=append, plan=plan)
     quoted = [t if t.startswith("$") else shlex.quote(t) for t in tokens[1:]]
     return " ".join(['"$BLOCKS_PYTHON" -m blocks', *quoted])
 
@@ -142,8 +151,23 @@ def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
 BLOCKS = [block for page in pages() for block in parse(page)]
 RUN_PLUGINS = ("hydra/launcher=", "hparams_search=", "hydra/sweeper=")
 """Choices that only a real run exercises: planning does not start a launcher or a sweeper."""
-IN_PROCESS = ("plan", "list")
-"""Torch-free commands that run in the test's own process (the same entry as the console script)."""
+IN_PROCESS = ("plan", "list", "eval", "export", "report")
+"""Commands that run in the test's own process (the same entry as the console script): one process each."""
+
+
+def in_process(tokens: list[str]) -> bool:
+    """Whether a command runs in the test's process: one of :data:`IN_PROCESS`, or a ``blocks run`` of one process.
+
+    A run on more devices, nodes or another launcher, or a sweep, is a process of its own: its
+    workers print to their own output, which the page may show.
+    """
+    if tokens[1] in IN_PROCESS:
+        return True
+    if tokens[1] != "run" or {"-m", "--multirun"} & set(tokens):
+        return False
+    values = dict(t.split("=", 1) for t in tokens[2:] if "=" in t)
+    spread = ("trainer.launcher", "hydra/launcher", "trainer.nodes")
+    return values.get("trainer.devices", "1") == "1" and not any(key in values for key in spread)
 
 
 def _written_dirs(tokens: list[str]) -> list[str]:
@@ -230,7 +254,7 @@ def _check_exit(block: DocBlock, index: int, code: int, output: str) -> None:
 
 
 def _run_each(block: DocBlock, tmp_path: Path, env: dict[str, str]) -> list[str]:
-    """The block's commands one by one: assignments kept, plan/list in this process, the rest as processes."""
+    """The block's commands one by one: assignments kept, one-process commands in this process, the rest as processes."""
     from blocks.cli.main import run_captured
 
     variables: dict[str, str] = {}
@@ -246,8 +270,8 @@ def _run_each(block: DocBlock, tmp_path: Path, env: dict[str, str]) -> list[str]
         tokens = shlex.split(command, comments=True)
         if tokens[1] == "run" and not trains(block, index):
             tokens[1] = "plan"
-        if tokens[1] in IN_PROCESS:
-            code, output = run_captured(tokens[1:])
+        if in_process(tokens):
+            code, output = run_captured(fast_tokens(tokens, append=block.exit_code == 0)[1:])
         else:
             script = fast(shlex.join(tokens), append=block.exit_code == 0)
             proc = subprocess.run(
