@@ -11,7 +11,6 @@ before Hydra starts); a handful run as subprocesses. Crafted full and sharded ch
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
@@ -22,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from blocks.cli.main import main, run_captured
+from blocks.cli.main import main
 from blocks.spec.errors import ConfigError
 from blocks.spec.imports import resolve
+from tests.conftest import run_in_process
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -131,7 +131,7 @@ FIELDS = {
 """Each import-path field, and the key its refusal names."""
 
 
-def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def run_here(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     """``blocks run ARGS`` through the real entry point in this process: its exit code and output."""
     with pytest.raises(SystemExit) as exited:
         main(["run", *args])
@@ -161,7 +161,7 @@ def test_every_gadget_is_refused_in_every_import_path_field(
     """One command puts the gadget in every field at once; each field's refusal is reported."""
     marker, run_dir = project / "pwned", project / "run"
     args = [*base_for(list(FIELDS)), *(o for field in FIELDS for o in field_overrides(field, gadget, marker))]
-    code, output = run_in_process([*args, f"hydra.run.dir={run_dir}"], capsys)
+    code, output = run_here([*args, f"hydra.run.dir={run_dir}"], capsys)
     assert_refused(code, output, marker, run_dir)
     flat = " ".join(output.split())
     for key in FIELDS.values():
@@ -175,7 +175,7 @@ def test_an_alias_in_a_user_module_is_refused_in_every_field(
 ) -> None:
     marker, run_dir = project / "pwned", project / "run"
     args = [*base_for([field]), *field_overrides(field, gadget, marker)]
-    code, output = run_in_process([*args, f"hydra.run.dir={run_dir}"], capsys)
+    code, output = run_here([*args, f"hydra.run.dir={run_dir}"], capsys)
     assert_refused(code, output, marker, run_dir)
     flat = " ".join(output.split())
     assert f"error {FIELDS[field]}:" in flat and "is really" in flat, output[-3000:]
@@ -229,7 +229,7 @@ def test_a_downloaded_preset_cannot_run_code(
         if load == "--config-dir"
         else [*base, f"hydra.searchpath=[file://{presets}]"]
     )
-    code, output = run_in_process(args, capsys)
+    code, output = run_here(args, capsys)
     assert_refused(code, output, marker, run_dir)
 
 
@@ -256,13 +256,13 @@ def test_an_imported_object_must_be_the_kind_the_field_expects(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     marker, run_dir = project / "pwned", project / "run"
-    code, output = run_in_process(
+    code, output = run_here(
         ["recipe=blobs", "debug=fast", "monitor.loggers=[csv,torch.nn.Linear]", f"hydra.run.dir={run_dir}"],
         capsys,
     )
     assert_refused(code, output, marker, run_dir)
     assert "not a Lightning logger class" in output
-    code, output = run_in_process(
+    code, output = run_here(
         [*ADAPTED, "model.target=tests.legacy_team.ClustersDM", f"hydra.run.dir={run_dir}"], capsys
     )
     assert_refused(code, output, marker, run_dir)
@@ -281,7 +281,7 @@ def test_hydra_flags_that_skip_blocks_checks_are_refused(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for flag, value in (("--config-name", "other"), ("--experimental-rerun", str(project / "config.pickle"))):
-        code, output = run_in_process([flag, value, "recipe=blobs"], capsys)
+        code, output = run_here([flag, value, "recipe=blobs"], capsys)
         assert code == 2 and flag in output and "Traceback" not in output
 
 
@@ -366,19 +366,19 @@ LAYOUTS = {
 def train(tmp_path: Path, layout: str, *extra: str) -> Path:
     """An honest run of *layout*, through the CLI entry in this process (more devices: torchrun workers)."""
     run_dir = tmp_path / layout
-    with contextlib.chdir(tmp_path):
-        code, output = run_captured(
-            [
-                "run",
-                *LAYOUTS[layout],
-                "trainer.max_steps=4",
-                "checkpoint.every_n_steps=2",
-                "monitor.progress=off",
-                *extra,
-                f"hydra.run.dir={run_dir}",
-            ]
-        )
-    assert code == 0, output[-3000:]
+    result = run_in_process(
+        [
+            "run",
+            *LAYOUTS[layout],
+            "trainer.max_steps=4",
+            "checkpoint.every_n_steps=2",
+            "monitor.progress=off",
+            *extra,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.output[-3000:]
     return run_dir
 
 
@@ -451,15 +451,15 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
     url = crafted(honest[layout], run, marker, where)
     job = LAYOUTS[layout]
     single = [a for a in job if a != "strategy=fsdp"]
-    with contextlib.chdir(tmp_path):
-        init_code, init_output = run_captured(
-            ["run", *single, "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"]
-        )
+    init = run_in_process(
+        ["run", *single, "debug=fast", f"model.init_from={url}", f"hydra.run.dir={tmp_path / 'init'}"],
+        cwd=tmp_path,
+    )
     # Weights come from the shards alone: a sharded checkpoint's state.pt is read only to resume.
     weights_refused = not (layout == "sharded" and where == "state")
     if weights_refused:
-        assert init_code != 0 and "refusing to load" in init_output, init_output[-3000:]
-    assert "Traceback" not in init_output
+        assert init.returncode != 0 and "refusing to load" in init.output, init.output[-3000:]
+    assert "Traceback" not in init.output
     assert not marker.exists()
     resumes = [
         [
@@ -475,11 +475,10 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
     ]
     # A resume is refused by the driver before any worker starts; eval and export load it themselves.
     for command in [*resumes, ["eval", str(url)], ["export", str(url), str(tmp_path / "export")]]:
-        with contextlib.chdir(tmp_path):
-            code, output = run_captured(command)  # the console script's entry, in this process
+        result = run_in_process(command, cwd=tmp_path)  # the console script's entry, in this process
         if weights_refused or command[0] == "run":
-            assert code == 2 and "refusing to load" in output, output[-3000:]
-        assert "Traceback" not in output
+            assert result.returncode == 2 and "refusing to load" in result.output, result.output[-3000:]
+        assert "Traceback" not in result.output
     assert not list(tmp_path.glob("resume*/summary.json")), "a refused resume trained nothing"
     # Rollback loads the newest committed checkpoint with the strategy's loader: the same ones.
     from blocks.checkpoint.export import checkpoint_weights
