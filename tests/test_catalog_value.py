@@ -9,12 +9,14 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from omegaconf import DictConfig
 
 from blocks.core import jobs
 from blocks.core.catalog import Catalog
 from blocks.core.config_repo import ConfigRepo
 from blocks.core.recipe import RECIPES, Recipe, recipe
 from blocks.model import MLP
+from blocks.spec.block import Block
 from blocks.spec.errors import ConfigError, DuplicateName
 from blocks.spec.kinds import KIND_TABLE
 from blocks.spec.manifest import BUILTIN_BLOCKS
@@ -86,6 +88,30 @@ def test_hydras_store_sees_a_catalog_only_while_composing_and_keeps_others_entri
         assert _entries(store.repo) == before
     finally:
         del store.repo["optim"]["someone_elses.yaml"]
+
+
+def test_a_catalog_builds_each_chosen_node_once_and_compositions_never_change_it(
+    clean_catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import blocks.core.catalog as catalog_module
+
+    built: list[str] = []
+    block_node = catalog_module.block_node
+
+    def counting_block_node(block: Block) -> DictConfig:
+        built.append(type(block).__name__)
+        return block_node(block)
+
+    monkeypatch.setattr(catalog_module, "block_node", counting_block_node)
+    first = jobs.compose(["recipe=blobs", "optim.lr=0.5", "trainer.max_steps=3"], catalog=clean_catalog)
+    once = sorted(built)
+    assert once, "the first composition builds the chosen blocks' nodes"
+    second = jobs.compose(["recipe=blobs"], catalog=clean_catalog)
+    assert sorted(built) == once, "a second composition of the same catalog builds no node again"
+    assert first.config.optim.lr == 0.5
+    assert second.config.optim.lr != 0.5, "an override of one composition leaked into the shared node"
+    jobs.compose(["recipe=blobs"], catalog=fresh_catalog())
+    assert len(built) == 2 * len(once), "another catalog builds its own nodes"
 
 
 CHOSEN_BY_DEFAULT = {

@@ -158,19 +158,26 @@ def hydra_completion(config_loader: Any, config_name: str, line: str) -> list[st
 
 
 def lazy_config_node(
-    name: str, group: str | None, package: str | None, provider: str, build: Callable[[], Any]
+    name: str,
+    group: str | None,
+    package: str | None,
+    provider: str,
+    build: Callable[[], Any],
+    holder: dict[str, Any] | None = None,
 ) -> Any:
     """A ``hydra.core.config_store.ConfigNode`` whose node *build* makes the first time Hydra loads it.
 
     ``ConfigStore.store`` converts every node up front; a lazy one lets the store list every
     option by name while only the options a composition chooses are built (and their
     classes imported). ``ConfigStore.load`` shallow-copies the stored object and reads
-    ``node``, so the built node is cached in a holder the copies share.
+    ``node``, so the built node is cached in *holder*, which the copies share; pass the same
+    holder to the nodes of later stores to build the node once for all of them (safe because
+    ``ConfigStore.load`` deep-copies the node it hands to a composition).
     """
     from hydra.core.config_store import ConfigNode
     from omegaconf import OmegaConf
 
-    holder: dict[str, Any] = {}
+    built: dict[str, Any] = {} if holder is None else holder
 
     class LazyConfigNode(ConfigNode):
         def __init__(self) -> None:
@@ -184,9 +191,9 @@ def lazy_config_node(
         def node(self) -> Any:
             if self._own is not None:
                 return self._own
-            if "node" not in holder:
-                holder["node"] = OmegaConf.structured(build())
-            return holder["node"]
+            if "node" not in built:
+                built["node"] = OmegaConf.structured(build())
+            return built["node"]
 
         @node.setter
         def node(self, value: Any) -> None:

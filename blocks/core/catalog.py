@@ -115,6 +115,7 @@ class Catalog:
     project: project.Project = field(default_factory=lambda: project.Project(None, (), ()))
     presets: list[Preset] = field(default_factory=list)
     _made: dict[str, _MadeRecipe | None] = field(default_factory=dict, repr=False)
+    _built: dict[tuple[object, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @contextmanager
     def active(self) -> Iterator[Catalog]:
@@ -123,23 +124,40 @@ class Catalog:
             yield self
 
     def config_repo(self) -> ConfigRepo:
-        """The catalog's config options, in a store of their own (see :class:`ConfigRepo`)."""
+        """The catalog's config options, in a store of their own (see :class:`ConfigRepo`).
+
+        A block's, a made recipe's and a preset's node is built once per catalog, however many
+        compositions load it.
+        """
         repo = ConfigRepo()
         for entry in self.registry.entries():
-            repo.add(entry.kind, entry.name, _BlockNode(entry), source=entry.target)
+            repo.add(
+                entry.kind,
+                entry.name,
+                _BlockNode(entry),
+                source=entry.target,
+                built=self._built.setdefault(("block", entry, id(entry.registered)), {}),
+            )
         for recipe_entry in self.recipes.entries():
             made = self._made.get(recipe_entry.name, _UNMADE)
             if made is None:
                 continue  # raised when called, or a pipeline: no config option
             if isinstance(made, _MadeRecipe):
                 for kind, node in made.presets:
-                    repo.add(kind, recipe_entry.name, node, source=f"recipe {recipe_entry.source}")
+                    repo.add(
+                        kind,
+                        recipe_entry.name,
+                        node,
+                        source=f"recipe {recipe_entry.source}",
+                        built=self._built.setdefault(("preset", kind, id(node)), {}),
+                    )
                 repo.add(
                     "recipe",
                     recipe_entry.name,
                     {"defaults": made.defaults},
                     source=recipe_entry.source,
                     package="_global_",
+                    built=self._built.setdefault(("recipe", id(made)), {}),
                 )
             else:
                 repo.add(
@@ -151,12 +169,27 @@ class Catalog:
                 )
         for preset in self.presets:
             repo.add(
-                preset.group, preset.option, preset.node, source=str(preset.path), package=preset.package
+                preset.group,
+                preset.option,
+                preset.node,
+                source=str(preset.path),
+                package=preset.package,
+                built=self._built.setdefault(("preset", id(preset)), {}),
             )
-        repo.add("hydra/launcher", "ray", RAY_LAUNCHER_NODE, source="blocks.core.launcher")
-        conf = paths.conf_dir()
         repo.add(
-            None, PRIMARY_CONFIG, primary_node([str(conf)] if conf else []), source="blocks.core.compose"
+            "hydra/launcher",
+            "ray",
+            RAY_LAUNCHER_NODE,
+            source="blocks.core.launcher",
+            built=self._built.setdefault(("ray launcher",), {}),
+        )
+        conf_dirs = [str(conf)] if (conf := paths.conf_dir()) else []
+        repo.add(
+            None,
+            PRIMARY_CONFIG,
+            primary_node(conf_dirs),
+            source="blocks.core.compose",
+            built=self._built.setdefault(("primary", *conf_dirs), {}),
         )
         return repo
 

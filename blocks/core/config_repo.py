@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from blocks.spec.errors import DuplicateName, Problem
@@ -29,6 +29,8 @@ class StoredOption:
     package: str | None
     build: Callable[[], Any]
     source: str
+    built: dict[str, Any] | None = field(default=None, compare=False)
+    """Where the built node is kept; one dict shared between stores builds the node once for all."""
 
     @property
     def path(self) -> str:
@@ -43,19 +45,27 @@ class ConfigRepo:
         self._options: dict[str, StoredOption] = {}
 
     def add(
-        self, group: str | None, name: str, node: Any, *, source: str, package: str | None = None
+        self,
+        group: str | None,
+        name: str,
+        node: Any,
+        *,
+        source: str,
+        package: str | None = None,
+        built: dict[str, Any] | None = None,
     ) -> None:
         """Store *node* (or a zero-argument builder of it) as option *name* of *group*.
 
         A namespaced name (``acme/resnet``) nests as Hydra looks it up (``model/acme/resnet``),
         keeping the group's package. Storing a path again from another *source* raises,
-        naming both; from the same source it replaces the option.
+        naming both; from the same source it replaces the option. *built* keeps the built
+        node for the next store that is given the same dict (for builders without side effects).
         """
         prefix, _, leaf = name.rpartition("/")
         sub = f"{group}/{prefix}" if group and prefix else group
         package = package or (group if prefix else None)
         build = node if callable(node) and not isinstance(node, type) else (lambda: node)
-        option = StoredOption(sub, leaf, package, build, source)
+        option = StoredOption(sub, leaf, package, build, source, built)
         existing = self._options.get(option.path)
         if existing is not None and existing.source != source:
             raise clash(option.path, existing.source, source)
@@ -96,7 +106,9 @@ class ConfigRepo:
             if existing is not None and getattr(existing, "provider", None) != provider:
                 raise clash(option.path, _provider_source(existing), option.source)
             if existing is None:
-                cur[key] = lazy_config_node(option.name, option.group, option.package, provider, option.build)
+                cur[key] = lazy_config_node(
+                    option.name, option.group, option.package, provider, option.build, option.built
+                )
         return out
 
     @contextmanager
