@@ -217,6 +217,15 @@ def test_plan_takes_config_dir_like_run(project: Path, tmp_path: Path) -> None:
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("search", ["--config-dir", "hydra.searchpath"])
+def test_a_misspelt_key_of_a_preset_on_the_search_path_gets_did_you_mean(project: Path, search: str) -> None:
+    conf = project / "conf"
+    where = ["--config-dir", str(conf)] if search == "--config-dir" else [f"hydra.searchpath=[file://{conf}]"]
+    code, output = run_captured(["plan", *where, "recipe=blobs", "optim=fastsgd", "optim.momentun=0.9"])
+    assert code == 2, output
+    assert "did you mean 'momentum'?" in output and "fix: optim.momentum=..." in output, output
+
+
 @pytest.fixture(scope="module")
 def completion_script(project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """Hydra's bash completion, installed the way a Hydra user does, with ``blocks`` on PATH."""

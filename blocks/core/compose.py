@@ -377,7 +377,8 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
             f"config groups: {', '.join(GROUPS)}",
             check="unknown-group",
         )
-    keys = list(known_keys.get(group, ()))
+    known = known_keys.get(group)
+    keys = list(known or ())
     hint = did_you_mean(field, keys)
     having = _blocks_with_field(group, field.split(".", 1)[0].split("[", 1)[0])
     if hint:
@@ -388,8 +389,10 @@ def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> P
         )
     elif keys:
         fix = f"keys of {group}: {', '.join(keys)}"
-    else:
+    elif known is not None:
         fix = f"the chosen {group} block has no fields; see `blocks list {group}`"
+    else:
+        fix = f"use a key of the chosen {group} block; `blocks list {group}` shows each block's keys"
     return Problem(
         key, f"unknown key '{field}' in {group}" + (f"; {hint}" if hint else ""), fix, check="unknown-key"
     )

@@ -158,8 +158,14 @@ def _job_once(
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        translated = translate_compose_error(exc, overrides, _KnownKeys(overrides, known))
+        translated = translate_compose_error(exc, overrides, _KnownKeys(overrides, known, config_dir))
         raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
+
+
+def _chooses_or_searches(override: str) -> bool:
+    """Whether *override* picks a group's option or sets the config search path (not a key's value)."""
+    key = override.split("=", 1)[0]
+    return key == "hydra.searchpath" or ("." not in key and not override.startswith(("+", "~")))
 
 
 T = TypeVar("T")
@@ -262,37 +268,41 @@ def _name_broken_recipe(error: ConfigError, overrides: Sequence[str]) -> ConfigE
     return error
 
 
-KnownKeysMemo = dict[tuple[str, ...], dict[str, list[str]]]
+KnownKeysMemo = dict[tuple[str | None, ...], dict[str, list[str]]]
 """The keys of each group for a set of group choices, kept for one :func:`compose` or :func:`plan` call."""
 
 
 class _KnownKeys(Mapping[str, list[str]]):
     """Keys of each group's node when the overrides that set keys are left out (for did-you-mean).
 
-    Composed on first use only: most errors never ask, and an unknown key asks once. *memo*
-    shares the answer between the composing rounds of one call (each round drops the
-    overrides that failed, so the group choices rarely change); nothing outlives the call,
-    so a catalog that changes is always seen.
+    Composed on first use only: most errors never ask, and an unknown key asks once, with
+    the same config search path as the job (*config_dir* and ``hydra.searchpath``), so a
+    preset found there has its keys. *memo* shares the answer between the composing rounds
+    of one call (each round drops the overrides that failed, so the group choices rarely
+    change); nothing outlives the call, so a catalog that changes is always seen. A group
+    is missing when the choices themselves do not compose.
     """
 
-    def __init__(self, overrides: Sequence[str], memo: KnownKeysMemo | None = None) -> None:
-        self._group_choices = tuple(
-            o for o in overrides if "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))
-        )
+    def __init__(
+        self, overrides: Sequence[str], memo: KnownKeysMemo | None = None, config_dir: str | None = None
+    ) -> None:
+        self._group_choices = tuple(o for o in overrides if _chooses_or_searches(o))
+        self._config_dir = config_dir
         self._memo = memo if memo is not None else {}
 
     def _composed(self) -> dict[str, list[str]]:
-        if self._group_choices not in self._memo:
+        key = (self._config_dir, *self._group_choices)
+        if key not in self._memo:
             try:
-                cfg = _compose_raw(self._group_choices)
+                cfg = _compose_raw(self._group_choices, self._config_dir)
             except Exception:
                 cfg = DictConfig({})
-            self._memo[self._group_choices] = {
+            self._memo[key] = {
                 str(group): [str(k) for k in node if k != BLOCK_KEY]
                 for group, node in cfg.items()
                 if group != "hydra" and isinstance(node, DictConfig)
             }
-        return self._memo[self._group_choices]
+        return self._memo[key]
 
     def __getitem__(self, group: str) -> list[str]:
         return self._composed()[group]
