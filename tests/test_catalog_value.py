@@ -20,7 +20,7 @@ from blocks.spec.block import Block
 from blocks.spec.errors import ConfigError, DuplicateName
 from blocks.spec.kinds import KIND_TABLE
 from blocks.spec.manifest import BUILTIN_BLOCKS
-from blocks.spec.registry import REGISTRY, register
+from blocks.spec.registry import REGISTRY, Entry, register
 from tests.catalog_fixtures import fresh_catalog
 
 
@@ -112,6 +112,20 @@ def test_a_catalog_builds_each_chosen_node_once_and_compositions_never_change_it
     assert second.config.optim.lr != 0.5, "an override of one composition leaked into the shared node"
     jobs.compose(["recipe=blobs"], catalog=fresh_catalog())
     assert len(built) == 2 * len(once), "another catalog builds its own nodes"
+
+
+def test_a_chosen_block_whose_module_cannot_be_imported_is_named_with_the_import_error() -> None:
+    catalog = fresh_catalog()
+    catalog.registry.add_entry(
+        Entry("model", "needs_timm", "timm_blocks_missing:Resnet", "vision-blocks", "0.2")
+    )
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", "model=needs_timm", "optim.lrr=1"], catalog=catalog)
+    problems = {p.key: p for p in refused.value.problems}
+    assert "model block 'needs_timm'" in problems["model"].message
+    assert "No module named 'timm_blocks_missing'" in problems["model"].message
+    assert "vision-blocks" in problems["model"].fix and "blocks list model" in problems["model"].fix
+    assert "did you mean 'lr'" in problems["optim.lrr"].message, "the other problems are still reported"
 
 
 CHOSEN_BY_DEFAULT = {

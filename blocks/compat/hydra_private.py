@@ -199,6 +199,13 @@ def lazy_config_node(
         def node(self, value: Any) -> None:
             self._own = value
 
+        def __copy__(self) -> LazyConfigNode:
+            # ConfigStore.load shallow-copies before reading ``node``: the copy stays lazy, so a
+            # builder's error reaches the composition instead of __reduce__'s placeholder.
+            clone = LazyConfigNode()
+            clone._own = self._own
+            return clone
+
         def __deepcopy__(self, memo: dict[int, Any]) -> LazyConfigNode:
             # Hydra deep-copies the store on every compose: copies share the builder, nothing is built.
             clone = LazyConfigNode()

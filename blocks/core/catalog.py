@@ -31,7 +31,7 @@ from blocks.core.launcher import RAY_LAUNCHER_NODE
 from blocks.core.pipeline import Pipeline
 from blocks.core.recipe import RECIPES, RecipeBook, RecipeEntry, active_recipes
 from blocks.spec.block import KINDS as REGISTRY_KINDS
-from blocks.spec.errors import DuplicateName, Problem, RegistryError, describe_exception
+from blocks.spec.errors import ConfigError, DuplicateName, Problem, RegistryError, describe_exception
 from blocks.spec.kinds import KIND_TABLE
 from blocks.spec.registry import REGISTRY, Entry, Registry
 
@@ -136,7 +136,7 @@ class Catalog:
                 entry.name,
                 _BlockNode(entry),
                 source=entry.target,
-                built=self._built.setdefault(("block", entry, id(entry.registered)), {}),
+                built=self._built.setdefault(_block_key(entry), {}),
             )
         for recipe_entry in self.recipes.entries():
             made = self._made.get(recipe_entry.name, _UNMADE)
@@ -149,7 +149,9 @@ class Catalog:
                         recipe_entry.name,
                         node,
                         source=f"recipe {recipe_entry.source}",
-                        built=self._built.setdefault(("preset", kind, id(node)), {}),
+                        built=self._built.setdefault(
+                            ("preset", kind, recipe_entry.name, recipe_entry.source), {}
+                        ),
                     )
                 repo.add(
                     "recipe",
@@ -157,7 +159,7 @@ class Catalog:
                     {"defaults": made.defaults},
                     source=recipe_entry.source,
                     package="_global_",
-                    built=self._built.setdefault(("recipe", id(made)), {}),
+                    built=self._built.setdefault(("recipe", recipe_entry.name, recipe_entry.source), {}),
                 )
             else:
                 repo.add(
@@ -174,7 +176,7 @@ class Catalog:
                 preset.node,
                 source=str(preset.path),
                 package=preset.package,
-                built=self._built.setdefault(("preset", id(preset)), {}),
+                built=self._built.setdefault(("preset", preset.group, preset.option, str(preset.path)), {}),
             )
         repo.add(
             "hydra/launcher",
@@ -274,6 +276,16 @@ class _MadeRecipe:
 _UNMADE = object()
 
 
+def _block_key(entry: Entry) -> tuple[object, ...]:
+    """What a block's built node is kept under: its import path, or the class itself when it has none.
+
+    A block listed by import path and the same class once its module ran ``@register`` share
+    the key; a class defined inside a function (``<locals>`` in its path) is keyed by itself.
+    """
+    in_function = entry.registered is not None and "<locals>" in entry.target
+    return ("block", entry.kind, entry.name, entry.target, entry.registered if in_function else None)
+
+
 class _BlockNode:
     """Builds a registered block's config node when Hydra first loads it (imports its class then)."""
 
@@ -281,7 +293,21 @@ class _BlockNode:
         self.entry = entry
 
     def __call__(self) -> DictConfig:
-        return block_node(self.entry.cls())
+        entry = self.entry
+        try:
+            cls = entry.cls
+        except Exception as exc:  # the block's module, or something it imports, is missing or raises
+            raise ConfigError(
+                Problem(
+                    entry.kind,
+                    f"{entry.kind} block '{entry.name}' ({entry.target}, from {entry.package} "
+                    f"{entry.version}) cannot be loaded: {describe_exception(exc)}",
+                    f"install what its module needs (or reinstall {entry.package}), "
+                    f"or choose another {entry.kind} block (`blocks list {entry.kind}`)",
+                    check="block-import",
+                )
+            ) from exc
+        return block_node(cls())
 
 
 def _made_recipe(recipe_entry: RecipeEntry, registry: Registry) -> _MadeRecipe | None:
