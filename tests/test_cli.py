@@ -34,6 +34,7 @@ def assert_clean_failure(result, key: str, *fragments: str) -> None:
         (["model=mlp"], "model", ["TokenBatch"]),
         (["+optim.foo=1"], "optim.foo", ["no field 'foo'"]),
         (["optim.lr=="], "optim.lr", ["cannot parse the override 'optim.lr=='", "quote"]),
+        (["debug.max_steps=5"], "debug.max_steps", ["'debug' chooses a preset", "trainer.max_steps=5"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_key(cli, cli_in_process, tmp_path, args, key, fragments) -> None:

@@ -288,7 +288,10 @@ def translate_compose_error(
     if isinstance(cause, OmegaConfBaseException):
         problem = _omegaconf_problem(cause)
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
-            return ConfigError(_unknown_key_problem(problem.key or override, known_keys))
+            key = problem.key or override
+            if key in CROSS_KIND_GROUPS and _key_of(override).startswith(f"{key}."):
+                return ConfigError(_preset_group_key_problem(_key_of(override)))
+            return ConfigError(_unknown_key_problem(key, known_keys))
         if override and "=" in override:
             value = override.split("=", 1)[1]
             problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
@@ -355,6 +358,18 @@ def _failing_override(message: str, overrides: Sequence[str]) -> str:
         if override in message or f"'{override.split('=', 1)[0].lstrip('+~')}'" in message:
             return override
     return ""
+
+
+def _preset_group_key_problem(key: str) -> Problem:
+    """``debug.foo=1``: a group of presets (recipe, debug, ...) has no node, so no keys, of its own."""
+    group = key.split(".", 1)[0]
+    return Problem(
+        key,
+        f"'{group}' chooses a preset, which sets keys of the blocks; it has no keys of its own",
+        f"choose a preset with {group}=<option> (`blocks list {group}`), and set a block's key "
+        "directly, e.g. trainer.max_steps=5",
+        check="unknown-key",
+    )
 
 
 def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> Problem:
