@@ -487,6 +487,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "block-import",
+        ("config",),
+        "model",
+        "a chosen block's module imports (a package's block whose dependency is missing is named with its import error)",
+        (),
+    ),
+    Check(
         "name-clash",
         ("config",),
         "project",
