@@ -136,7 +136,7 @@ class Catalog:
                 entry.name,
                 _BlockNode(entry),
                 source=entry.target,
-                built=self._built.setdefault(_block_key(entry), {}),
+                built=self._memo(*_block_key(entry)),
             )
         for recipe_entry in self.recipes.entries():
             made = self._made.get(recipe_entry.name, _UNMADE)
@@ -149,9 +149,7 @@ class Catalog:
                         recipe_entry.name,
                         node,
                         source=f"recipe {recipe_entry.source}",
-                        built=self._built.setdefault(
-                            ("preset", kind, recipe_entry.name, recipe_entry.source), {}
-                        ),
+                        built=self._memo("preset", kind, recipe_entry.name, recipe_entry.source),
                     )
                 repo.add(
                     "recipe",
@@ -159,7 +157,7 @@ class Catalog:
                     {"defaults": made.defaults},
                     source=recipe_entry.source,
                     package="_global_",
-                    built=self._built.setdefault(("recipe", recipe_entry.name, recipe_entry.source), {}),
+                    built=self._memo("recipe", recipe_entry.name, recipe_entry.source),
                 )
             else:
                 repo.add(
@@ -176,14 +174,14 @@ class Catalog:
                 preset.node,
                 source=str(preset.path),
                 package=preset.package,
-                built=self._built.setdefault(("preset", preset.group, preset.option, str(preset.path)), {}),
+                built=self._memo("preset", preset.group, preset.option, str(preset.path)),
             )
         repo.add(
             "hydra/launcher",
             "ray",
             RAY_LAUNCHER_NODE,
             source="blocks.core.launcher",
-            built=self._built.setdefault(("ray launcher",), {}),
+            built=self._memo("ray launcher"),
         )
         conf_dirs = [str(conf)] if (conf := paths.conf_dir()) else []
         repo.add(
@@ -191,9 +189,13 @@ class Catalog:
             PRIMARY_CONFIG,
             primary_node(conf_dirs),
             source="blocks.core.compose",
-            built=self._built.setdefault(("primary", *conf_dirs), {}),
+            built=self._memo("primary", *conf_dirs),
         )
         return repo
+
+    def _memo(self, *key: object) -> dict[str, Any]:
+        """Where the option that *key* names keeps its built node (``ConfigRepo.add``'s ``built``)."""
+        return self._built.setdefault(key, {})
 
     def make_recipes(self, names: Iterable[str] | None = None) -> int:
         """Call the recipes named (every one by default), so their presets become options; how many were new.
