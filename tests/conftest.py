@@ -274,18 +274,41 @@ def moto_s3_server() -> Iterator[dict[str, str]]:
 
 
 def job_pids(run_dir: Path, *, workers_only: bool = False) -> list[int]:
-    """Live processes of the job in *run_dir*: the torchrun wrapper and its workers (or the workers only)."""
-    pids = []
+    """Live processes of the job in *run_dir*: torchrun, its forkserver and the workers (or the workers only).
+
+    Workers started by a command (Ray's actors, srun) name the run dir in their command line;
+    torchrun's are forked from its forkserver, so they are found as its descendants and tell
+    themselves apart by their process name.
+    """
+    processes: dict[int, tuple[int, bytes, bytes]] = {}  # pid: (parent pid, command line, name)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_bytes()
         except OSError:
             continue
-        if state == "Z" or str(run_dir).encode() not in cmdline or b"blocks.launch.worker" not in cmdline:
-            continue
-        if not (workers_only and b"blocks.launch.torchrun" in cmdline):
-            pids.append(int(entry.name))
-    return pids
+        name, fields = stat[stat.index(b"(") + 1 : stat.rindex(b")")], stat.rsplit(b")", 1)[1].split()
+        if fields[0] != b"Z":
+            processes[int(entry.name)] = (int(fields[1]), cmdline, name)
+    job = {
+        pid
+        for pid, (_, cmdline, _) in processes.items()
+        if str(run_dir).encode() in cmdline.split(b"\0") and b"blocks.launch.worker" in cmdline.split(b"\0")
+    }
+    while grown := {pid for pid, (parent, _, _) in processes.items() if parent in job} - job:
+        job |= grown
+    if workers_only:
+        job = {pid for pid in job if _is_worker(*processes[pid][1:])}
+    return sorted(job)
+
+
+def _is_worker(cmdline: bytes, name: bytes) -> bool:
+    """A worker forked by torchrun (named by its rank) or one started by a command (Ray, srun)."""
+    from blocks.launch.lifeline import WORKER_NAME
+
+    arguments = cmdline.split(b"\0")
+    return name.startswith(WORKER_NAME.encode()) or (
+        b"blocks.launch.worker" in arguments and b"blocks.launch.torchrun" not in arguments
+    )

@@ -241,12 +241,23 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
     with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
         victims = job_pids(run_dir, workers_only=True)
         assert len(victims) == 2
+        forkserver = parent_of(victims[0])
         os.kill(victims[-1], signal.SIGKILL)
+        restarted = set()
+        while proc.poll() is None and len(restarted) < 2:
+            restarted = set(job_pids(run_dir, workers_only=True)) - set(victims)
+            time.sleep(0.05)
+        # The restarted workers are forked from the server that imported torch and Lightning once.
+        assert {parent_of(pid) for pid in restarted} == {forkserver}
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed"
     assert summary["restarts"] == 1
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 class GradProbe(pl.Callback):

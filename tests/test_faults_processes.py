@@ -14,6 +14,7 @@ import pytest
 
 from blocks.checkpoint import store
 from blocks.launch import driver
+from blocks.launch.lifeline import WORKER_NAME
 from blocks.launch.lock import LOCK_FILE, RunDirBusy
 from blocks.spec.errors import BlocksError
 from tests.conftest import blocks_run_until_step, job_pids, read_summary, run_cli, spawned
@@ -60,7 +61,9 @@ def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refuse
     """kill -9 of the ``blocks run`` process group; a second job into the held run dir is refused first."""
     run_dir = tmp_path / "run"
     with blocks_run_until_step([*LONG_DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
-        assert len(job_pids(run_dir)) == 3  # torchrun and two workers, in sessions of their own
+        # torchrun, two workers and torchrun's forkserver and resource tracker, in a session of their own
+        assert len(job_pids(run_dir, workers_only=True)) == 2
+        assert torchrun_pid(run_dir) in job_pids(run_dir)
         config_before = (run_dir / "config.yaml").read_bytes()
         second = run_cli(["run", *LONG_DDP, "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
         assert second.returncode == 2, second.output
@@ -95,9 +98,8 @@ def test_workers_die_with_a_killed_torchrun_and_the_summary_counts_what_happened
 def test_a_killed_peer_is_named_in_the_failure_reason(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     with blocks_run_until_step([*LONG_DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
-        workers = [p for p in job_pids(run_dir) if p != torchrun_pid(run_dir)]
-        environ = Path(f"/proc/{workers[-1]}/environ").read_bytes().split(b"\0")
-        rank = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"RANK="))
+        workers = job_pids(run_dir, workers_only=True)
+        rank = Path(f"/proc/{workers[-1]}/comm").read_text().strip().removeprefix(WORKER_NAME)
         os.kill(workers[-1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 1, out[-3000:]

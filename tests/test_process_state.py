@@ -55,10 +55,10 @@ def exits_in(path: Path) -> list[str]:
 
 
 def test_only_process_entry_points_end_the_process() -> None:
-    """``main`` of the CLI, the worker and the torchrun wrapper; the stall watchdog's thread (see its comment)."""
+    """``main`` of the CLI, the worker and the torchrun wrapper, the forked worker; the stall watchdog's thread."""
     allowed = {
         "cli/main.py": {"main"},
-        "launch/worker.py": {"main"},
+        "launch/worker.py": {"main", "forked_worker"},
         "launch/torchrun.py": {"main"},
         "runtime/health.py": {"_fire"},
     }

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 from blocks.core.plan import Plan
@@ -43,6 +45,7 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
         "blocks.launch.torchrun",
         f"--nproc-per-node={derived.devices}",
         f"--max-restarts={plan.trainer.max_failures}",
+        "--start-method=forkserver",
     ]
     if derived.nodes == 1:
         command.append("--standalone")
@@ -110,28 +113,58 @@ def run_torchrun(run_dir: Path, plan: Plan) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m blocks.launch.torchrun ARGS``: torchrun, dying with the driver, without tracebacks.
+    """``python -m blocks.launch.torchrun ARGS``: torchrun, dying with the driver, forking preloaded workers.
+
+    The arguments are torchrun's, ending in ``-m blocks.launch.worker RUN_DIR``; the workers
+    are :func:`~blocks.launch.worker.forked_worker` for RUN_DIR, forked from a forkserver that
+    imported torch and Lightning once (``--start-method``), so neither a start nor a restart
+    pays for the imports again.
 
     A signal that stopped the job exits with the interrupted status (130); failed workers
-    exit 1 with torchrun's account of which rank failed how, and no Python traceback.
+    exit 1 with torchrun's account of which rank failed how (with the worker's traceback when
+    it raised), and no traceback of torchrun's own.
     """
+    import multiprocessing.forkserver
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from blocks.launch.worker import forked_worker
 
     if not die_with_parent():
         os._exit(1)  # an orphan: the driver that started it is gone
     os.environ.update(children_environment({}))
     args = get_args_parser().parse_args(argv)
+    if args.standalone:  # what torchrun's own ``run`` does for --standalone
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    run_dir = Path(args.training_script_args[-1])
+    config, _, _ = config_from_args(args)
+    multiprocessing.set_forkserver_preload(["blocks.launch.forkserver"])
+    # Start it now, from the main thread (the server dies with the thread that started it): its
+    # imports overlap the rendezvous.
+    multiprocessing.forkserver.ensure_running()
+    logging.getLogger(ELASTIC_PROCESSES_LOGGER).addFilter(_without_traceback)
     try:
-        run(args)
+        elastic_launch(config, entrypoint=forked_worker)(str(run_dir))
     except SignalException as exc:
         print(f"blocks: torchrun stopped its workers on {exc.sigval.name}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     except ChildFailedError as exc:
-        write_failures(Path(args.training_script_args[-1]), exc)
+        write_failures(run_dir, exc)
         print(exc.format_msg(), file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+ELASTIC_PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+"""The logger of torchrun's worker processes: on a failure it logs the traceback of its own wait."""
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    """Keep the message, drop the traceback: torchrun's failure account shows the worker's own one."""
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
 FAILURES_FILE = ".torchrun-failures.json"

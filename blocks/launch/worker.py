@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
-from blocks.launch.lifeline import die_with_parent
+from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
 from blocks.spec.errors import BlocksError
 
@@ -159,25 +159,50 @@ def run_worker(run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m blocks.launch.worker RUN_DIR``: the entry point torchrun, srun and mpirun start."""
+    """``python -m blocks.launch.worker RUN_DIR``: the entry point srun, mpirun and Ray's actors start."""
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     if not die_with_parent():
         os._exit(1)  # an orphan: the driver that started it is gone
-    _record_attempt(args.run_dir)
-    _log_warnings_to_run_dir(args.run_dir)
-    code = run_worker(args.run_dir)
-    _finalize_mpi()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    code = _run_process(args.run_dir)
     # Everything is written and the process group is destroyed. Skip interpreter
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active
     # exception") and makes torchrun report a completed job as failed. Only this process
     # entry point ends the process; library code returns the status.
     os._exit(code)
+
+
+def forked_worker(run_dir: str) -> None:
+    """One rank of a torchrun job, forked from the forkserver that preloaded :mod:`blocks.launch.forkserver`.
+
+    Exits with the worker's status when it is not 0; torchrun's multiprocessing wrapper ends
+    the process without interpreter finalization.
+    """
+    from lightning_fabric.utilities.rank_zero import rank_zero_only
+
+    if not die_with_parent(forked_by_server=True):
+        os._exit(1)  # an orphan: the torchrun that started the forkserver is gone
+    rank = int(os.environ.get("RANK", "0"))
+    name_process(f"{WORKER_NAME}{rank}")
+    # Lightning reads the rank from the environment at import, which happened in the forkserver.
+    rank_zero_only.rank = rank  # type: ignore[attr-defined]
+    code = _run_process(Path(run_dir))
+    if code:
+        sys.exit(code)
+
+
+def _run_process(run_dir: Path) -> int:
+    """Train as this process's one job and flush every log; the process's exit status."""
+    _record_attempt(run_dir)
+    _log_warnings_to_run_dir(run_dir)
+    code = run_worker(run_dir)
+    _finalize_mpi()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
 
 
 LOG_FILE = "blocks.log"

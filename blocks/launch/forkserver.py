@@ -1,0 +1,24 @@
+"""The module torchrun's forkserver preloads: the server dies with torchrun, and holds the workers' imports.
+
+torchrun forks its workers from a multiprocessing forkserver (``--start-method=forkserver``)
+that imports this module once (``multiprocessing.set_forkserver_preload``), so each worker and
+each restart starts with torch, Lightning and blocks already imported.
+
+Importing this module asks the kernel to kill the importing process when its parent dies, so
+only the forkserver imports it. The server must not outlive torchrun: every worker holds the
+server's "torchrun is alive" pipe open, so the server would not notice torchrun's death, and
+the workers, which die with the server, would go on training.
+"""
+
+from __future__ import annotations
+
+import os
+
+from blocks.launch.lifeline import die_with_parent
+
+if not die_with_parent():
+    os._exit(1)  # an orphan: the torchrun that started this server is gone
+
+import blocks.checkpoint.weights
+import blocks.launch.worker
+import blocks.runtime.trainer  # noqa: F401
