@@ -242,6 +242,7 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
         victims = job_pids(run_dir, workers_only=True)
         assert len(victims) == 2
         forkserver = parent_of(victims[0])
+        assert b"forkserver" in Path(f"/proc/{forkserver}/cmdline").read_bytes()
         os.kill(victims[-1], signal.SIGKILL)
         restarted = set()
         while proc.poll() is None and len(restarted) < 2:
