@@ -39,11 +39,24 @@ def torchrun_pid(run_dir: Path) -> int:
     return pid
 
 
-def wait_until_gone(run_dir: Path, patience_s: float = 90) -> list[int]:
+def wait_until_gone(pids: list[int], patience_s: float = 90) -> list[int]:
+    """Wait for *pids* to end; those still alive (orphans of a killed torchrun are no longer its descendants)."""
     deadline = time.monotonic() + patience_s
-    while job_pids(run_dir) and time.monotonic() < deadline:
+    while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return job_pids(run_dir)
+    return alive(pids)
+
+
+def alive(pids: list[int]) -> list[int]:
+    live = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.append(pid)
+    return live
 
 
 def snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
@@ -70,8 +83,9 @@ def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refuse
         assert f"pid {proc.pid}" in second.output and socket.gethostname() in second.output
         assert "Traceback" not in second.output
         assert (run_dir / "config.yaml").read_bytes() == config_before
+        job = job_pids(run_dir)
         os.killpg(proc.pid, signal.SIGKILL)
-        assert wait_until_gone(run_dir) == []
+        assert wait_until_gone(job) == []
     before = snapshot(run_dir)
     time.sleep(3)
     assert snapshot(run_dir) == before, "nothing writes into the run dir after the job died"
@@ -83,8 +97,9 @@ def test_workers_die_with_a_killed_torchrun_and_the_summary_counts_what_happened
     run_dir = tmp_path / "run"
     args = [*LONG_DDP, "trainer.max_failures=2", "checkpoint.every_n_steps=3", f"hydra.run.dir={run_dir}"]
     with blocks_run_until_step(args, cwd=tmp_path, step=8) as proc:
+        job = job_pids(run_dir)
         os.kill(torchrun_pid(run_dir), signal.SIGKILL)
-        assert wait_until_gone(run_dir) == []
+        assert wait_until_gone(job) == []
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 1, out[-3000:]
     summary = read_summary(run_dir)
