@@ -111,3 +111,35 @@ def test_blocks_run_in_process_gives_back_the_callers_logging(tmp_path: Path) ->
         assert "a later record" not in (tmp_path / "run" / "blocks.log").read_text()
     finally:
         root.removeHandler(ours)
+
+
+CUDA_QUERIES = (
+    "is_available",
+    "device_count",
+    "init",
+    "_lazy_init",
+    "current_device",
+    "get_device_properties",
+)
+
+PRELOAD_PROBE = f"""
+import torch.cuda
+queried = []
+for name in {CUDA_QUERIES!r}:
+    setattr(torch.cuda, name, lambda *a, _name=name, **k: queried.append(_name))
+import blocks.launch.forkserver
+print(queried)
+"""
+
+
+def test_the_forkservers_preload_never_touches_cuda() -> None:
+    """torchrun forks GPU workers from the preloaded server: CUDA queried there would fail them all.
+
+    (Querying CUDA arms torch's check that a forked child cannot use it.)
+    """
+    import subprocess
+
+    probe = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
