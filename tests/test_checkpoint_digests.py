@@ -1,4 +1,4 @@
-"""Checkpoint manifests hashed in one pass with BLAKE3; sha256 manifests of earlier versions still verify.
+"""Checkpoint manifests hashed in one pass with XXH3-128; BLAKE3 and sha256 manifests of earlier versions still verify.
 
 Every test writes a tiny checkpoint with the real checkpoint IO plugin (or by hand, as an
 earlier version of blocks did) into a temporary directory, in process.
@@ -15,6 +15,7 @@ from typing import Any
 import blake3
 import pytest
 import torch
+import xxhash
 
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO, HostStager
@@ -51,13 +52,13 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store, "_VERIFIED", {})
 
 
-def test_a_save_records_the_blake3_of_the_bytes_it_wrote(tmp_path: Path) -> None:
+def test_a_save_records_the_xxh3_of_the_bytes_it_wrote(tmp_path: Path) -> None:
     checkpoint = save(tmp_path / "step")
     data = manifest_json(checkpoint)
     entry = data["files"][store.STATE_FILE]
     written = (checkpoint / store.STATE_FILE).read_bytes()
     assert data["format"] == store.FORMAT
-    assert entry == {"size": len(written), "blake3": blake3.blake3(written).hexdigest()}
+    assert entry == {"size": len(written), "xxh3_128": xxhash.xxh3_128(written).hexdigest()}
     assert store.verify(str(checkpoint)).step == 3
 
 
@@ -95,22 +96,33 @@ def test_an_uncommitted_checkpoint_is_refused_before_anything_is_read(tmp_path: 
     assert calls == []
 
 
-def sha256_manifest(checkpoint: Path, *, with_format: bool) -> None:
-    """Rewrite the manifest as blocks wrote it before BLAKE3: format 1, sha256 entries."""
+OLD_MANIFESTS = {
+    "format-1": ("blocks-checkpoint/1", "sha256"),
+    "no-format": (None, "sha256"),  # the earliest manifests had no format field
+    "format-2-sha256": ("blocks-checkpoint/2", "sha256"),
+    "format-2-blake3": ("blocks-checkpoint/2", "blake3"),
+}
+
+
+def old_manifest(
+    checkpoint: Path, version: str | None = "blocks-checkpoint/1", algorithm: str = "sha256"
+) -> None:
+    """Rewrite the manifest as an earlier version of blocks wrote it: format *version*, *algorithm* entries."""
     data = manifest_json(checkpoint)
     written = (checkpoint / store.STATE_FILE).read_bytes()
-    data["files"] = {store.STATE_FILE: {"size": len(written), "sha256": hashlib.sha256(written).hexdigest()}}
-    if with_format:
-        data["format"] = "blocks-checkpoint/1"
+    digest = blake3.blake3(written) if algorithm == "blake3" else hashlib.sha256(written)
+    data["files"] = {store.STATE_FILE: {"size": len(written), algorithm: digest.hexdigest()}}
+    if version is None:
+        del data["format"]
     else:
-        del data["format"]  # the earliest manifests had no format field
+        data["format"] = version
     (checkpoint / store.MANIFEST).write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("with_format", [True, False], ids=["format-1", "no-format"])
-def test_an_old_sha256_manifest_still_verifies_and_loads(tmp_path: Path, with_format: bool) -> None:
+@pytest.mark.parametrize("old", list(OLD_MANIFESTS))
+def test_an_old_manifest_still_verifies_and_loads(tmp_path: Path, old: str) -> None:
     checkpoint = save(tmp_path / "step")
-    sha256_manifest(checkpoint, with_format=with_format)
+    old_manifest(checkpoint, *OLD_MANIFESTS[old])
     assert store.verify(str(checkpoint)).step == 3
     store._VERIFIED.clear()
     loaded = FsspecCheckpointIO().load_checkpoint(str(checkpoint))
@@ -121,21 +133,24 @@ def test_an_old_sha256_manifest_still_verifies_and_loads(tmp_path: Path, with_fo
         store.verify(str(checkpoint))
 
 
-def test_recommitting_an_old_checkpoint_writes_blake3(tmp_path: Path) -> None:
+def test_recommitting_an_old_checkpoint_writes_xxh3(tmp_path: Path) -> None:
     checkpoint = save(tmp_path / "step")
-    sha256_manifest(checkpoint, with_format=True)
+    old_manifest(checkpoint, "blocks-checkpoint/2", "blake3")
     store.commit(str(checkpoint), store.read_manifest(str(checkpoint)))
     data = manifest_json(checkpoint)
-    assert data["format"] == store.FORMAT and "blake3" in data["files"][store.STATE_FILE]
+    assert data["format"] == store.FORMAT and "xxh3_128" in data["files"][store.STATE_FILE]
     assert store.verify(str(checkpoint)).step == 3
 
 
 DIGEST_DAMAGE = {
-    "unknown-algorithm": lambda e, m: e.update(md5=e.pop("blake3")),
+    "unknown-algorithm": lambda e, m: e.update(md5=e.pop("xxh3_128")),
     "two-digests": lambda e, m: e.update(sha256="0" * 64),
-    "no-digest": lambda e, m: e.pop("blake3"),
-    "short-digest": lambda e, m: e.update(blake3="abc"),
-    "blake3-in-format-1": lambda e, m: m.update(format="blocks-checkpoint/1"),
+    "no-digest": lambda e, m: e.pop("xxh3_128"),
+    "short-digest": lambda e, m: e.update(xxh3_128="abc"),
+    "sha256-length-xxh3": lambda e, m: e.update(xxh3_128="0" * 64),
+    "upper-case-digest": lambda e, m: e.update(xxh3_128=e["xxh3_128"].upper()),
+    "xxh3-in-format-2": lambda e, m: m.update(format="blocks-checkpoint/2"),
+    "xxh3-in-format-1": lambda e, m: m.update(format="blocks-checkpoint/1"),
     "unknown-format": lambda e, m: m.update(format="blocks-checkpoint/99"),
 }
 
@@ -191,4 +206,4 @@ def test_the_hashing_reader_hashes_every_byte_once_whatever_the_read_order(tmp_p
         reader.seek(300_000)  # skips bytes never read
         assert reader.read(10) == data[300_000:300_010]
         assert reader.tell() == 300_010
-        assert reader.finish() == (len(data), blake3.blake3(data).hexdigest())
+        assert reader.finish() == (len(data), xxhash.xxh3_128(data).hexdigest())

@@ -65,7 +65,7 @@ MANIFEST_DAMAGE = {
     "step-a-string": lambda m: m.update(step="9"),
     "step-null": lambda m: m.update(step=None),
     "entry-without-size": lambda m: m["files"]["state.pt"].pop("size"),
-    "sha-not-hex": lambda m: m["files"]["state.pt"].update(sha256=12),
+    "digest-not-hex": lambda m: m["files"]["state.pt"].update({store.HASH: 12}),
 }
 
 

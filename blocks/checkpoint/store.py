@@ -2,8 +2,8 @@
 
 A checkpoint is a directory ``step-<N>`` under ``checkpoint.dir``. Its files are written
 first and ``MANIFEST.json`` last; the manifest lists every file with its size and a
-cryptographic digest: BLAKE3 for checkpoints written now, sha256 for those written before
-(each entry names its algorithm, so both verify).
+digest: XXH3-128 for checkpoints written now, BLAKE3 or sha256 for those written by earlier
+versions (each entry names its algorithm, so all verify).
 A directory without a manifest is uncommitted (a save that never finished) and is never
 resumed from or counted for retention; leftovers are removed before a run starts saving, but
 only those carrying :data:`MARKER`, the file blocks writes first into every checkpoint
@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 import blake3
 import fsspec
+import xxhash
 from fsspec.core import url_to_fs
 
 log = logging.getLogger(__name__)
@@ -33,22 +34,32 @@ MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
 """The file every checkpoint holds (the training state, or its non-sharded rest)."""
-FORMAT = "blocks-checkpoint/2"
-"""Written into new manifests: version 2 lets each file entry name its digest algorithm."""
-READABLE_FORMATS = ("blocks-checkpoint/1", FORMAT)
-"""Manifest formats this version verifies (version 1 entries always carry sha256)."""
-HASH = "blake3"
-"""The digest new manifests record: cryptographic, and several times faster than sha256 in CPython."""
-ALGORITHMS = ("blake3", "sha256")
-"""Digest algorithms a manifest entry may name; the entry's key is the algorithm."""
+FORMAT = "blocks-checkpoint/3"
+"""Written into new manifests (version 2 let each file entry name its algorithm; version 3 adds XXH3-128)."""
+HASH = "xxh3_128"
+"""The digest new manifests record.
+
+The manifest guards against torn writes, truncated uploads and bit rot, not against an
+attacker: whoever can rewrite ``state.pt`` can rewrite the manifest beside it, so a
+cryptographic digest would buy nothing here (loading never runs code: ``weights_only``).
+XXH3-128 detects accidental damage as surely and hashes several times faster than BLAKE3.
+"""
+DIGEST_HEX_LENGTHS = {"xxh3_128": 32, "blake3": 64, "sha256": 64}
+"""Digest algorithms a manifest entry may name (the entry's key) and their hex digest lengths."""
+ALGORITHMS_BY_FORMAT = {
+    "blocks-checkpoint/1": ("sha256",),
+    "blocks-checkpoint/2": ("blake3", "sha256"),
+    FORMAT: tuple(DIGEST_HEX_LENGTHS),
+}
+"""Manifest formats this version verifies, each with the algorithms its entries may name."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_HEX256 = re.compile(r"^[0-9a-f]{64}$")
+_HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
 _T = TypeVar("_T")
 
 
 class Hasher(Protocol):
-    """What :func:`new_hasher` returns (hashlib's and blake3's objects both fit)."""
+    """What :func:`new_hasher` returns (hashlib's, blake3's and xxhash's objects all fit)."""
 
     def update(self, data: bytes | bytearray | memoryview, /) -> Any: ...  # noqa: D102
 
@@ -66,12 +77,14 @@ def join(base: str, *parts: str) -> str:
 
 
 def new_hasher(algorithm: str = HASH) -> Hasher:
-    """A fresh digest object for *algorithm* (one of :data:`ALGORITHMS`)."""
+    """A fresh digest object for *algorithm* (a key of :data:`DIGEST_HEX_LENGTHS`)."""
+    if algorithm == "xxh3_128":
+        return xxhash.xxh3_128()
     if algorithm == "blake3":
         return blake3.blake3()
     if algorithm == "sha256":
         return hashlib.sha256()
-    raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+    raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(DIGEST_HEX_LENGTHS)})")
 
 
 def file_digest(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = HASH) -> tuple[int, str]:
@@ -100,7 +113,8 @@ class Manifest:
         block_digests: sha256 of each block that shapes the weights (model, task, data), to
             refuse resuming a different job.
         metrics: metric values at save time (for ``keep_best``).
-        files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM from :data:`ALGORITHMS`).
+        files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM a key of
+            :data:`DIGEST_HEX_LENGTHS`).
         format: the manifest format (:data:`FORMAT` when written by this version).
     """
 
@@ -134,7 +148,7 @@ def validate_manifest(data: Any) -> None:
     """Check parsed manifest JSON against the schema; :class:`ValueError` names the first bad field.
 
     ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, ALGORITHM: hex}``
-    with exactly one algorithm out of :data:`ALGORITHMS` (sha256 in format 1), and it must
+    with exactly one algorithm its format allows (:data:`ALGORITHMS_BY_FORMAT`), and it must
     include ``state.pt``, so a damaged manifest can never turn verification off.
     """
     if not isinstance(data, dict):
@@ -158,10 +172,10 @@ def validate_manifest(data: Any) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()
     ):
         raise ValueError("'metrics' must map metric names to numbers")
-    version = data.get("format", READABLE_FORMATS[0])
-    if version not in READABLE_FORMATS:
-        raise ValueError(f"unknown format {version!r} (expected one of {', '.join(READABLE_FORMATS)})")
-    allowed = ALGORITHMS if version == FORMAT else ("sha256",)
+    version = data.get("format", "blocks-checkpoint/1")  # the earliest manifests had no format field
+    allowed = ALGORITHMS_BY_FORMAT.get(version)
+    if allowed is None:
+        raise ValueError(f"unknown format {version!r} (expected one of {', '.join(ALGORITHMS_BY_FORMAT)})")
     files = data.get("files")
     if not isinstance(files, dict) or not files:
         raise ValueError("'files' must be a non-empty mapping of file → size and digest")
@@ -174,8 +188,11 @@ def validate_manifest(data: Any) -> None:
                 f"'files.{relative}' must hold its size and one digest out of {', '.join(allowed)}, "
                 f"got {', '.join(named) or 'none'}"
             )
-        if not isinstance(entry[named[0]], str) or not _HEX256.match(entry[named[0]]):
-            raise ValueError(f"'files.{relative}.{named[0]}' must be a {named[0]} hex digest")
+        digest, length = entry[named[0]], DIGEST_HEX_LENGTHS[named[0]]
+        if not (isinstance(digest, str) and len(digest) == length and set(digest) <= _HEX_DIGITS):
+            raise ValueError(
+                f"'files.{relative}.{named[0]}' must be a {named[0]} digest ({length} hex digits)"
+            )
     if STATE_FILE not in files:
         raise ValueError(f"'files' does not list {STATE_FILE}")
 
@@ -194,7 +211,7 @@ class CheckpointError(Exception):
 
 def entry_digest(entry: Mapping[str, Any]) -> tuple[str, str]:
     """``(algorithm, hex digest)`` of one validated manifest file entry."""
-    algorithm = next(name for name in ALGORITHMS if name in entry)
+    algorithm = next(name for name in DIGEST_HEX_LENGTHS if name in entry)
     return algorithm, entry[algorithm]
 
 
