@@ -17,6 +17,7 @@ import sys
 PARENT_ENV = "BLOCKS_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+_ON_LINUX = sys.platform.startswith("linux")
 
 WORKER_NAME = "blocks-rank"
 """The process name (``ps -o comm``) of a worker torchrun forked, followed by its global rank."""
@@ -34,10 +35,9 @@ def die_with_parent(*, forked_by_server: bool = False) -> bool:
     and the named process must be the forkserver's parent.
     """
     expected = os.environ.get(PARENT_ENV)
-    if not expected or not sys.platform.startswith("linux"):
+    if not expected or not _ON_LINUX:
         return True
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
     parent = os.getppid()
     if forked_by_server:
         parent = _parent_of(parent)
@@ -63,6 +63,10 @@ def name_process(name: str) -> None:
 
     Workers forked from a forkserver share its command line; the name tells their ranks apart.
     """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    if _ON_LINUX:
+        _prctl(_PR_SET_NAME, name.encode()[:15])
+
+
+def _prctl(option: int, argument: int | bytes) -> None:
+    """``prctl(option, argument)`` of this process (Linux)."""
+    ctypes.CDLL(None).prctl(option, argument, 0, 0, 0)
