@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -209,9 +210,11 @@ def cli_in_process(tmp_path: Path):
 
 
 @contextlib.contextmanager
-def spawned(args: Sequence[str], **kwargs) -> Iterator[subprocess.Popen]:
+def spawned(
+    args: Sequence[str], popen: type[subprocess.Popen] = subprocess.Popen, **kwargs
+) -> Iterator[subprocess.Popen]:
     """A process in its own session; it and everything it started are killed when the block exits."""
-    proc = subprocess.Popen(list(args), start_new_session=True, **kwargs)
+    proc = popen(list(args), start_new_session=True, **kwargs)
     try:
         yield proc
     finally:
@@ -220,24 +223,59 @@ def spawned(args: Sequence[str], **kwargs) -> Iterator[subprocess.Popen]:
         proc.wait(timeout=30)
 
 
+class DrainedPopen(subprocess.Popen):
+    """A text-mode ``Popen`` whose output a thread keeps reading once :meth:`keep_reading` is called.
+
+    A job whose output nobody reads stalls once the pipe is full (64 KiB), and after a kill -9
+    multiprocessing's resource tracker, writing its warnings about the dead workers'
+    semaphores into that pipe, would never exit. :meth:`communicate` returns what was read.
+    """
+
+    _reader: threading.Thread | None = None
+
+    def keep_reading(self) -> None:
+        """Read the rest of the output on a thread from now on."""
+        assert self.stdout is not None
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._lines.extend, args=(self.stdout,), daemon=True)
+        self._reader.start()
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """Wait for the process; its output since :meth:`keep_reading` (all of it if never called)."""
+        if self._reader is None:
+            return super().communicate(input, timeout)
+        self.wait(timeout)
+        self._reader.join(timeout)
+        return "".join(self._lines), None
+
+
 @contextlib.contextmanager
 def blocks_run_until_step(
     args: Sequence[str], *, cwd: Path, step: int, timeout: float = 240
 ) -> Iterator[subprocess.Popen]:
     """Start ``blocks run ARGS`` and yield once its progress reaches optimizer step *step*.
 
-    The process (and every worker it started) is killed when the block exits.
+    From then on a thread reads the output (``proc.communicate()`` returns the rest), so the
+    job never waits on a full pipe. The process (and every worker it started) is killed when
+    the block exits.
     """
     command = [sys.executable, "-m", "blocks", "run", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with spawned(
-        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        command,
+        popen=DrainedPopen,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     ) as proc:
-        assert proc.stdout is not None
+        assert isinstance(proc, DrainedPopen) and proc.stdout is not None
         deadline = time.monotonic() + timeout
         for line in proc.stdout:
             if line.startswith(f"step {step}/") or time.monotonic() > deadline:
                 break
+        proc.keep_reading()
         yield proc
 
 
@@ -273,6 +311,52 @@ def moto_s3_server() -> Iterator[dict[str, str]]:
         yield env
 
 
+@dataclass(frozen=True)
+class ProcessStat:
+    """What ``/proc/PID/stat`` says of a process: its name, state letter and parent."""
+
+    name: bytes
+    state: bytes
+    parent: int
+
+
+def process_stat(pid: int | str) -> ProcessStat | None:
+    """``/proc/PID/stat`` of *pid*, None when the process is gone (a zombie is not gone: state ``Z``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces and ")"
+    return ProcessStat(
+        name=stat[stat.index(b"(") + 1 : stat.rindex(b")")], state=fields[0], parent=int(fields[1])
+    )
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent process id of *pid*, None when it is gone."""
+    stat = process_stat(pid)
+    return None if stat is None else stat.parent
+
+
+def describe_process(pid: int) -> str:
+    """``PID NAME (STATE, parent PPID): COMMAND LINE``, for assertion messages about processes."""
+    stat = process_stat(pid)
+    if stat is None:
+        return f"{pid} (gone)"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        cmdline = "?"
+    return (
+        f"{pid} {stat.name.decode(errors='replace')} ({stat.state.decode()}, parent {stat.parent}): {cmdline}"
+    )
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of *pids* that still run (neither gone nor zombies)."""
+    return [pid for pid in pids if (stat := process_stat(pid)) is not None and stat.state != b"Z"]
+
+
 def job_pids(run_dir: Path, *, workers_only: bool = False) -> list[int]:
     """Live processes of the job in *run_dir*: torchrun, its forkserver and the workers (or the workers only).
 
@@ -286,12 +370,10 @@ def job_pids(run_dir: Path, *, workers_only: bool = False) -> list[int]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-            stat = (entry / "stat").read_bytes()
         except OSError:
             continue
-        name, fields = stat[stat.index(b"(") + 1 : stat.rindex(b")")], stat.rsplit(b")", 1)[1].split()
-        if fields[0] != b"Z":
-            processes[int(entry.name)] = (int(fields[1]), cmdline, name)
+        if (stat := process_stat(entry.name)) is not None and stat.state != b"Z":
+            processes[int(entry.name)] = (stat.parent, cmdline, stat.name)
     job = {
         pid
         for pid, (_, cmdline, _) in processes.items()

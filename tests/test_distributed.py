@@ -25,6 +25,7 @@ from tests.conftest import (
     call_in_fresh_process,
     free_port,
     job_pids,
+    parent_of,
     read_summary,
     run_cli,
     spawned,
@@ -250,10 +251,6 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
     summary = read_summary(run_dir)
     assert summary["status"] == "completed"
     assert summary["restarts"] == 1
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 class GradProbe(pl.Callback):

@@ -17,7 +17,15 @@ from blocks.launch import driver
 from blocks.launch.lifeline import WORKER_NAME
 from blocks.launch.lock import LOCK_FILE, RunDirBusy
 from blocks.spec.errors import BlocksError
-from tests.conftest import blocks_run_until_step, job_pids, read_summary, run_cli, spawned
+from tests.conftest import (
+    alive,
+    blocks_run_until_step,
+    describe_process,
+    job_pids,
+    read_summary,
+    run_cli,
+    spawned,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -39,24 +47,12 @@ def torchrun_pid(run_dir: Path) -> int:
     return pid
 
 
-def wait_until_gone(pids: list[int], patience_s: float = 90) -> list[int]:
-    """Wait for *pids* to end; those still alive (orphans of a killed torchrun are no longer its descendants)."""
+def wait_until_gone(pids: list[int], patience_s: float = 90) -> list[str]:
+    """Wait for *pids* to end; those still alive, described (orphans of a killed torchrun are no longer its descendants)."""
     deadline = time.monotonic() + patience_s
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return alive(pids)
-
-
-def alive(pids: list[int]) -> list[int]:
-    live = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            live.append(pid)
-    return live
+    return [describe_process(pid) for pid in alive(pids)]
 
 
 def snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
