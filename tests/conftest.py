@@ -24,6 +24,15 @@ import pytest
 
 pytest_plugins = ["tests.catalog_fixtures"]
 
+# One intra-op thread per process, in the test workers and every process they start: the suite
+# runs a pytest-xdist worker per core, and most tests start more processes besides. With torch's
+# default of a thread per core, each parallel op waits for its descheduled peer thread (an
+# in-process training test took 166 s instead of 10 s beside two busy processes). Set
+# OMP_NUM_THREADS to override.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN_SIGNS = ("devices=2", "check_ddp", "torchrun", "strategy=ddp", "strategy=fsdp", "nproc")
 """Text in a test (or its parameters) that means it starts several processes through torchrun."""
