@@ -143,3 +143,16 @@ def test_the_forkservers_preload_never_touches_cuda() -> None:
         [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, timeout=300, check=True
     )
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
+
+
+@pytest.mark.parametrize(("devices", "given", "expected"), [(2, None, "1"), (2, "3", "3"), (1, None, None)])
+def test_torchrun_gives_each_of_several_local_workers_one_thread_unless_told(
+    devices: int, given: str | None, expected: str | None
+) -> None:
+    """Set for torchrun before it starts: its forkserver imports torch before torchrun's own defaults apply."""
+    from blocks.core import jobs
+    from blocks.launch.torchrun import torchrun_environment
+
+    plan = jobs.plan(["recipe=blobs", "strategy=ddp", f"trainer.devices={devices}"])
+    environ = {"PATH": "/usr/bin"} | ({"OMP_NUM_THREADS": given} if given else {})
+    assert torchrun_environment(plan, environ).get("OMP_NUM_THREADS") == expected

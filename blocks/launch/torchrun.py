@@ -69,16 +69,20 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
     return [*command, "-m", "blocks.launch.worker", str(run_dir)]
 
 
-def torchrun_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+def torchrun_environment(plan: Plan, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for torchrun.
 
     Workers get their own TCPStore instead of sharing the rendezvous store: with the shared
     store, a restarted round can read the previous round's peer addresses and fail to connect
-    (pytorch/pytorch#135712), which turns every restart into a second failure.
+    (pytorch/pytorch#135712), which turns every restart into a second failure. Several
+    processes on a node get one torch thread each unless ``OMP_NUM_THREADS`` says otherwise,
+    as torchrun would set it, but before torchrun starts: its forkserver imports torch first.
     """
     env = dict(os.environ if environ is None else environ)
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if plan.derived.devices > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
     return children_environment(env)
 
 
@@ -91,7 +95,7 @@ def run_torchrun(run_dir: Path, plan: Plan) -> int:
     """
     on_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(
-        torchrun_command(run_dir, plan), env=torchrun_environment(), start_new_session=on_main_thread
+        torchrun_command(run_dir, plan), env=torchrun_environment(plan), start_new_session=on_main_thread
     )
     forwarded: list[int] = []
 
@@ -124,7 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     exit 1 with torchrun's account of which rank failed how (with the worker's traceback when
     it raised), and no traceback of torchrun's own.
     """
-    import multiprocessing.forkserver
+    if not die_with_parent():
+        os._exit(1)  # an orphan: the driver that started it is gone
+    os.environ.update(children_environment({}))
+    start_forkserver()
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -133,18 +140,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from blocks.launch.worker import forked_worker
 
-    if not die_with_parent():
-        os._exit(1)  # an orphan: the driver that started it is gone
-    os.environ.update(children_environment({}))
     args = get_args_parser().parse_args(argv)
     if args.standalone:  # what torchrun's own ``run`` does for --standalone
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     run_dir = Path(args.training_script_args[-1])
     config, _, _ = config_from_args(args)
-    multiprocessing.set_forkserver_preload(["blocks.launch.forkserver"])
-    # Start it now, from the main thread (the server dies with the thread that started it): its
-    # imports overlap the rendezvous.
-    multiprocessing.forkserver.ensure_running()
     logging.getLogger(ELASTIC_PROCESSES_LOGGER).addFilter(_without_traceback)
     try:
         elastic_launch(config, entrypoint=forked_worker)(str(run_dir))
@@ -155,6 +155,20 @@ def main(argv: list[str] | None = None) -> None:
         write_failures(run_dir, exc)
         print(exc.format_msg(), file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def start_forkserver() -> None:
+    """Start the forkserver the workers fork from, preloading :mod:`blocks.launch.forkserver`.
+
+    Called first thing, from the main thread (the server dies with the thread that started
+    it), before this process imports torch: the server's imports of torch and Lightning
+    overlap torchrun's own and the rendezvous. The server's environment is this process's
+    now, so ``OMP_NUM_THREADS`` must already be set (:func:`torchrun_environment`).
+    """
+    import multiprocessing.forkserver
+
+    multiprocessing.set_forkserver_preload(["blocks.launch.forkserver"])
+    multiprocessing.forkserver.ensure_running()
 
 
 ELASTIC_PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"
