@@ -6,13 +6,11 @@ earlier version of blocks did) into a temporary directory, in process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-import blake3
 import pytest
 import torch
 import xxhash
@@ -110,7 +108,8 @@ def old_manifest(
     """Rewrite the manifest as an earlier version of blocks wrote it: format *version*, *algorithm* entries."""
     data = manifest_json(checkpoint)
     written = (checkpoint / store.STATE_FILE).read_bytes()
-    digest = blake3.blake3(written) if algorithm == "blake3" else hashlib.sha256(written)
+    digest = store.new_hasher(algorithm)
+    digest.update(written)
     data["files"] = {store.STATE_FILE: {"size": len(written), algorithm: digest.hexdigest()}}
     if version is None:
         del data["format"]

@@ -44,7 +44,12 @@ attacker: whoever can rewrite ``state.pt`` can rewrite the manifest beside it, s
 cryptographic digest would buy nothing here (loading never runs code: ``weights_only``).
 XXH3-128 detects accidental damage as surely and hashes several times faster than BLAKE3.
 """
-DIGEST_HEX_LENGTHS = {"xxh3_128": 32, "blake3": 64, "sha256": 64}
+_HASHERS: dict[str, Callable[[], Any]] = {
+    "xxh3_128": xxhash.xxh3_128,
+    "blake3": blake3.blake3,
+    "sha256": hashlib.sha256,
+}
+DIGEST_HEX_LENGTHS = {name: make().digest_size * 2 for name, make in _HASHERS.items()}
 """Digest algorithms a manifest entry may name (the entry's key) and their hex digest lengths."""
 ALGORITHMS_BY_FORMAT = {
     "blocks-checkpoint/1": ("sha256",),
@@ -78,12 +83,8 @@ def join(base: str, *parts: str) -> str:
 
 def new_hasher(algorithm: str = HASH) -> Hasher:
     """A fresh digest object for *algorithm* (a key of :data:`DIGEST_HEX_LENGTHS`)."""
-    if algorithm == "xxh3_128":
-        return xxhash.xxh3_128()
-    if algorithm == "blake3":
-        return blake3.blake3()
-    if algorithm == "sha256":
-        return hashlib.sha256()
+    if algorithm in _HASHERS:
+        return _HASHERS[algorithm]()
     raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(DIGEST_HEX_LENGTHS)})")
 
 
