@@ -17,11 +17,13 @@ import signal
 import string
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from blocks.core import jobs
+from blocks.data.shards.cache import ShardCache
 from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
 from blocks.data.shards.prepare import PrepareOptions, prepare
 from blocks.data.stream import Stream
@@ -235,6 +237,23 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
             progress=False,
         )
         yield fs, url, tmp_path_factory.mktemp("s3work")
+
+
+def test_a_prefetch_that_finishes_at_once_never_deadlocks_the_reader(tmp_path: Path) -> None:
+    """A fetch can finish before its callback is registered: the file appeared (another rank
+    fetched it into the shared cache) or the read failed at once. Its callback then runs in the
+    reader's own thread; if the reader still held the cache lock, training stopped for good (a
+    2-process DDP job from S3 hung until its timeout). A fresh pool starts its thread inside
+    ``submit``, which gives the new thread the first go: most fresh caches finish the fetch there.
+    """
+    for trial in range(20):
+        cache = ShardCache("memory://blocks-nowhere", str(tmp_path / f"cache{trial}"), limit_bytes=10**6)
+        reader = threading.Thread(target=cache.fetch_ahead, args=(["missing.bin"],), daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        assert not reader.is_alive(), f"fetch_ahead deadlocked on fresh cache {trial}"
+        with pytest.raises(FileNotFoundError):
+            cache.path("missing.bin")
 
 
 def test_s3_shards_read_through_a_small_cache_equal_a_local_copy(s3, tmp_path: Path) -> None:

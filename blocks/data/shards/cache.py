@@ -70,6 +70,7 @@ class ShardCache:
         """Start fetching the next shard files in the background (at most ``prefetch`` of them)."""
         if self.local or self.prefetch <= 0:
             return
+        started: dict[str, Future[Path]] = {}
         with self._lock:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
@@ -77,13 +78,16 @@ class ShardCache:
                 self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="blocks-shards")
             for name in names[: self.prefetch]:
                 if name not in self._pending and not self._cached(name):
-                    future = self._pool.submit(self._fetch, name)
-                    self._pending[name] = future
-                    future.add_done_callback(functools.partial(self._done, name))
+                    started[name] = self._pending[name] = self._pool.submit(self._fetch, name)
+        # Outside the lock: a fetch that has already finished (the file appeared meanwhile, or
+        # the read failed) runs its callback right here, and the callback takes the lock.
+        for name, future in started.items():
+            future.add_done_callback(functools.partial(self._done, name))
 
-    def _done(self, name: str, _future: Future[Path]) -> None:
+    def _done(self, name: str, future: Future[Path]) -> None:
         with self._lock:
-            self._pending.pop(name, None)
+            if self._pending.get(name) is future:
+                del self._pending[name]
 
     def _cached(self, name: str) -> bool:
         return (self.root / name).exists()
