@@ -13,6 +13,7 @@ import contextlib
 import csv
 import dataclasses
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -50,7 +51,7 @@ from blocks.launch.torchrun import (
     read_failures,
     run_torchrun,
 )
-from blocks.launch.worker import ATTEMPT_FILE
+from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
 from blocks.spec.errors import BlocksError
 from blocks.spec.imports import refuse_objects
 
@@ -272,6 +273,7 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     if on_ray or needs_launcher(plan):
         for stale in (SUMMARY_FILE, FAILURES_FILE, ATTEMPT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / RANKS_DIR, ignore_errors=True)
         if on_ray:
             from blocks.launch.ray_workers import run_ray
 
@@ -366,11 +368,24 @@ def trained_steps(run_dir: Path, plan: Plan) -> int:
 
 
 def dead_ranks(run_dir: Path) -> str | None:
-    """Which ranks torchrun saw killed by a signal ("rank 1 died (SIGKILL)"), else None."""
-    killed = [f for f in read_failures(run_dir) if f.get("signal") not in (None, "<N/A>")]
-    if not killed:
+    """Which ranks a signal killed ("rank 1 died (SIGKILL)"), else None.
+
+    torchrun reports the first failure it notices: the killed rank, or a peer that exited
+    first on its broken connection. Ranks of the last attempt that never exited are named
+    too (:func:`~blocks.launch.worker.vanished_ranks`), with the signal when torchrun saw it.
+    """
+    deaths = {
+        int(f["rank"]): f"died ({f['signal']})"
+        for f in read_failures(run_dir)
+        if f.get("signal") not in (None, "<N/A>")
+    }
+    for rank in vanished_ranks(run_dir, restarts_done(run_dir)):
+        deaths.setdefault(
+            rank, "died without exiting (killed by a signal: SIGKILL, the OOM killer, or a crash)"
+        )
+    if not deaths:
         return None
-    return ", ".join(f"rank {f['rank']} died ({f['signal']})" for f in killed)
+    return ", ".join(f"rank {rank} {how}" for rank, how in deaths.items())
 
 
 SUMMARY_WAIT_S = 300.0

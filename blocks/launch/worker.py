@@ -7,6 +7,7 @@ what makes sweeps of multi-process jobs and restarts safe.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -196,8 +197,12 @@ def forked_worker(run_dir: str) -> None:
 def _run_process(run_dir: Path) -> int:
     """Train as this process's one job and flush every log; the process's exit status."""
     _record_attempt(run_dir)
-    _log_warnings_to_run_dir(run_dir)
-    code = run_worker(run_dir)
+    _record_rank(run_dir, STARTED)
+    try:
+        _log_warnings_to_run_dir(run_dir)
+        code = run_worker(run_dir)
+    finally:
+        _record_rank(run_dir, EXITED)
     _finalize_mpi()
     logging.shutdown()
     sys.stdout.flush()
@@ -235,6 +240,34 @@ def _record_attempt(run_dir: Path) -> None:
     under_torchrun = "TORCHELASTIC_RESTART_COUNT" in os.environ
     if under_torchrun and os.environ.get("RANK", "0") == "0":
         (run_dir / ATTEMPT_FILE).write_text(str(restart_count()))
+
+
+RANKS_DIR = ".ranks"
+"""One file per torchrun rank of the current attempt: ``<attempt> started``, then ``<attempt> exited``.
+
+A rank that exits in any way Python sees (done, an exception, SIGTERM) records it; one that a
+signal killed (SIGKILL, the OOM killer, a crash in C) stays ``started``. torchrun names only the
+first failure it notices, often a peer's broken connection; this names the rank that died.
+"""
+STARTED, EXITED = "started", "exited"
+
+
+def _record_rank(run_dir: Path, state: str) -> None:
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or "RANK" not in os.environ:
+        return
+    with contextlib.suppress(OSError):
+        (run_dir / RANKS_DIR).mkdir(exist_ok=True)
+        (run_dir / RANKS_DIR / os.environ["RANK"]).write_text(f"{restart_count()} {state}")
+
+
+def vanished_ranks(run_dir: Path, attempt: int) -> list[int]:
+    """Ranks of *attempt* that started and never exited: a signal killed them (see :data:`RANKS_DIR`)."""
+    vanished = []
+    with contextlib.suppress(OSError):
+        for path in (run_dir / RANKS_DIR).iterdir():
+            if path.name.isdigit() and path.read_text().split() == [str(attempt), STARTED]:
+                vanished.append(int(path.name))
+    return sorted(vanished)
 
 
 def _report_user_error(run_dir: Path, error: BlocksError) -> int:
