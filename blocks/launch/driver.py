@@ -375,13 +375,13 @@ def dead_ranks(run_dir: Path) -> str | None:
     too (:func:`~blocks.launch.worker.vanished_ranks`), with the signal when torchrun saw it.
     """
     deaths = {
-        int(f["rank"]): f"died ({f['signal']})"
+        str(f["rank"]): f"died ({f['signal']})"
         for f in read_failures(run_dir)
         if f.get("signal") not in (None, "<N/A>")
     }
     for rank in vanished_ranks(run_dir, restarts_done(run_dir)):
         deaths.setdefault(
-            rank, "died without exiting (killed by a signal: SIGKILL, the OOM killer, or a crash)"
+            str(rank), "died without exiting (killed by a signal: SIGKILL, the OOM killer, or a crash)"
         )
     if not deaths:
         return None

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,7 +180,11 @@ def forked_worker(run_dir: str) -> None:
     """One rank of a torchrun job, forked from the forkserver that preloaded :mod:`blocks.launch.forkserver`.
 
     Exits with the worker's status when it is not 0; torchrun's multiprocessing wrapper ends
-    the process without interpreter finalization.
+    the process without interpreter finalization. After a 0, that wrapper hands the result to
+    torchrun through a pipe and waits until torchrun has read every rank's; a torchrun that is
+    shutting down (it passed on a signal, or another rank failed) never reads them and kills
+    the waiting workers only after 30 s. The result is in the pipe at once, so the process ends
+    :data:`RESULT_HANDOVER_S` later whether or not torchrun read it.
     """
     from lightning_fabric.utilities.rank_zero import rank_zero_only
 
@@ -192,6 +197,13 @@ def forked_worker(run_dir: str) -> None:
     code = _run_process(Path(run_dir))
     if code:
         sys.exit(code)
+    handover = threading.Timer(RESULT_HANDOVER_S, os._exit, args=(0,))
+    handover.daemon = True
+    handover.start()
+
+
+RESULT_HANDOVER_S = 1.0
+"""How long a finished torchrun worker waits for torchrun to read its result before it ends anyway."""
 
 
 def _run_process(run_dir: Path) -> int:
