@@ -134,7 +134,7 @@ def test_a_killed_peer_is_named_even_when_torchrun_sees_the_survivor_fail_first(
     assert [(f["rank"], f["exitcode"]) for f in read_failures(run_dir)] == [(0, 1)]  # the survivor, first
     summary = read_summary(run_dir)
     assert summary["status"] == "failed"
-    assert summary["reason"].startswith("rank 1 died without exiting"), summary["reason"]
+    assert summary["reason"].startswith("rank 1 never exited: a signal ended it"), summary["reason"]
     assert "rank 0" not in summary["reason"].split(";")[0]
 
 

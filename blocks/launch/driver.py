@@ -296,7 +296,7 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
         summary = Summary.read(run_dir)
         dead = dead_ranks(run_dir)
         if summary.status == "failed" and dead:
-            summary.reason = f"{dead}; the other ranks then failed with: {summary.reason}"
+            summary.reason = f"{dead}; the other ranks failed with: {summary.reason}"
             summary.write(run_dir)
         if code not in (0, EXIT_INTERRUPTED) or summary.status != "completed":
             raise JobFailed(f"the job ended with status '{summary.status}': {summary.reason}", summary)
@@ -367,6 +367,12 @@ def trained_steps(run_dir: Path, plan: Plan) -> int:
     return 0
 
 
+NEVER_EXITED = (
+    "never exited: a signal ended it (SIGKILL from the OOM killer or from torchrun stopping a rank "
+    "that did not respond, or a crash)"
+)
+
+
 def dead_ranks(run_dir: Path) -> str | None:
     """Which ranks a signal killed ("rank 1 died (SIGKILL)"), else None.
 
@@ -380,9 +386,7 @@ def dead_ranks(run_dir: Path) -> str | None:
         if f.get("signal") not in (None, "<N/A>")
     }
     for rank in vanished_ranks(run_dir, restarts_done(run_dir)):
-        deaths.setdefault(
-            str(rank), "died without exiting (killed by a signal: SIGKILL, the OOM killer, or a crash)"
-        )
+        deaths.setdefault(str(rank), NEVER_EXITED)
     if not deaths:
         return None
     return ", ".join(f"rank {rank} {how}" for rank, how in deaths.items())
