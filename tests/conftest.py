@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-from tests import preloaded
-
 pytest_plugins = ["tests.catalog_fixtures"]
 
 # One intra-op thread per process, in the test workers and every process they start: the suite
@@ -112,12 +110,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("torchrun"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _preloaded_interpreter_environment() -> None:
-    """The environment ``run_cli``'s preloaded interpreter imports under: the session's, before any test changes it."""
-    preloaded.remember_environment()
-
-
 @dataclass
 class Result:
     """A finished CLI invocation."""
@@ -132,24 +124,10 @@ class Result:
 
 
 def run_cli(
-    args: Sequence[str],
-    *,
-    cwd: Path,
-    timeout: float = 300,
-    env: dict[str, str] | None = None,
-    fresh: bool = False,
+    args: Sequence[str], *, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
 ) -> Result:
-    """Run ``python -m blocks ARGS`` as a user would, without a terminal, in a process of its own.
-
-    The process is forked from an interpreter that already imported torch and Lightning
-    (:mod:`tests.preloaded`), which saves each call ~6 s of CPU, unless the environment differs
-    from the one that interpreter imported under; *fresh* always starts a new interpreter, for
-    a test about what the command imports or how it starts.
-    """
+    """Run ``python -m blocks ARGS`` as a user would, without a terminal."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
-    if not fresh and preloaded.serves(full_env):
-        code, stdout, stderr = preloaded.run_blocks(args, cwd=cwd, env=full_env, timeout=timeout)
-        return Result(code, stdout, stderr)
     proc = subprocess.run(
         [sys.executable, "-m", "blocks", *args],
         cwd=cwd,
@@ -224,10 +202,8 @@ def read_summary(run_dir: Path) -> dict:
 def cli(tmp_path: Path):
     """``cli(*args)`` runs the CLI in a fresh directory."""
 
-    def invoke(
-        *args: str, timeout: float = 300, env: dict[str, str] | None = None, fresh: bool = False
-    ) -> Result:
-        return run_cli(args, cwd=tmp_path, timeout=timeout, env=env, fresh=fresh)
+    def invoke(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Result:
+        return run_cli(args, cwd=tmp_path, timeout=timeout, env=env)
 
     return invoke
 

@@ -7,6 +7,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,14 +17,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
-from tests.conftest import (
-    Result,
-    blocks_run_until_step,
-    moto_s3_server,
-    read_summary,
-    run_cli,
-    run_in_process,
-)
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,9 +32,15 @@ LM = [
 DDP = ["strategy=ddp", "trainer.devices=2", "data.batch_size=8"]
 
 
-def blocks_run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> Result:
-    """``blocks run ARGS`` in a process of its own (:func:`tests.conftest.run_cli`)."""
-    return run_cli(["run", *args], cwd=cwd, env=env)
+def blocks_run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def trained(args: list[str], run_dir: Path) -> dict:

@@ -142,17 +142,7 @@ LAUNCHER_SWEEP = [
 @pytest.mark.slow
 def test_hydra_launcher_plugins_run_the_jobs(cli, tmp_path: Path, launcher: list[str]) -> None:
     sweep = tmp_path / "sweep"
-    # fresh: joblib's loky executor, started inside a process forked from the preloaded
-    # interpreter (tests/preloaded.py), never ran its jobs (the test timed out at 300 s)
-    result = cli(
-        "run",
-        "-m",
-        *launcher,
-        *LAUNCHER_SWEEP,
-        "monitor.progress=off",
-        f"hydra.sweep.dir={sweep}",
-        fresh=True,
-    )
+    result = cli("run", "-m", *launcher, *LAUNCHER_SWEEP, "monitor.progress=off", f"hydra.sweep.dir={sweep}")
     assert result.returncode == 0, result.output
     for job in ("0", "1"):
         summary = read_summary(sweep / job)
