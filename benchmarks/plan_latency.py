@@ -18,6 +18,10 @@ from benchmarks.harness import (
     timed_subprocess,
 )
 from benchmarks.overhead import blocks_overrides, workloads
+from blocks.spec.kinds import KIND_TABLE
+
+HYDRA_FLOOR = REPO / "benchmarks" / "scripts" / "hydra_compose_floor.py"
+"""What any Hydra-based CLI pays before its own work (see the script): the floor under ``blocks plan``."""
 
 SCALE_OUT = [
     "strategy=fsdp",
@@ -47,10 +51,12 @@ def run(quick: bool, root: Path) -> list[Figure]:
     """``blocks plan`` wall time for a 128-GPU FSDP config; ``blocks run`` to its first step vs Lightning."""
     repeats = 3 if quick else 5
     interpreter = interleaved({"python": lambda: timed_subprocess(python("-c", "pass"), root)}, repeats)
+    floor = [str(HYDRA_FLOOR), str(len(KIND_TABLE))]
     plan_times = interleaved(
         {
             "plan": lambda: timed_subprocess(python("-m", "blocks", "plan", *SCALE_OUT), root),
             "default": lambda: timed_subprocess(python("-m", "blocks", "plan"), root),
+            "floor": lambda: timed_subprocess(python(*floor), root),
         },
         repeats,
     )
@@ -69,7 +75,21 @@ def run(quick: bool, root: Path) -> list[Figure]:
             ("plan", "16 nodes x 8 GPUs FSDP", "<= 1"),
         )
     ]
+    floor_s = statistics.median(plan_times["floor"])
     figures += [
+        Figure(
+            "plan",
+            f"floor: a fresh process composing {len(KIND_TABLE)} Hydra groups once and printing a rich panel (wall)",
+            floor_s,
+            "s",
+            detail={"floor_s": rounded(plan_times, 3)["floor"]},
+        ),
+        Figure(
+            "plan",
+            "blocks plan, default recipe, above that floor (wall)",
+            statistics.median(plan_times["default"]) - floor_s,
+            "s",
+        ),
         judged(
             "plan", "blocks plan imports torch or Lightning", float(torch_imported_by_plan(root)), "<= 0", ""
         ),
