@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import pytest
 import pytorch_lightning as pl
 from pytorch_lightning.profilers import PassThroughProfiler
+from torch import nn
 
 from blocks.compat.torch_private import STEP_HOOKS
 from blocks.launch import driver
@@ -61,3 +64,44 @@ def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> N
         if getattr(owners[owner], hook) is getattr(bases[owner], hook)
     ]
     assert not inherited, inherited
+
+
+def _built(tmp_path: Path) -> Any:
+    plan = driver.prepare(
+        ["recipe=blobs", f"trainer.max_steps={STEPS}", "trainer.max_epochs=null", "monitor.progress=off"],
+        tmp_path,
+    )
+    return build_run(plan, tmp_path, console=False)
+
+
+def test_a_step_writes_no_module_attribute_through_nn_module_setattr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning names the running hook on the module ~34 times a step; none goes through ``nn.Module.__setattr__``."""
+    built = _built(tmp_path)
+    writes: Counter[str] = Counter()
+    module_setattr = nn.Module.__setattr__
+
+    def counting(self: nn.Module, name: str, value: Any) -> None:
+        if self is built.module:
+            writes[name] += 1
+        module_setattr(self, name, value)
+
+    monkeypatch.setattr(nn.Module, "__setattr__", counting)
+    built.trainer.fit(built.module, datamodule=built.datamodule)
+    built.recorder.close()
+    assert built.module._current_fx_name is None, "Lightning still names its hooks in _current_fx_name"
+    assert sum(writes.values()) < STEPS, f"per-step writes through nn.Module.__setattr__: {writes}"
+
+
+def test_without_a_profiler_every_hook_call_enters_one_shared_no_op_context(tmp_path: Path) -> None:
+    """Lightning wraps each hook call in ``profiler.profile``; with nothing to profile that costs no new object."""
+    built = _built(tmp_path)
+    profiler = built.trainer.profiler
+    assert isinstance(profiler, PassThroughProfiler)
+    assert profiler.profile("[Callback]a.on_train_batch_end") is profiler.profile(
+        "[LightningModule]b.training_step"
+    )
+    built.trainer.fit(built.module, datamodule=built.datamodule)
+    built.recorder.close()
+    assert built.trainer.global_step == STEPS

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.serialization import DEFAULT_PROTOCOL, _get_storage_alignment, _save
 
 __all__ = [
+    "DirectHookNameWrites",
     "FsspecReader",
     "FsspecWriter",
     "activation_checkpointed",
@@ -130,6 +131,22 @@ def save_without_zip_crc(obj: Any, fh: IO[bytes]) -> None:
         raise
     writer.write_end_of_file()
     fh.flush()
+
+
+class DirectHookNameWrites:
+    """For a ``LightningModule``: Lightning's writes of the running hook's name skip ``nn.Module.__setattr__``.
+
+    Lightning's dispatchers (``trainer.call``) set ``module._current_fx_name`` before and after
+    every hook, callback and strategy hook they call: about 34 writes a training step, each
+    through ``nn.Module.__setattr__``, which checks the value against parameters, submodules and
+    buffers first. A string or None is none of those, so it is written to the instance directly.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_current_fx_name" and (value is None or type(value) is str):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
 
 STEP_HOOKS = (

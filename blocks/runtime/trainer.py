@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -188,10 +189,26 @@ def _micro_batches(steps: int | None, accumulate: int) -> int | None:
     return None if steps is None else steps * accumulate
 
 
-def _profiler(name: str, run_dir: Path) -> pl.profilers.Profiler | None:
-    """Lightning's profiler *name*, writing its report into ``<run dir>/profiler``."""
+class NoProfiler(pl.profilers.PassThroughProfiler):
+    """Lightning's default profiler, which profiles nothing, without a context manager made per hook call.
+
+    Lightning wraps every hook it dispatches in ``trainer.profiler.profile(name)``; the base
+    class builds a generator-based context manager for each, about 40 a training step, to call
+    the pass-through ``start`` and ``stop``. This one hands out one shared no-op context.
+    """
+
+    def profile(self, action_name: str) -> contextlib.nullcontext[None]:  # type: ignore[override]
+        """A context that does nothing (the same one every time)."""
+        return _NOTHING
+
+
+_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def _profiler(name: str, run_dir: Path) -> pl.profilers.Profiler:
+    """Lightning's profiler *name*, writing its report into ``<run dir>/profiler``; :class:`NoProfiler` for none."""
     if not name:
-        return None
+        return NoProfiler()
     classes = {
         "simple": pl.profilers.SimpleProfiler,
         "advanced": pl.profilers.AdvancedProfiler,
