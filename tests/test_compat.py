@@ -203,8 +203,9 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
 
     seen: list[int] = []
     handled: list[object] = []
+    hook_names: list[object] = []
 
-    class Tiny(pl.LightningModule):
+    class Tiny(torch_private.DirectHookNameWrites, pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(2, 1)
@@ -212,6 +213,7 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
         def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
             seen.append(torch_private.processed_micro_batches(self.trainer))
             handled.append(signal.getsignal(signal.SIGTERM))
+            hook_names.append(vars(self).get("_current_fx_name"))  # written by the dispatcher, directly
             return self.layer(batch[0]).sum()
 
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
@@ -231,6 +233,7 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     assert seen == [0, 1, 2]
     assert handled and all(h is handler for h in handled)
+    assert hook_names == ["training_step"] * 3  # Lightning names the running hook in _current_fx_name
 
 
 def test_hydra_completion_answers_a_group_and_its_options() -> None:
