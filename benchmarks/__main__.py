@@ -108,9 +108,16 @@ def _cpus() -> int:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import version
+    """Installed versions; ``not installed`` for one imported from a source tree (a GPU machine's checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {name: version(name) for name in ("torch", "pytorch-lightning", "hydra-core", "blocks")}
+    found = {}
+    for name in ("torch", "pytorch-lightning", "hydra-core", "blocks"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
 
 
 if __name__ == "__main__":
