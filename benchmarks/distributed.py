@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python, rounded
+from benchmarks.harness import REPO, Figure, interleaved, judged, median_ratio, python, rounded, with_checkout
 
 LOG_EVERY = 10
 SIZES = {"d_model": 128, "layers": 4, "heads": 4, "seq": 64, "batch": 16}
@@ -78,7 +78,7 @@ def raw(mode: str, steps: int, vocab: int, root: Path) -> float:
         *sizes,
     ]
     proc = subprocess.run(
-        args, cwd=root, capture_output=True, text=True, env={**os.environ, **THREADS, "PYTHONPATH": str(REPO)}
+        args, cwd=root, capture_output=True, text=True, env=with_checkout({**os.environ, **THREADS})
     )
     if proc.returncode != 0:
         raise RuntimeError(f"raw {mode} loop failed:\n{proc.stderr[-3000:]}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, Figure, python
+from benchmarks.harness import Figure, python, with_checkout
 
 BUDGET_S = 7 * 60
 """Seconds after which no new configuration starts (the suite must end within 8 minutes)."""
@@ -158,14 +158,13 @@ def _blocks_run(args: list[str], run_dir: Path, root: Path, timeout: float) -> t
             text=True,
             timeout=timeout,
             check=False,
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            },
+            env=with_checkout(os.environ),
         )
     except subprocess.TimeoutExpired as exc:
-        output = b"".join(part for part in (exc.stdout, exc.stderr) if isinstance(part, bytes)).decode(
-            errors="replace"
+        output = "".join(
+            part.decode(errors="replace") if isinstance(part, bytes) else part
+            for part in (exc.stdout, exc.stderr)
+            if part
         )
         return {}, f"timed out after {timeout:.0f} s (the time budget)\n{output[-2000:]}"
     summary = run_dir / "summary.json"

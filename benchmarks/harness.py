@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -88,3 +89,8 @@ def timed_subprocess(args: Sequence[str], cwd: Path, env: Mapping[str, str] | No
 def python(*args: str) -> list[str]:
     """A command line running this interpreter."""
     return [sys.executable, *args]
+
+
+def with_checkout(env: Mapping[str, str]) -> dict[str, str]:
+    """*env* with this checkout first on ``PYTHONPATH``: child processes import it even where it is not installed."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}

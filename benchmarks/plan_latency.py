@@ -48,7 +48,7 @@ def torch_imported_by_plan(cwd: Path) -> bool:
 
 
 def run(quick: bool, root: Path) -> list[Figure]:
-    """``blocks plan`` wall time for a 128-GPU FSDP config; ``blocks run`` to its first step vs Lightning."""
+    """``blocks plan`` wall time (default recipe, 128-GPU FSDP) and its Hydra floor; ``blocks run`` to its first step vs Lightning."""
     repeats = 3 if quick else 5
     interpreter = interleaved({"python": lambda: timed_subprocess(python("-c", "pass"), root)}, repeats)
     floor = [str(HYDRA_FLOOR), str(len(KIND_TABLE))]
@@ -82,7 +82,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
             f"floor: a fresh process composing {len(KIND_TABLE)} Hydra groups once and printing a rich panel (wall)",
             floor_s,
             "s",
-            detail={"floor_s": rounded(plan_times, 3)["floor"]},
+            detail={"floor_s": [round(v, 3) for v in plan_times["floor"]]},
         ),
         Figure(
             "plan",

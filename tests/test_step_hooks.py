@@ -34,12 +34,17 @@ class CountingProfiler(PassThroughProfiler):
         self.actions[action_name] += 1
 
 
-def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> None:
+def _built(tmp_path: Path) -> Any:
+    """The ``blobs`` recipe built for :data:`STEPS` steps, not yet fitted."""
     plan = driver.prepare(
         ["recipe=blobs", f"trainer.max_steps={STEPS}", "trainer.max_epochs=null", "monitor.progress=off"],
         tmp_path,
     )
-    built = build_run(plan, tmp_path, console=False)
+    return build_run(plan, tmp_path, console=False)
+
+
+def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> None:
+    built = _built(tmp_path)
     profiler = CountingProfiler()
     built.trainer.profiler = profiler
     built.trainer.fit(built.module, datamodule=built.datamodule)
@@ -64,14 +69,6 @@ def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> N
         if getattr(owners[owner], hook) is getattr(bases[owner], hook)
     ]
     assert not inherited, inherited
-
-
-def _built(tmp_path: Path) -> Any:
-    plan = driver.prepare(
-        ["recipe=blobs", f"trainer.max_steps={STEPS}", "trainer.max_epochs=null", "monitor.progress=off"],
-        tmp_path,
-    )
-    return build_run(plan, tmp_path, console=False)
 
 
 def test_a_step_writes_no_module_attribute_through_nn_module_setattr(
