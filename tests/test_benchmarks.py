@@ -60,3 +60,56 @@ def test_gpu_suite_plans_every_configuration_without_a_gpu() -> None:
                 assert any(line.startswith(f"{size} {precision} {mode}:") for line in lines), proc.stdout
     millions = [int(line.split(": ")[1].split("M parameters")[0]) for line in lines if "M parameters" in line]
     assert 100 < min(millions) < 150 and 800 < max(millions) < 1300, proc.stdout
+
+
+def test_gpu_suite_runs_the_judged_configurations_first() -> None:
+    """A slow compile past the time budget skips the least informative runs, not the 1B compiled ones."""
+    from benchmarks import gpu
+
+    first_two = gpu.configs()[:2]
+    assert [c.size.label for c in first_two] == ["1B", "1B"] and all(c.compiled for c in first_two)
+    assert len(gpu.configs()) == len(set(gpu.configs())) == 8
+
+
+def test_a_gpu_run_cut_off_by_the_budget_is_reported_not_raised(tmp_path: Path) -> None:
+    """A ``blocks run`` past its time-out is a failed row; the suite goes on and writes the others."""
+    from benchmarks import gpu
+
+    summary, error = gpu._blocks_run(["recipe=blobs"], tmp_path / "run", tmp_path, timeout=0.2)
+    assert summary == {} and error.startswith("timed out after 0 s")
+
+
+def test_benchmark_metadata_names_a_package_that_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU machine's checkout runs ``blocks`` from source: the results are still written."""
+    import importlib.metadata
+
+    from benchmarks.__main__ import _versions
+
+    installed = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "blocks":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    versions = _versions()
+    assert versions["blocks"] == "not installed" and versions["torch"].startswith("2.")
+
+
+@pytest.mark.slow
+def test_the_gpu_suites_resume_run_resumes_from_its_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpointed configuration's second run resumes (on CPU, with a tiny decoder in place of the GPU sizes)."""
+    from benchmarks import gpu
+
+    tiny = gpu.Size("tiny", d_model=32, n_layers=2, n_heads=2, seq_len=32, batch_size=4, steps=4)
+    monkeypatch.setattr(gpu, "SIZES", (tiny,))
+    on_gpu = gpu.overrides
+    monkeypatch.setattr(
+        gpu, "overrides", lambda *a, **k: [o.replace("=gpu", "=cpu") for o in on_gpu(*a, **k)]
+    )
+    result = gpu.one_run(gpu.Config(tiny, gpu.PRECISIONS[0], compiled=False), tmp_path, timeout=300)
+    assert "error" not in result, result
+    assert result["resumed_from"] and result["resumed_from"].endswith("step-000000004"), result
