@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from blocks.core import jobs
 from blocks.launch import driver
+from blocks.launch.worker import vanished_ranks
 from blocks.runtime.trainer import build_run
 from tests.conftest import (
     blocks_run_until_step,
@@ -380,7 +381,11 @@ def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(tmp_path: Path) -> None:
-    """Rank 1 stops (injected); rank 0's next gradient all-reduce gives up after strategy.collective_timeout_s."""
+    """Rank 1 stops (injected); rank 0's next gradient all-reduce gives up after strategy.collective_timeout_s.
+
+    torchrun then stops rank 1 and kills it after trainer.shutdown_grace_s, not after torchrun's
+    own 30 s: stalled for 20 s, rank 1 would otherwise wake up and exit by itself.
+    """
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = run_cli(
@@ -392,10 +397,11 @@ def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(t
             "strategy.collective_timeout_s=5",
             "monitor.stall_timeout_s=600",  # the watchdog (which hosts the injection hook) must not fire first
             "monitor.progress=off",
+            "trainer.shutdown_grace_s=2",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
-        env={"BLOCKS_FAULT_STALL": "1:3:600"},
+        env={"BLOCKS_FAULT_STALL": "1:3:20"},
         timeout=300,
     )
     elapsed = time.monotonic() - started
@@ -405,4 +411,5 @@ def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(t
     assert "collective operation timed out after strategy.collective_timeout_s=5s" in summary["reason"]
     assert summary["global_step"] <= 4
     assert not (run_dir / "stacks").exists(), "the collective timeout, not the stall watchdog, ended the job"
+    assert vanished_ranks(run_dir, 0) == [1], "rank 1 was killed within the grace, before its stall ended"
     assert elapsed < 240, "the job must fail soon after the timeout, not wait for the stalled rank"

@@ -45,6 +45,7 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
         "blocks.launch.torchrun",
         f"--nproc-per-node={derived.devices}",
         f"--max-restarts={plan.trainer.max_failures}",
+        f"--shutdown-timeout={plan.trainer.shutdown_grace_s}",
         "--start-method=forkserver",
     ]
     if derived.nodes == 1:

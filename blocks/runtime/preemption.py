@@ -12,8 +12,11 @@ different points of the loop.
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -33,12 +36,16 @@ class Preempted(SIGTERMException):
 class Preemption(pl.Callback):
     """Turns SIGTERM/SIGINT into a synchronized stop at an optimizer-step boundary.
 
-    A second SIGINT (Ctrl-C twice) interrupts at once, without the synchronized stop.
+    A second SIGINT (Ctrl-C twice) interrupts at once, without the synchronized stop. A
+    process that has not ended *grace_s* seconds after the first signal (``trainer.shutdown_grace_s``)
+    ends itself: a rank stuck in a hang, or waiting for a peer that failed, never reaches the
+    next step boundary, and torchrun would wait 30 s before killing it whatever the job asked.
     """
 
-    def __init__(self, accumulate: int, every_n_steps: int = 1) -> None:
+    def __init__(self, accumulate: int, every_n_steps: int = 1, grace_s: float | None = None) -> None:
         self.accumulate = accumulate
         self.every = max(1, every_n_steps)
+        self.grace_s = grace_s
         self.received: int = 0
         self.stopped_by: str | None = None
 
@@ -56,6 +63,10 @@ class Preemption(pl.Callback):
                 f"blocks: {signal.Signals(signum).name} received; stopping after this step and saving a checkpoint\n"
             )
             sys.stderr.flush()
+            if self.grace_s is not None:
+                deadline = threading.Timer(self.grace_s, _end_overdue, (signum, self.grace_s))
+                deadline.daemon = True
+                deadline.start()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -75,6 +86,22 @@ class Preemption(pl.Callback):
         if signum:
             self.stopped_by = signal.Signals(signum).name
             raise Preempted(f"{self.stopped_by} stopped training at step {trainer.global_step}")
+
+
+def _end_overdue(signum: int, grace_s: float) -> None:
+    """End this process: it was still running *grace_s* seconds after signal *signum*.
+
+    Called from a timer thread while the main thread is stuck (in a collective whose peer is
+    gone, or in the hang that made a peer give up): raising here would end only the timer
+    thread, so the process ends itself, with the status of a process *signum* killed.
+    """
+    sys.stderr.write(
+        f"blocks: still running {grace_s:g}s after {signal.Signals(signum).name} "
+        f"(trainer.shutdown_grace_s={grace_s:g}); ending the process\n"
+    )
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(128 + signum)
 
 
 def agreed(value: int, device: torch.device) -> int:

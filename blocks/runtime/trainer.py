@@ -134,7 +134,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         recorder.stall_clock = lambda: checkpointer.stall_s
     users = build_callbacks(list(trainer_block.callbacks))
     callbacks += users  # after blocks' own: they see this step's metrics
-    preemption = Preemption(derived.accumulate, monitor.log_every_n_steps)
+    preemption = Preemption(derived.accumulate, monitor.log_every_n_steps, plan.trainer.shutdown_grace_s)
     callbacks.append(preemption)
     callbacks.append(
         recorder.batch_end_marker()
