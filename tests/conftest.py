@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.catalog_fixtures"]
+pytest_plugins = ["tests.catalog_fixtures", "pytester"]
 
 # One intra-op thread per process, in the test workers and every process they start: the suite
 # runs a pytest-xdist worker per core, and most tests start more processes besides. With torch's

@@ -224,3 +224,11 @@ def test_a_block_that_fails_to_train_in_process_is_named_with_its_error(
 def test_the_fixture_binds_the_kit_to_a_directory(blocks_kit, tmp_path: Path) -> None:  # noqa: F811
     assert blocks_kit.workdir == tmp_path
     assert blocks_kit.check_plan("optim", "sgd").blocks["optim"].block_name == "sgd"
+
+
+@pytest.mark.parametrize("ini", ["", "blocks_kit_in_process = true"])
+def test_the_ini_option_makes_the_fixture_train_in_process(ini: str, pytester: pytest.Pytester) -> None:
+    """A package's pytest configuration chooses in-process training for the ``blocks_kit`` fixture."""
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile(f"def test_kit(blocks_kit):\n    assert blocks_kit.in_process is {bool(ini)}\n")
+    pytester.runpytest_inprocess().assert_outcomes(passed=1)

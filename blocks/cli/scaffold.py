@@ -33,6 +33,10 @@ $namespace = "$module"
 
 [tool.hatch.build.targets.wheel]
 packages = ["src/$module"]
+
+[tool.pytest.ini_options]
+# blocks' conformance kit trains in pytest's own process (no interpreter start per run)
+blocks_kit_in_process = true
 """
 
 README = """\

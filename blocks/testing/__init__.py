@@ -366,21 +366,29 @@ def check_block(
     overrides: Sequence[str] = (),
     recipe: str | None = None,
     ddp: bool = True,
+    in_process: bool = False,
 ) -> None:
-    """Every check of the kit for one block."""
+    """Every check of the kit for one block (*in_process*: see :func:`check_training`)."""
     check_config_round_trip(kind, name, overrides)
     check_plan(kind, name, overrides, recipe)
     check_listing(kind, name)
-    check_training(kind, name, workdir, overrides, recipe)
+    check_training(kind, name, workdir, overrides, recipe, in_process=in_process)
     if ddp:
         check_ddp(kind, name, workdir, overrides, recipe)
 
 
 @dataclass(frozen=True)
 class Kit:
-    """The checks bound to a working directory (what the ``blocks_kit`` fixture gives a test)."""
+    """The checks bound to a working directory (what the ``blocks_kit`` fixture gives a test).
+
+    Attributes:
+        workdir: where the checks' runs write their run dirs.
+        in_process: :func:`check_training` trains in this process instead of in ``blocks run``
+            subprocesses (the pytest ini option ``blocks_kit_in_process = true``).
+    """
 
     workdir: Path
+    in_process: bool = False
 
     def check_config_round_trip(self, kind: str, name: str, overrides: Sequence[str] = ()) -> None:
         """See :func:`check_config_round_trip`."""
@@ -396,7 +404,7 @@ class Kit:
         self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None
     ) -> None:
         """See :func:`check_training`."""
-        check_training(kind, name, self.workdir, overrides, recipe)
+        check_training(kind, name, self.workdir, overrides, recipe, in_process=self.in_process)
 
     def check_ddp(
         self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None
@@ -412,7 +420,7 @@ class Kit:
         self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None, ddp: bool = True
     ) -> None:
         """See :func:`check_block`."""
-        check_block(kind, name, self.workdir, overrides, recipe, ddp)
+        check_block(kind, name, self.workdir, overrides, recipe, ddp, in_process=self.in_process)
 
 
 __all__ = [
