@@ -198,6 +198,31 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+FSDP_LM = [
+    "recipe=tiny_lm",
+    "trainer.val_every=null",
+    "strategy=fsdp",
+    "trainer.devices=2",
+    "data.batch_size=8",
+    "checkpoint.every_n_steps=4",
+    "monitor.progress=off",
+]
+"""tiny_lm under FSDP on two processes with a sharded checkpoint every 4 steps (the FSDP checkpoint tests)."""
+
+
+@pytest.fixture(scope="session")
+def fsdp_sync_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of :data:`FSDP_LM` trained 8 steps with synchronous saves (checkpoints at steps 4 and 8).
+
+    Shared by the FSDP async-save and save/resume/reshard tests, both in the ``torchrun`` group
+    (so on one pytest-xdist worker): read it, copy what a test would change.
+    """
+    run_dir = tmp_path_factory.mktemp("fsdp-sync") / "run"
+    result = run_cli(["run", *FSDP_LM, "trainer.max_steps=8", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert result.returncode == 0, result.output[-3000:]
+    return run_dir
+
+
 @pytest.fixture
 def cli(tmp_path: Path):
     """``cli(*args)`` runs the CLI in a fresh directory."""

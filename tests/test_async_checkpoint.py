@@ -13,6 +13,7 @@ from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
 from blocks.checkpoint import store
 from blocks.launch import driver
+from tests.conftest import FSDP_LM
 from tests.test_checkpoint import LM, blocks_run, digest_of_uninterrupted, read_summary, run_and_kill_at
 
 WRITE_DELAY_S = 0.6
@@ -121,41 +122,32 @@ def test_kill_9_during_async_saves_and_rerun_reaches_the_uninterrupted_digest(tm
 
 
 @pytest.mark.slow
-def test_fsdp_async_save_commits_shards_and_matches_sync(tmp_path: Path) -> None:
-    fsdp = [
-        "recipe=tiny_lm",
-        "trainer.val_every=null",
-        "strategy=fsdp",
-        "trainer.devices=2",
-        "data.batch_size=8",
-        "trainer.max_steps=6",
-        "checkpoint.every_n_steps=2",
-        "monitor.progress=off",
-    ]
-    runs = {}
-    for mode in ("false", "true"):
-        run_dir = tmp_path / f"async-{mode}"
-        result = blocks_run([*fsdp, f"checkpoint.async_save={mode}", f"hydra.run.dir={run_dir}"], tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        runs[mode] = read_summary(run_dir)
-        committed, uncommitted = store.scan(str(run_dir / "checkpoints"))
-        assert [c.manifest.step for c in committed] == [4, 6] and not uncommitted
+@pytest.mark.xdist_group("torchrun")  # with the FSDP save/resume test, which shares fsdp_sync_run
+def test_fsdp_async_save_commits_shards_and_matches_sync(fsdp_sync_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "async"
+    result = blocks_run(
+        [*FSDP_LM, "trainer.max_steps=8", "checkpoint.async_save=true", f"hydra.run.dir={run_dir}"], tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for saved in (fsdp_sync_run, run_dir):
+        committed, uncommitted = store.scan(str(saved / "checkpoints"))
+        assert [c.manifest.step for c in committed] == [4, 8] and not uncommitted
         assert all(c.manifest.sharded for c in committed)
         store.verify(committed[-1].url)
-    assert runs["true"]["state_digest"] == runs["false"]["state_digest"]
+    assert read_summary(run_dir)["state_digest"] == read_summary(fsdp_sync_run)["state_digest"]
     resumed = tmp_path / "resumed"
     result = blocks_run(
         [
-            *fsdp,
+            *FSDP_LM,
             "checkpoint.async_save=true",
-            "trainer.max_steps=8",
-            f"checkpoint.resume={tmp_path / 'async-true' / 'checkpoints' / store.step_dir_name(6)}",
+            "trainer.max_steps=10",
+            f"checkpoint.resume={run_dir / 'checkpoints' / store.step_dir_name(8)}",
             f"hydra.run.dir={resumed}",
         ],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert read_summary(resumed)["global_step"] == 8
+    assert read_summary(resumed)["global_step"] == 10
 
 
 def test_an_async_save_with_nothing_in_flight_stalls_only_for_the_copy(

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
-from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_in_process
+from tests.conftest import FSDP_LM, blocks_run_until_step, moto_s3_server, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -223,45 +223,20 @@ def test_a_checkpoint_carrying_pickled_code_is_refused(cli_in_process, tmp_path:
 
 
 @pytest.mark.slow
-def test_fsdp_save_on_two_resume_on_two_and_load_on_one(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("torchrun")  # with the async-save test, which shares fsdp_sync_run
+def test_fsdp_save_on_two_resume_on_two_and_load_on_one(fsdp_sync_run: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    fsdp = [
-        "recipe=tiny_lm",
-        "trainer.val_every=null",
-        "checkpoint.every_n_steps=4",
-        f"checkpoint.dir={ckpt}",
-        "strategy=fsdp",
-        "monitor.progress=off",
-    ]
-    first = blocks_run(
-        [
-            *fsdp,
-            "trainer.devices=2",
-            "data.batch_size=8",
-            "trainer.max_steps=8",
-            f"hydra.run.dir={tmp_path / 'a'}",
-        ],
-        tmp_path,
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(fsdp_sync_run / "checkpoints", ckpt)  # saved by 2 processes at steps 4 and 8
+    fsdp = [*FSDP_LM, f"checkpoint.dir={ckpt}"]
     committed, _ = store.scan(str(ckpt))
     assert committed[-1].manifest.sharded and committed[-1].manifest.world_size == 2
     assert any(p.name.endswith(".distcp") for p in Path(committed[-1].url, "dcp").iterdir())
     exported = checkpoint_weights(committed[-1].url)
-    final = load_file(str(tmp_path / "a" / "model.safetensors"))
+    final = load_file(str(fsdp_sync_run / "model.safetensors"))
     assert sorted(exported) == sorted(final)
     for name, tensor in final.items():
         torch.testing.assert_close(exported[name], tensor)
-    second = blocks_run(
-        [
-            *fsdp,
-            "trainer.devices=2",
-            "data.batch_size=8",
-            "trainer.max_steps=12",
-            f"hydra.run.dir={tmp_path / 'b'}",
-        ],
-        tmp_path,
-    )
+    second = blocks_run([*fsdp, "trainer.max_steps=12", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert read_summary(tmp_path / "b")["resumed_from"].endswith(store.step_dir_name(8))
     single = blocks_run(
