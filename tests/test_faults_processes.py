@@ -21,6 +21,7 @@ from blocks.spec.errors import BlocksError
 from tests.conftest import (
     alive,
     blocks_run_until_step,
+    call_in_fresh_process,
     describe_process,
     job_pids,
     read_summary,
@@ -303,3 +304,33 @@ def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> N
     assert driver.run(args, tmp_path / "run").status == "completed"
     log = (tmp_path / "run" / "blocks.log").read_text()
     assert "[rank 0]" in log and "differed across ranks" in log
+
+
+def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str) -> str:
+    """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace."""
+    import threading
+
+    def signal_once_training() -> None:
+        while not (Path(run_dir) / "metrics.csv").exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_training, daemon=True).start()
+    args = [
+        "recipe=blobs",
+        "trainer.max_steps=100000",
+        "trainer.max_epochs=null",
+        "monitor.log_every_n_steps=1",
+    ]
+    try:
+        driver.run([*args, "monitor.progress=off", "trainer.shutdown_grace_s=1"], Path(run_dir))
+    except driver.JobFailed as stopped:
+        time.sleep(2.5)  # past trainer.shutdown_grace_s: the stopped run must not end this process
+        return str(stopped)
+    return "not stopped"
+
+
+def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(tmp_path: Path) -> None:
+    """Regression: the grace timer of a SIGTERM'd in-process run killed the notebook that ran it, seconds later."""
+    outcome = call_in_fresh_process(stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path))
+    assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome

@@ -88,6 +88,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
             if console and plan.monitor.progress != "off":
                 _print_summary(summary)
         _shut_down_process_group(wait_for_peers=summary.status == "completed")
+        if built.preemption is not None:
+            built.preemption.disarm()
     return summary
 
 

@@ -48,6 +48,7 @@ class Preemption(pl.Callback):
         self.grace_s = grace_s
         self.received: int = 0
         self.stopped_by: str | None = None
+        self._deadline: threading.Timer | None = None
 
     def install(self, trainer: pl.Trainer) -> None:
         """Replace Lightning's signal handling on *trainer* by this flag."""
@@ -64,9 +65,14 @@ class Preemption(pl.Callback):
             )
             sys.stderr.flush()
             if self.grace_s is not None:
-                deadline = threading.Timer(self.grace_s, _end_overdue, (signum, self.grace_s))
-                deadline.daemon = True
-                deadline.start()
+                self._deadline = threading.Timer(self.grace_s, _end_overdue, (signum, self.grace_s))
+                self._deadline.daemon = True
+                self._deadline.start()
+
+    def disarm(self) -> None:
+        """The run is over: a process that goes on (``blocks.launch.driver.run`` in a notebook) is not ended."""
+        if self._deadline is not None:
+            self._deadline.cancel()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
