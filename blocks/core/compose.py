@@ -291,7 +291,8 @@ def translate_compose_error(
             key = problem.key or override
             if key in CROSS_KIND_GROUPS and _key_of(override).startswith(f"{key}."):
                 return ConfigError(_preset_group_key_problem(_key_of(override)))
-            return ConfigError(_unknown_key_problem(key, known_keys))
+            own = _keys_of_the_failing_block(cause)
+            return ConfigError(_unknown_key_problem(key, own if key.partition(".")[0] in own else known_keys))
         if override and "=" in override:
             value = override.split("=", 1)[1]
             problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
@@ -370,6 +371,22 @@ def _preset_group_key_problem(key: str) -> Problem:
         "directly, e.g. trainer.max_steps=5",
         check="unknown-key",
     )
+
+
+def _keys_of_the_failing_block(error: OmegaConfBaseException) -> dict[str, list[str]]:
+    """``{kind: keys}`` of the block node an unknown key was set on, read from the error itself.
+
+    OmegaConf's error carries the node the key is missing from and its dataclass: when that is
+    a block (``model.widht`` on a transformer), its keys need no second composition. Empty
+    for any other node (a nested field, the root config), which the composing lookup answers.
+    """
+    parent, owner = error.parent_node, error.object_type
+    group, dot, field = str(error.full_key or "").partition(".")
+    if not (dot and field and "." not in field and "[" not in field and group in KINDS):
+        return {}
+    if not (isinstance(parent, DictConfig) and isinstance(owner, type) and issubclass(owner, Block)):
+        return {}
+    return {group: [str(key) for key in parent if key != BLOCK_KEY]}
 
 
 def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> Problem:
