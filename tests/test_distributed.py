@@ -383,8 +383,8 @@ def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
 def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(tmp_path: Path) -> None:
     """Rank 1 stops (injected); rank 0's next gradient all-reduce gives up after strategy.collective_timeout_s.
 
-    torchrun then stops rank 1 and kills it after trainer.shutdown_grace_s, not after torchrun's
-    own 30 s: stalled for 20 s, rank 1 would otherwise wake up and exit by itself.
+    torchrun then sends rank 1 SIGTERM, and rank 1 ends itself after trainer.shutdown_grace_s,
+    not after torchrun's own 30 s: stalled for 20 s, it would otherwise wake up and exit normally.
     """
     run_dir = tmp_path / "run"
     started = time.monotonic()

@@ -43,10 +43,11 @@ class TrainerBlock(Block):
         val_every: validate every N optimizer steps; null validates at the end of each epoch.
             The end of training is always validated.
         max_failures: restarts after a failure before the job gives up.
-        shutdown_grace_s: seconds a worker gets to save and exit after SIGTERM (a preemption,
-            or torchrun stopping the survivors of a failed worker) before it is killed;
-            torchrun's ``--shutdown-timeout``. Raise it when the checkpoint taken on SIGTERM
-            needs longer to write; lower it to restart sooner after a rank hangs.
+        shutdown_grace_s: seconds a worker gets to save and exit after SIGTERM or Ctrl-C (a
+            preemption, or torchrun stopping the survivors of a failed worker); one still
+            running then ends itself (torchrun's ``--shutdown-timeout`` too). Raise it when the
+            checkpoint taken on SIGTERM needs longer to write; lower it to restart sooner after
+            a rank hangs.
         launcher: what starts the workers: ``torchrun`` (one ``blocks run`` per node) or
             ``ray`` (every node's workers as actors on the Ray cluster at ``$RAY_ADDRESS``, or
             on a local Ray instance; needs ``pip install 'blocks[ray]'``).
@@ -123,7 +124,7 @@ class Trainer(TrainerBlock):
         ctx.positive("nodes", self.nodes)
         ctx.positive("val_every", self.val_every)
         ctx.positive("max_failures", self.max_failures, allow_zero=True)
-        ctx.positive("shutdown_grace_s", self.shutdown_grace_s, allow_zero=True)
+        ctx.positive("shutdown_grace_s", self.shutdown_grace_s)
         ctx.positive("device_memory_gb", self.device_memory_gb)
         ctx.positive("overfit_batches", self.overfit_batches, allow_zero=True)
         ctx.positive("limit_train_batches", self.limit_train_batches)
