@@ -125,7 +125,7 @@ def run(quick: bool, root: Path) -> list[Figure]:
         ),
         judged(
             "checkpoints",
-            f"resume: verified load ({store.HASH} while reading, once + weights_only) / torch.load",
+            f"resume: verified load ({store.HASH} hashed once, beside the load) / torch.load",
             median_ratio(loads["blocks"], loads["torch"]),
             "<= 1.2",
             **rounded(loads, 3, "_load_s"),

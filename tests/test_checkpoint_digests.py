@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,63 @@ def test_the_hashing_reader_hashes_every_byte_once_whatever_the_read_order(tmp_p
         assert reader.read(10) == data[300_000:300_010]
         assert reader.tell() == 300_010
         assert reader.finish() == (len(data), xxhash.xxh3_128(data).hexdigest())
+
+
+WAIT_S = 10
+"""How long one side waits for the other in the overlap tests before calling it sequential."""
+
+
+def test_a_local_state_is_hashed_on_another_thread_while_it_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each side waits for the other to have started: sequential hashing and loading cannot pass."""
+    checkpoint = save(tmp_path / "step")
+    loading, hashed = threading.Event(), threading.Event()
+    digest = store.file_digest
+
+    def hash_while_loading(fs: Any, path: str, algorithm: str = store.HASH) -> tuple[int, str]:
+        assert loading.wait(WAIT_S), "the hash started only after the load"
+        result = digest(fs, path, algorithm)
+        hashed.set()
+        return result
+
+    def load(fh: Any) -> Any:
+        loading.set()
+        assert hashed.wait(WAIT_S), "the load waited for no hash beside it"
+        return torch.load(fh, weights_only=True)
+
+    monkeypatch.setattr(store, "file_digest", hash_while_loading)
+    loaded = store.load_verified(str(checkpoint), load)
+    assert loaded["global_step"] == 3
+    store._VERIFIED.clear()
+    flip_a_byte(checkpoint / store.STATE_FILE)
+    loading.clear(), hashed.clear()
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        store.load_verified(str(checkpoint), load)
+
+
+def test_the_files_of_a_checkpoint_are_hashed_several_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Committing and verifying a checkpoint of several files (a sharded one) hashes them on parallel threads."""
+    checkpoint = save(tmp_path / "step")
+    for shard in range(3):
+        (checkpoint / f"shard-{shard}.distcp").write_bytes(os.urandom(4096))
+    together = threading.Barrier(2, timeout=WAIT_S)  # a second file's hash must start before the first ends
+    digest = store.file_digest
+
+    def hash_beside_another(fs: Any, path: str, algorithm: str = store.HASH) -> tuple[int, str]:
+        together.wait()
+        return digest(fs, path, algorithm)
+
+    monkeypatch.setattr(store, "file_digest", hash_beside_another)
+    manifest = store.commit(str(checkpoint), store.read_manifest(str(checkpoint)))
+    assert len(manifest.files) == 4
+    store._VERIFIED.clear()
+    together.reset()
+    assert store.verify(str(checkpoint)).files == manifest.files
+    store._VERIFIED.clear()
+    flip_a_byte(checkpoint / "shard-1.distcp")
+    together.reset()
+    with pytest.raises(store.CheckpointError, match=r"shard-1\.distcp does not match the manifest"):
+        store.verify(str(checkpoint))

@@ -14,11 +14,14 @@ match its digest: resume skips it and falls back to an older one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -26,6 +29,7 @@ import blake3
 import fsspec
 import xxhash
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,10 @@ ALGORITHMS_BY_FORMAT = {
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
+_HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
+"""Files hashed at once: xxhash, hashlib and file reads release the GIL, so each thread uses a core
+(and an object store's latency overlaps).
+"""
 _T = TypeVar("_T")
 
 
@@ -250,13 +258,21 @@ def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | 
     (with :data:`HASH`, as :class:`HashingWriter` does).
     """
     fs, root = url_to_fs(url)
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(fs.find(root)):
-        relative = path[len(root.rstrip("/")) + 1 :]
-        if relative in (MANIFEST, MARKER):
-            continue
-        size, sha = (known or {}).get(relative) or file_digest(fs, path)
-        files[relative] = {"size": size, HASH: sha}
+    known = known or {}
+    paths = {path[len(root.rstrip("/")) + 1 :]: path for path in sorted(fs.find(root))}
+    relatives = [relative for relative in paths if relative not in (MANIFEST, MARKER)]
+    digests = _concurrently(
+        [
+            functools.partial(known.__getitem__, relative)
+            if relative in known
+            else functools.partial(file_digest, fs, paths[relative])
+            for relative in relatives
+        ]
+    )
+    files = {
+        relative: {"size": size, HASH: digest}
+        for relative, (size, digest) in zip(relatives, digests, strict=True)
+    }
     final = Manifest(**{**manifest.__dict__, "files": files, "format": FORMAT})
     with fs.open(join(root, MANIFEST), "w") as fh:
         fh.write(final.to_json())
@@ -327,12 +343,25 @@ def verify(url: str) -> Manifest:
 
     Each file is hashed at most once per process: a file whose size and modification time (or
     ETag) are unchanged since this process found it matching is not read again (the driver's,
-    the worker's and the loader's checks of one resume share one read).
+    the worker's and the loader's checks of one resume share one read). The files of a sharded
+    checkpoint are hashed several at a time.
     """
     manifest = read_manifest(url)
-    for relative in manifest.files:
-        _FileCheck(url, manifest, relative).run()
+    _run_checks([_FileCheck(url, manifest, relative) for relative in manifest.files])
     return manifest
+
+
+def _run_checks(checks: list[_FileCheck]) -> None:
+    """Hash the files of *checks* not known good, several at once; the first mismatch in order is raised."""
+    _concurrently([check.run for check in checks if not check.known_good])
+
+
+def _concurrently(calls: list[Callable[[], _T]]) -> list[_T]:
+    """The results of *calls* in order, up to :data:`_HASH_THREADS` running at once; the first error in order is raised."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(len(calls), _HASH_THREADS), thread_name_prefix="blocks-hash") as pool:
+        return [running.result() for running in [pool.submit(call) for call in calls]]
 
 
 class _FileCheck:
@@ -448,20 +477,24 @@ class HashingReader:
 def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     """``load(state_file)`` once every file of *url* matches its manifest, reading ``state.pt`` once.
 
-    The other files are verified first. ``state.pt`` is hashed while *load* reads it (through
-    a :class:`HashingReader`, then the bytes it skipped), so a fresh process reads it once,
-    not once to hash and once to load. A mismatch raises :class:`CheckpointError`, also when
+    The other files are verified first. ``state.pt`` is hashed while *load* reads it: on a
+    local file system by a second thread that reads the file beside the load (the hash costs
+    no time next to the load where a core is free), elsewhere through a
+    :class:`HashingReader` (then the bytes it skipped), so an object store is read once, not
+    once to hash and once to load. A mismatch raises :class:`CheckpointError`, also when
     *load* itself failed on the damaged file; nothing *load* returned is handed out
     unverified. *load* must only read (it may see a corrupt file).
     """
     manifest = read_manifest(url)
-    for relative in manifest.files:
-        if relative != STATE_FILE:
-            _FileCheck(url, manifest, relative).run()
+    _run_checks(
+        [_FileCheck(url, manifest, relative) for relative in manifest.files if relative != STATE_FILE]
+    )
     check = _FileCheck(url, manifest, STATE_FILE)
     with check.fs.open(check.path, "rb") as fh:
         if check.known_good:
             return load(fh)
+        if isinstance(check.fs, LocalFileSystem):
+            return _load_beside_the_hash(check, fh, load)
         reader = HashingReader(fh, new_hasher(check.algorithm))
         try:
             result = load(reader)  # type: ignore[arg-type]  # a seekable binary file
@@ -469,6 +502,19 @@ def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
             check.judge(*reader.finish())  # a mismatch explains the failure: raise it instead
             raise
         check.judge(*reader.finish())
+    return result
+
+
+def _load_beside_the_hash(check: _FileCheck, fh: BinaryIO, load: Callable[[BinaryIO], _T]) -> _T:
+    """``load(fh)`` while another thread hashes the same local file; the result once the digest matches."""
+    with ThreadPoolExecutor(1, thread_name_prefix="blocks-hash") as pool:
+        hashed = pool.submit(file_digest, check.fs, check.path, check.algorithm)
+        try:
+            result = load(fh)
+        except Exception:
+            check.judge(*hashed.result())  # a mismatch explains the failure: raise it instead
+            raise
+        check.judge(*hashed.result())
     return result
 
 
