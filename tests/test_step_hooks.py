@@ -102,3 +102,32 @@ def test_without_a_profiler_every_hook_call_enters_one_shared_no_op_context(tmp_
     built.trainer.fit(built.module, datamodule=built.datamodule)
     built.recorder.close()
     assert built.trainer.global_step == STEPS
+
+
+def test_training_step_signature_is_read_once_not_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning asks ``inspect`` before every batch whether ``training_step`` takes ``batch_idx``."""
+    import inspect
+
+    built = _built(tmp_path)
+    readings: list[str] = []
+    getfullargspec = inspect.getfullargspec
+
+    def counting(func: Any) -> inspect.FullArgSpec:
+        readings.append(getattr(func, "__name__", repr(func)))
+        return getfullargspec(func)
+
+    monkeypatch.setattr(inspect, "getfullargspec", counting)
+    seen: list[int] = []
+    training_step = built.module.training_step
+
+    def recording(batch: Any, batch_idx: int) -> Any:
+        seen.append(batch_idx)
+        return training_step(batch, batch_idx)
+
+    built.module.training_step = recording  # type: ignore[method-assign]
+    built.trainer.fit(built.module, datamodule=built.datamodule)
+    built.recorder.close()
+    assert seen == list(range(len(seen))) and len(seen) == STEPS, "training_step gets each batch_idx"
+    assert sum(name in ("training_step", "recording") for name in readings) < STEPS, readings

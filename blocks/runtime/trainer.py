@@ -16,7 +16,11 @@ import pytorch_lightning as pl
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
-from blocks.compat.torch_private import drop_inherited_step_hooks, skip_automatic_hyperparameters
+from blocks.compat.torch_private import (
+    drop_inherited_step_hooks,
+    read_step_signature_once,
+    skip_automatic_hyperparameters,
+)
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
@@ -174,6 +178,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         callbacks=callbacks,
     )
     skip_automatic_hyperparameters(module, datamodule)  # the loggers got the whole config above
+    read_step_signature_once(trainer, module)
     preemption.install(trainer)
     return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
 
