@@ -236,6 +236,70 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     assert hook_names == ["training_step"] * 3  # Lightning names the running hook in _current_fx_name
 
 
+BATCH_HOOK_OWNERS = ("nobody", "module", "datamodule")
+
+
+@pytest.mark.parametrize("owner", BATCH_HOOK_OWNERS)
+def test_a_batch_reaches_the_step_through_the_batch_hooks_only_when_one_is_overridden(
+    tmp_path: Path, owner: str
+) -> None:
+    """Lightning's three batch hooks cost three dispatches a step; they are skipped only while no one overrides them."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.profilers import PassThroughProfiler
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from blocks.compat import torch_private
+
+    class CountingProfiler(PassThroughProfiler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.actions: list[str] = []
+
+        def start(self, action_name: str) -> None:
+            self.actions.append(action_name)
+
+    def doubled(batch: Any, dataloader_idx: int) -> Any:
+        return [batch[0] * 2]
+
+    stepped: list[torch.Tensor] = []
+
+    class Tiny(torch_private.DirectBatchTransfer, pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            stepped.append(batch[0])
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Doubling(Tiny):
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            return doubled(batch, dataloader_idx)
+
+    inputs = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self) -> Any:
+            return DataLoader(TensorDataset(inputs), batch_size=2)
+
+    class DoublingData(Data):
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            return doubled(batch, dataloader_idx)
+
+    profiler = CountingProfiler()
+    trainer = quiet_trainer(max_steps=3, logger=False, default_root_dir=str(tmp_path), profiler=profiler)
+    module = Doubling() if owner == "module" else Tiny()
+    trainer.fit(module, datamodule=DoublingData() if owner == "datamodule" else Data())
+    expected = inputs if owner == "nobody" else inputs * 2
+    assert torch.equal(torch.cat(stepped), expected)
+    dispatched = [action for action in profiler.actions if action.endswith(torch_private.BATCH_HOOKS)]
+    assert len(dispatched) == (0 if owner == "nobody" else 3 * len(torch_private.BATCH_HOOKS)), dispatched
+
+
 def test_hydra_completion_answers_a_group_and_its_options() -> None:
     from hydra import initialize
     from hydra.core.global_hydra import GlobalHydra

@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.profilers import PassThroughProfiler
 from torch import nn
 
-from blocks.compat.torch_private import STEP_HOOKS
+from blocks.compat.torch_private import BATCH_HOOKS, STEP_HOOKS
 from blocks.launch import driver
 from blocks.runtime.trainer import build_run
 
@@ -69,6 +69,8 @@ def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> N
         if getattr(owners[owner], hook) is getattr(bases[owner], hook)
     ]
     assert not inherited, inherited
+    batch_hooks = [action for action in profiler.actions if action.endswith(BATCH_HOOKS)]
+    assert not batch_hooks, f"blocks overrides no batch hook, yet Lightning dispatched {batch_hooks}"
 
 
 def test_a_step_writes_no_module_attribute_through_nn_module_setattr(

@@ -8,7 +8,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from blocks.compat.torch_private import DirectHookNameWrites
+from blocks.compat.torch_private import DirectBatchTransfer, DirectHookNameWrites
 from blocks.data.base import BatchSpec
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock
@@ -16,7 +16,7 @@ from blocks.runtime.init import initialize
 from blocks.task.base import TaskBlock
 
 
-class BlocksModule(DirectHookNameWrites, pl.LightningModule):
+class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule):
     """Trains ``model`` on ``task``'s loss with ``optim``; validation metrics come from the task.
 
     Training steps return the loss and log nothing: the metrics callback reads the loss from
