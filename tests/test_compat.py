@@ -170,14 +170,14 @@ def test_dcp_round_trip_through_the_fsspec_reader_and_writer(tmp_path: Path) -> 
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from blocks.compat import torch_private
+    from blocks.compat import dcp_private
 
     state = {"model": {"w": torch.arange(4.0)}, "step": 3}
-    dcp.save(state, storage_writer=torch_private.FsspecWriter(str(tmp_path)), no_dist=True)
-    reader = torch_private.FsspecReader(str(tmp_path))
-    assert str(torch_private.dcp_metadata_path(reader, None)).endswith("/.metadata")
-    assert Path(str(torch_private.dcp_metadata_path(reader, None))).exists()
-    loaded = torch_private.dcp_load_everything(torch_private.FsspecReader(str(tmp_path)))
+    dcp.save(state, storage_writer=dcp_private.FsspecWriter(str(tmp_path)), no_dist=True)
+    reader = dcp_private.FsspecReader(str(tmp_path))
+    assert str(dcp_private.dcp_metadata_path(reader, None)).endswith("/.metadata")
+    assert Path(str(dcp_private.dcp_metadata_path(reader, None))).exists()
+    loaded = dcp_private.dcp_load_everything(dcp_private.FsspecReader(str(tmp_path)))
     assert torch.equal(loaded["model"]["w"], torch.arange(4.0)) and loaded["step"] == 3
 
 

@@ -518,7 +518,7 @@ def test_honest_checkpoints_still_load(honest: dict[str, Path], tmp_path: Path) 
 
 def test_the_metadata_path_compat_function_matches_torch(tmp_path: Path) -> None:
     from blocks.checkpoint.safe_dcp import SafeFsspecReader
-    from blocks.compat.torch_private import dcp_metadata_path as metadata_path
+    from blocks.compat.dcp_private import dcp_metadata_path as metadata_path
 
     reader = SafeFsspecReader(str(tmp_path))
     assert str(metadata_path(reader, None)).endswith("/.metadata")

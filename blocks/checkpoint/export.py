@@ -22,7 +22,7 @@ def checkpoint_weights(url: str) -> dict[str, torch.Tensor]:
     if manifest.sharded:
         from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
         from blocks.checkpoint.sharded import SHARDS_DIR
-        from blocks.compat.torch_private import dcp_load_everything
+        from blocks.compat.dcp_private import dcp_load_everything
 
         check_sharded(url)
         state = dcp_load_everything(SafeFsspecReader(store.join(url, SHARDS_DIR)))["model"]

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from blocks.checkpoint.io import UnsafeCheckpointError
-from blocks.compat.torch_private import FsspecReader, dcp_metadata_path
+from blocks.compat.dcp_private import FsspecReader, dcp_metadata_path
 
 METADATA_MODULE = dcp_metadata.__name__
 EXTRA_GLOBALS = frozenset(

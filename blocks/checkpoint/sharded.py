@@ -31,7 +31,7 @@ from blocks.checkpoint import store
 from blocks.checkpoint.io import STATE_FILE, FsspecCheckpointIO, load_state, write_state
 from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
 from blocks.checkpoint.storage import storage_errors
-from blocks.compat.torch_private import FsspecWriter
+from blocks.compat.dcp_private import FsspecWriter
 
 SHARDS_DIR = "dcp"
 

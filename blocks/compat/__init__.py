@@ -6,7 +6,8 @@ else in ``blocks`` may (``tests/test_compat.py`` greps for it), and that test pi
 behaviour each helper relies on, so an upgrade that changes one fails one test instead of a
 user's job.
 
-Two modules, one per layer: :mod:`blocks.compat.hydra_private` is torch-free (the spec layer
+One module per layer: :mod:`blocks.compat.hydra_private` is torch-free (the spec layer
 composes configs with it); :mod:`blocks.compat.torch_private` imports torch and Lightning
-(the build and checkpoint code use it).
+(the build and checkpoint code use it); :mod:`blocks.compat.dcp_private` holds
+torch.distributed.checkpoint's, imported only by sharded checkpoints.
 """

@@ -1,4 +1,4 @@
-"""torch and Lightning internals behind one seam; see :mod:`blocks.compat`."""
+"""torch and Lightning internals behind one seam; see :mod:`blocks.compat` (DCP's are in :mod:`blocks.compat.dcp_private`)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,12 @@ from pytorch_lightning.utilities.model_helpers import is_overridden
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.serialization import DEFAULT_PROTOCOL, _get_storage_alignment, _save
 
 __all__ = [
     "DirectBatchTransfer",
     "DirectHookNameWrites",
-    "FsspecReader",
-    "FsspecWriter",
     "activation_checkpointed",
-    "dcp_load_everything",
-    "dcp_metadata_path",
     "drop_inherited_step_hooks",
     "processed_micro_batches",
     "read_step_signature_once",
@@ -40,26 +33,6 @@ __all__ = [
     "set_found_inf",
     "skip_automatic_hyperparameters",
 ]
-# FsspecReader, FsspecWriter: DCP's storage reader and writer for any fsspec URL; torch exports
-# only the local-path FileSystemReader/Writer.
-
-
-def dcp_metadata_path(reader: FsspecReader, rank: int | None) -> Any:
-    """Where a DCP fsspec *reader* finds the ``.metadata`` file (``FsspecReader._get_metadata_path``)."""
-    return reader._get_metadata_path(rank)
-
-
-def dcp_load_everything(storage_reader: FsspecReader) -> dict[str, Any]:
-    """Every entry of a DCP checkpoint, in one process without a process group.
-
-    The same call as torch's public ``dcp_to_torch_save``, which only reads local paths:
-    ``_load_state_dict`` with ``_EmptyStateDictLoadPlanner`` and ``no_dist=True``.
-    """
-    loaded: dict[str, Any] = {}
-    _load_state_dict(
-        loaded, storage_reader=storage_reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True
-    )
-    return loaded
 
 
 def activation_checkpointed(layer: nn.Module) -> nn.Module:
