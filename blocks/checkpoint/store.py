@@ -493,28 +493,22 @@ def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     with check.fs.open(check.path, "rb") as fh:
         if check.known_good:
             return load(fh)
-        if isinstance(check.fs, LocalFileSystem):
-            return _load_beside_the_hash(check, fh, load)
-        reader = HashingReader(fh, new_hasher(check.algorithm))
-        try:
-            result = load(reader)  # type: ignore[arg-type]  # a seekable binary file
-        except Exception:
-            check.judge(*reader.finish())  # a mismatch explains the failure: raise it instead
-            raise
-        check.judge(*reader.finish())
-    return result
+        if not isinstance(check.fs, LocalFileSystem):
+            reader = HashingReader(fh, new_hasher(check.algorithm))
+            return _judged(check, lambda: load(reader), reader.finish)  # type: ignore[arg-type]
+        with ThreadPoolExecutor(1, thread_name_prefix="blocks-hash") as pool:  # hash beside the load
+            hashed = pool.submit(file_digest, check.fs, check.path, check.algorithm)
+            return _judged(check, lambda: load(fh), hashed.result)
 
 
-def _load_beside_the_hash(check: _FileCheck, fh: BinaryIO, load: Callable[[BinaryIO], _T]) -> _T:
-    """``load(fh)`` while another thread hashes the same local file; the result once the digest matches."""
-    with ThreadPoolExecutor(1, thread_name_prefix="blocks-hash") as pool:
-        hashed = pool.submit(file_digest, check.fs, check.path, check.algorithm)
-        try:
-            result = load(fh)
-        except Exception:
-            check.judge(*hashed.result())  # a mismatch explains the failure: raise it instead
-            raise
-        check.judge(*hashed.result())
+def _judged(check: _FileCheck, load: Callable[[], _T], digest: Callable[[], tuple[int, str]]) -> _T:
+    """``load()``, handed out once *digest* matches *check*; a mismatch is raised also when the load failed."""
+    try:
+        result = load()
+    except Exception:
+        check.judge(*digest())  # a mismatch explains the failure: raise it instead
+        raise
+    check.judge(*digest())
     return result
 
 
