@@ -174,6 +174,30 @@ def test_any_fsspec_url_is_a_corpus() -> None:
     assert p.derived.train_samples == (int(24000 * 0.9) - 1) // 64
 
 
+@pytest.mark.parametrize("prefix", ["", "file://"])
+def test_a_local_corpus_lists_and_reads_as_fsspec_would(tmp_path, prefix) -> None:
+    import fsspec
+
+    from blocks.data import corpus
+
+    for name, text in {
+        "a.txt": "alpha",
+        "sub/b.txt": "beta",
+        "sub/deeper/c.txt": "gamma",
+        "d.md": "no",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "sub" / "dir.txt").mkdir()  # matches the glob, is not a file
+    url = f"{prefix}{tmp_path}/**/*.txt"
+    fs, _, paths = fsspec.get_fs_token_paths(url)
+    expected = sorted(p for p in paths if fs.isfile(p))
+
+    assert list(corpus.corpus_files(url)) == expected
+    assert corpus.corpus_bytes(url) == b"\n".join(fs.cat_file(p) for p in expected)
+    assert corpus.corpus_size_bytes(url) == len(corpus.corpus_bytes(url)) == len("alpha\nbeta\ngamma")
+
+
 def test_char_level_vocabulary_comes_from_the_corpus(tmp_path) -> None:
     (tmp_path / "a.txt").write_text("abcabc" * 3000)
     p = plan(f"data.path={tmp_path}/a.txt", "data.level=char", "data.seq_len=32", "model.context=32")

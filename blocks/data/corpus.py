@@ -1,15 +1,25 @@
-"""Finding and reading the text files of a corpus through fsspec (torch-free)."""
+"""Finding and reading the text files of a corpus (torch-free).
+
+Local paths and globs are read with the standard library, so that planning a run on local text
+does not import fsspec; any other URL (``s3://``, ``memory://``, ...) goes through fsspec.
+"""
 
 from __future__ import annotations
 
 import functools
+import glob
+import os
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import fsspec
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 DEFAULT_CORPUS_PACKAGE = "email"
 """The standard-library package whose sources form the default corpus: on every machine, no download."""
+
+_LOCAL_PREFIX = "file://"
 
 
 def default_corpus_glob() -> str:
@@ -18,26 +28,47 @@ def default_corpus_glob() -> str:
     return str(stdlib / DEFAULT_CORPUS_PACKAGE / "**" / "*.py")
 
 
+def _local_pattern(url: str) -> str | None:
+    """The absolute local path or glob *url* names, or None when it names another file system."""
+    if url.startswith(_LOCAL_PREFIX):
+        url = url[len(_LOCAL_PREFIX) :]
+    elif "://" in url or url.startswith("::"):
+        return None
+    return os.path.abspath(os.path.expanduser(url))
+
+
 @functools.lru_cache(maxsize=16)
-def corpus_files(url: str) -> tuple[fsspec.AbstractFileSystem, tuple[str, ...]]:
-    """The file system and the sorted files a URL or glob names (empty tuple when none match)."""
-    fs, _, paths = fsspec.get_fs_token_paths(url or default_corpus_glob())
-    files = tuple(sorted(p for p in paths if fs.isfile(p)))
-    return fs, files
+def _listing(url: str) -> tuple[AbstractFileSystem | None, tuple[str, ...]]:
+    """The file system (None: local) and the sorted files a URL or glob names."""
+    local = _local_pattern(url or default_corpus_glob())
+    if local is not None:
+        return None, tuple(sorted(p for p in glob.glob(local, recursive=True) if os.path.isfile(p)))
+    import fsspec
+
+    fs, _, paths = fsspec.get_fs_token_paths(url)
+    return fs, tuple(sorted(p for p in paths if fs.isfile(p)))
+
+
+def corpus_files(url: str) -> tuple[str, ...]:
+    """The sorted files a URL or glob names (empty tuple when none match)."""
+    return _listing(url)[1]
 
 
 def corpus_size_bytes(url: str) -> int:
     """Total bytes of the corpus, with one separator byte between files."""
-    fs, files = corpus_files(url)
+    fs, files = _listing(url)
     if not files:
         return 0
-    return sum(int(fs.size(f)) for f in files) + len(files) - 1
+    sizes = (os.path.getsize(f) for f in files) if fs is None else (int(fs.size(f)) for f in files)
+    return sum(sizes) + len(files) - 1
 
 
 @functools.lru_cache(maxsize=4)
 def corpus_bytes(url: str) -> bytes:
     """The whole corpus as bytes, files joined by a newline in sorted path order."""
-    fs, files = corpus_files(url)
+    fs, files = _listing(url)
+    if fs is None:
+        return b"\n".join(Path(f).read_bytes() for f in files)
     return b"\n".join(fs.cat_file(f) for f in files)
 
 

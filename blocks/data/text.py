@@ -79,7 +79,7 @@ class Text(DataBlock):
         ctx.positive("seq_len", self.seq_len)
         ctx.within("val_fraction", self.val_fraction, 0, 1)
         try:
-            _, files = corpus.corpus_files(self.path)
+            files = corpus.corpus_files(self.path)
         except Exception as exc:
             ctx.error(
                 "path",
