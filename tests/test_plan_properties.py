@@ -138,8 +138,12 @@ def _assert_names_keys(problems: typing.Sequence[typing.Any], where: str) -> Non
             assert problem.fix, f"{where}: an error has no fix: {problem}"
 
 
+EXAMPLES = int(os.environ.get("BLOCKS_PROPERTY_EXAMPLES", "60"))
+"""Drawn override sets per run: each costs a composition per bad override (~0.5 s here); raise it to search longer."""
+
+
 @settings(
-    max_examples=150,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
