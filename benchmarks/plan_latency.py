@@ -10,6 +10,7 @@ from pathlib import Path
 from benchmarks.harness import (
     REPO,
     Figure,
+    compile_bytecode,
     interleaved,
     judged,
     median_ratio,
@@ -50,6 +51,7 @@ def torch_imported_by_plan(cwd: Path) -> bool:
 def run(quick: bool, root: Path) -> list[Figure]:
     """``blocks plan`` wall time (default recipe, 128-GPU FSDP) and its Hydra floor; ``blocks run`` to its first step vs Lightning."""
     repeats = 3 if quick else 5
+    compile_bytecode()
     interpreter = interleaved({"python": lambda: timed_subprocess(python("-c", "pass"), root)}, repeats)
     floor = [str(HYDRA_FLOOR), str(len(KIND_TABLE))]
     plan_times = interleaved(
