@@ -137,3 +137,26 @@ def test_an_existing_module_and_lightning_code_train_through_adapters(
         "trainer.max_epochs=1",
     )
     assert wrong.returncode != 0 and "data.train_samples=192" in wrong.output
+
+
+def test_the_pyproject_is_parsed_once_per_content_and_followed_on_every_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tomllib
+
+    parsed: list[str] = []
+    real_loads = tomllib.loads
+    monkeypatch.setattr(tomllib, "loads", lambda text: parsed.append(text) or real_loads(text))
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.blocks]\nallow_imports = ["tests.legacy_team"]\n')
+    for _ in range(3):  # a plan resolves several import paths, each asking for the prefixes
+        assert allowed_prefixes(tmp_path) == ("tests.legacy_team",)
+    assert len(parsed) == 1
+    pyproject.write_text('[tool.blocks]\nallow_imports = ["tests.legacy_tean"]\n')  # same size, same tick
+    assert allowed_prefixes(tmp_path) == ("tests.legacy_tean",)
+    pyproject.write_text("[tool.blocks]\n")
+    assert allowed_prefixes(tmp_path) == ()
+    pyproject.write_text("[tool.blocks]\nallow_imports = 3\n")
+    for _ in range(2):  # a broken file is an error every time, not only the first
+        with pytest.raises(ConfigError, match="allow_imports must be a list"):
+            allowed_prefixes(tmp_path)

@@ -25,6 +25,7 @@ package is refused as well.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -226,14 +227,26 @@ def nearest_pyproject(start: Path) -> Path | None:
     return None
 
 
-def _pyproject_prefixes(path: Path) -> list[str]:
+def _pyproject_prefixes(path: Path) -> tuple[str, ...]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            Problem("tool.blocks.allow_imports", f"{path} could not be read: {exc}", f"correct {path}")
+        ) from None
+    return _allow_imports_of(text, str(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _allow_imports_of(text: str, path: str) -> tuple[str, ...]:
+    """``[tool.blocks] allow_imports`` of a pyproject's *text*: parsed once per content, not once per import path."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = tomllib.loads(text)
+    except ValueError as exc:
         raise ConfigError(
             Problem("tool.blocks.allow_imports", f"{path} could not be read: {exc}", f"correct {path}")
         ) from None
@@ -246,7 +259,7 @@ def _pyproject_prefixes(path: Path) -> list[str]:
                 'allow_imports = ["mylab"]',
             )
         )
-    return value
+    return tuple(value)
 
 
 def _under(path: str, prefixes: Sequence[str]) -> str | None:
