@@ -231,10 +231,14 @@ def _pyproject_prefixes(path: Path) -> tuple[str, ...]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(
-            Problem("tool.blocks.allow_imports", f"{path} could not be read: {exc}", f"correct {path}")
-        ) from None
+        raise _unreadable(str(path), exc) from None
     return _allow_imports_of(text, str(path))
+
+
+def _unreadable(path: str, exc: Exception) -> ConfigError:
+    return ConfigError(
+        Problem("tool.blocks.allow_imports", f"{path} could not be read: {exc}", f"correct {path}")
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -247,9 +251,7 @@ def _allow_imports_of(text: str, path: str) -> tuple[str, ...]:
     try:
         data = tomllib.loads(text)
     except ValueError as exc:
-        raise ConfigError(
-            Problem("tool.blocks.allow_imports", f"{path} could not be read: {exc}", f"correct {path}")
-        ) from None
+        raise _unreadable(path, exc) from None
     value = data.get("tool", {}).get("blocks", {}).get("allow_imports", [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(
