@@ -183,7 +183,8 @@ def test_a_local_corpus_lists_and_reads_as_fsspec_would(tmp_path, prefix) -> Non
     for name, text in {
         "a.txt": "alpha",
         "sub/b.txt": "beta",
-        "sub/deeper/c.txt": "gamma",
+        "sub/.deeper/c.txt": "gamma",  # hidden files and directories are listed, as fsspec lists them
+        ".e.txt": "eta",
         "d.md": "no",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,7 @@ def test_a_local_corpus_lists_and_reads_as_fsspec_would(tmp_path, prefix) -> Non
 
     assert list(corpus.corpus_files(url)) == expected
     assert corpus.corpus_bytes(url) == b"\n".join(fs.cat_file(p) for p in expected)
-    assert corpus.corpus_size_bytes(url) == len(corpus.corpus_bytes(url)) == len("alpha\nbeta\ngamma")
+    assert corpus.corpus_size_bytes(url) == len(corpus.corpus_bytes(url)) == len("eta\nalpha\nbeta\ngamma")
 
 
 def test_char_level_vocabulary_comes_from_the_corpus(tmp_path) -> None:

@@ -1,7 +1,8 @@
 """Finding and reading the text files of a corpus (torch-free).
 
-Local paths and globs are read with the standard library, so that planning a run on local text
-does not import fsspec; any other URL (``s3://``, ``memory://``, ...) goes through fsspec.
+Local paths and globs are read with the standard library, matching what fsspec lists for
+them (hidden files included), so that planning a run on local text does not import fsspec; any
+other URL (``s3://``, ``memory://``, ``simplecache::...``) goes through fsspec.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import sys
 import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,10 +31,12 @@ def default_corpus_glob() -> str:
 
 
 def _local_pattern(url: str) -> str | None:
-    """The absolute local path or glob *url* names, or None when it names another file system."""
+    """The absolute local path or glob *url* names, or None when fsspec must list it."""
+    if sys.version_info < (3, 11):  # pragma: no cover - glob cannot include hidden files before 3.11
+        return None
     if url.startswith(_LOCAL_PREFIX):
         url = url[len(_LOCAL_PREFIX) :]
-    elif "://" in url or url.startswith("::"):
+    elif "://" in url or "::" in url:
         return None
     return os.path.abspath(os.path.expanduser(url))
 
@@ -42,7 +46,8 @@ def _listing(url: str) -> tuple[AbstractFileSystem | None, tuple[str, ...]]:
     """The file system (None: local) and the sorted files a URL or glob names."""
     local = _local_pattern(url or default_corpus_glob())
     if local is not None:
-        return None, tuple(sorted(p for p in glob.glob(local, recursive=True) if os.path.isfile(p)))
+        matches = glob.glob(local, recursive=True, include_hidden=True)  # type: ignore[call-arg,unused-ignore]
+        return None, tuple(sorted(p for p in matches if os.path.isfile(p)))
     import fsspec
 
     fs, _, paths = fsspec.get_fs_token_paths(url)
