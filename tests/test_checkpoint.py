@@ -192,6 +192,33 @@ def test_resume_refuses_a_checkpoint_of_another_model(cli_in_process, tmp_path: 
     assert "checkpoint.resume=never" in result.output
 
 
+def test_resume_refuses_another_seed_optimizer_or_corpus_and_resumes_the_same(
+    cli_in_process, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.txt"
+    text = "a small corpus, read again before every resume. " * 1000
+    corpus.write_text(text)
+    run_dir = tmp_path / "run"
+    args = [*LM, f"data.path={corpus}", "trainer.val_every=null"]
+    trained([*args, "trainer.max_steps=3"], run_dir)
+    again = [*args, "trainer.max_steps=6", "monitor.progress=off", f"hydra.run.dir={run_dir}"]
+    for changed, named in [
+        ("trainer.seed=7", "different seed (trainer.seed)"),  # it orders the samples the data position counts
+        ("optim=sgd", "different optimizer (optim)"),  # the saved state is AdamW's
+    ]:
+        result = cli_in_process("run", *again, changed)
+        assert result.returncode == 2, result.output[-2000:]
+        assert named in result.output and "checkpoint.resume=never" in result.output
+    corpus.write_text(text.replace("small", "SMALL"))  # the same size: sizes and names alone would not tell
+    result = cli_in_process("run", *again)
+    assert result.returncode == 2, result.output[-2000:]
+    assert "different data content" in result.output
+    corpus.write_text(text)
+    result = cli_in_process("run", *again)
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(3))
+
+
 def test_resume_refuses_a_checkpoint_of_another_strategy_format(cli_in_process, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     trained([*LM, "trainer.max_steps=3"], run_dir)

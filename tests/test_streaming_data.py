@@ -137,6 +137,24 @@ def test_prepare_is_resumable_and_records_the_sources(tmp_path: Path) -> None:
     assert reused.splits == first.splits and reused.vocab_size == 300
 
 
+def test_the_content_digest_follows_the_sources_not_where_the_shards_are(
+    byte_shards: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    digest = Stream(path=str(byte_shards)).content_digest()
+    shutil.copytree(byte_shards, tmp_path / "copy")
+    assert Stream(path=str(tmp_path / "copy")).content_digest() == digest  # a resume may read a copy
+    corpus = write_corpus(tmp_path / "corpus")  # the corpus of byte_shards, with one letter changed
+    edited = corpus / "doc0.txt"
+    edited.write_text(edited.read_text().swapcase()[:1] + edited.read_text()[1:])
+    other = prepare(
+        str(corpus), str(tmp_path / "other"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1)
+    )
+    assert other.splits == read_manifest(str(byte_shards)).splits  # the same shards and token counts
+    assert Stream(path=str(tmp_path / "other")).content_digest() != digest
+
+
 def test_prepare_command_and_its_mistakes(cli, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus", files=2)
     done = cli("data", "prepare", str(corpus), str(tmp_path / "out"), "--workers", "1")

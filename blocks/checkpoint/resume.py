@@ -19,22 +19,36 @@ def checkpoint_dir(plan: Plan, default: str) -> str:
     return block.dir or default
 
 
+COMPARED = {
+    "model": "model",
+    "task": "task",
+    "data": "data",
+    "optim": "optimizer (optim)",
+    "seed": "seed (trainer.seed)",
+    "data_content": "data content (the files the data block reads changed)",
+}
+"""What a checkpoint must share with the run that resumes it, as :func:`job_digests` keys, and their names in messages."""
+
+
 def job_digests(plan: Plan) -> dict[str, str]:
-    """Digests of what a checkpoint must share with the run that resumes it.
+    """Digests of what a checkpoint must share with the run that resumes it (the keys of :data:`COMPARED`).
 
     The weights' shape (model, task), the data (without batch size and workers), the
-    optimizer kind (its state is restored as saved) and the seed (it orders the samples).
+    optimizer kind (its state is restored as saved), the seed (it orders the samples) and,
+    for data that reads files, their content (:meth:`DataBlock.content_digest`). A manifest
+    written before a key existed does not hold it; a resume does not compare what it lacks.
     """
-    trainer_seed = plan.trainer.seed
-    return store.block_digests(
-        {
-            "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
-            "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
-            "data": {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)},
-            "optim": {"_block_": plan.optim.block_name},
-            "seed": {"seed": trainer_seed},
-        }
-    )
+    compared: dict[str, object] = {
+        "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
+        "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
+        "data": {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)},
+        "optim": {"_block_": plan.optim.block_name},
+        "seed": {"seed": plan.trainer.seed},
+    }
+    content = plan.data.content_digest()
+    if content is not None:
+        compared["data_content"] = {"digest": content}
+    return store.block_digests(compared)
 
 
 def is_restart() -> bool:
@@ -138,8 +152,8 @@ def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
         problems.append(
             Problem(
                 "checkpoint.resume",
-                f"{url} was saved by a job with a different {', '.join(differing)}",
-                "resume with the same blocks and seed, or start fresh with checkpoint.resume=never "
+                f"{url} was saved by a job with a different {', '.join(COMPARED.get(k, k) for k in differing)}",
+                "resume with the same blocks, seed and data, or start fresh with checkpoint.resume=never "
                 "(or another checkpoint.dir)",
             )
         )

@@ -119,8 +119,8 @@ class Manifest:
         world_size: processes that trained up to it.
         sharded: whether the model and optimizer are DCP shards (FSDP) or one file.
         global_batch: samples per optimizer step; a resume must keep it to continue the same stream.
-        block_digests: sha256 of each block that shapes the weights (model, task, data), to
-            refuse resuming a different job.
+        block_digests: sha256 of what a resume must share with the run that saved (model, task,
+            data, optimizer kind, seed, the data's content), to refuse resuming a different job.
         metrics: metric values at save time (for ``keep_best``).
         files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM a key of
             :data:`DIGEST_HEX_LENGTHS`).
@@ -631,17 +631,19 @@ digest at that default, so checkpoints written before the field existed still re
 
 
 def block_digests(config: Mapping[str, Any]) -> dict[str, str]:
-    """sha256 of the config of each block that shapes the weights (model, task, data's content)."""
-    shaping = {
-        "model": config.get("model", {}),
-        "task": config.get("task", {}),
-        "data": {
+    """sha256 of each entry of *config*: what a checkpoint must share with the run that resumes it.
+
+    The ``data`` entry leaves out what does not change the samples (batch size, workers, and
+    fields added later at their neutral defaults).
+    """
+    shaping = dict(config)
+    if "data" in shaping:
+        shaping["data"] = {
             k: v
-            for k, v in dict(config.get("data", {})).items()
+            for k, v in dict(shaping["data"]).items()
             if k not in ("batch_size", "num_workers")
             and not (k in NEUTRAL_DATA_FIELDS and v == NEUTRAL_DATA_FIELDS[k])
-        },
-    }
+        }
     return {
         kind: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
         for kind, value in shaping.items()

@@ -89,6 +89,17 @@ class DataBlock(Block):
         """The torch dataset for *split* (one of :data:`SPLITS`); imports torch lazily."""
         raise NotImplementedError
 
+    def content_digest(self) -> str | None:
+        """What identifies the content this block reads beyond its own fields; None when its fields say it all.
+
+        A resume refuses a checkpoint whose data content differs (a corpus edited, shards
+        prepared from other sources): the data position it restores would name other samples.
+        Blocks that read files return a digest of what they read; data generated from the
+        fields (a seed, a bundled dataset) returns None. Called by the driver before a resume
+        and once when a run starts (torch-free).
+        """
+        return None
+
     def prepare(self) -> None:
         """Make the data's inputs exist before planning (e.g. tokenize ``data.source`` into the cache).
 

@@ -78,6 +78,20 @@ def corpus_bytes(url: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=4)
+def corpus_digest(url: str) -> str:
+    """XXH3-128 of :func:`corpus_bytes`: the corpus's content, wherever it is stored."""
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(corpus_bytes(url))
+
+
+@functools.lru_cache(maxsize=4)
 def corpus_alphabet(url: str) -> str:
     """The sorted distinct characters of the corpus (its char-level vocabulary)."""
     return "".join(sorted(set(corpus_bytes(url).decode("utf-8", errors="replace"))))
+
+
+def forget() -> None:
+    """Drop what this process listed and read: the next call sees the files as they are now."""
+    for cached in (_listing, corpus_bytes, corpus_digest, corpus_alphabet):
+        cached.cache_clear()

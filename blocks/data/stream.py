@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from blocks.data.base import DataBlock, TokenBatch
 from blocks.data.shards.cache import default_cache_dir, is_local
-from blocks.data.shards.manifest import Manifest, read_manifest
+from blocks.data.shards.manifest import Manifest, content_digest, read_manifest
 from blocks.spec.errors import BlocksError
 from blocks.spec.registry import register
 
@@ -73,6 +73,10 @@ class Stream(DataBlock):
     def manifest(self) -> Manifest:
         """The shard directory's manifest (the only file planning reads; :meth:`prepare` writes it for ``source``)."""
         return read_manifest(self.shard_url())
+
+    def content_digest(self) -> str:
+        """A digest of what the shards hold (from their manifest: tokenizer, shards, sources' sha256)."""
+        return content_digest(self.manifest())
 
     def batch_spec(self) -> TokenBatch:
         """Token windows of ``seq_len`` over the tokenizer's vocabulary."""

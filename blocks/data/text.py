@@ -49,6 +49,14 @@ class Text(DataBlock):
         """Token windows of ``seq_len``."""
         return TokenBatch(vocab_size=self.vocab_size(), seq_len=self.seq_len)
 
+    def prepare(self) -> None:
+        """Forget the corpus as this process read it before: each plan sizes and reads the files as they are now."""
+        corpus.forget()
+
+    def content_digest(self) -> str:
+        """A digest of the corpus bytes (the files ``path`` names, in order)."""
+        return corpus.corpus_digest(self.path)
+
     def split_tokens(self) -> tuple[int, int]:
         """Token counts of the train and val parts of the corpus."""
         if self.level == "byte":

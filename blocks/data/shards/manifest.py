@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,17 @@ def manifest_json(manifest: Manifest) -> dict[str, Any]:
         },
         "sources": list(manifest.sources),
     }
+
+
+def content_digest(manifest: Manifest) -> str:
+    """sha256 of what the shards hold: the tokenizer, the shards of each split, each source's size and sha256.
+
+    Where the shards or their sources are stored is left out: a copy of the same shards, or
+    shards prepared from the same files elsewhere, has the same digest.
+    """
+    content = {key: value for key, value in manifest_json(manifest).items() if key != "sources"}
+    content["sources"] = [[source.get("size"), source.get("sha256")] for source in manifest.sources]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def parse_manifest(url: str, raw: dict[str, Any]) -> Manifest:
