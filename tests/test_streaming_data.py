@@ -28,7 +28,7 @@ from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json
 from blocks.data.shards.prepare import PrepareOptions, prepare
 from blocks.data.stream import Stream
 from blocks.runtime.sampler import GlobalBatchSampler
-from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_cli
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_cli, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -187,6 +187,52 @@ def big_manifest(root: Path, *, shards: int = 10_000, tokens: int = 1_000_000, v
 
 
 BIG = ["recipe=tiny_lm", "data=stream", "data.seq_len=1024", "model.context=1024", "trainer.max_epochs=1"]
+
+
+def test_a_resume_may_change_how_shards_are_read_and_old_checkpoints_still_resume(
+    byte_shards: Path, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from blocks.checkpoint import store
+    from blocks.launch import driver
+
+    args = [
+        "recipe=tiny_lm",
+        "data=stream",
+        f"data.path={byte_shards}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.seq_len=4",
+        "model.context=4",
+        "data.batch_size=4",
+        "trainer.val_every=null",
+        "checkpoint.every_n_steps=1",
+        "monitor.progress=off",
+    ]
+    run_dir = tmp_path / "run"
+    assert driver.run([*args, "trainer.max_steps=2"], run_dir).status == "completed"
+    # More cache, another cache directory, less prefetch: the same samples in the same order.
+    reading = ["data.cache_limit_gb=2", f"data.cache_dir={tmp_path / 'other'}", "data.prefetch=1"]
+    again = [*args, *reading, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"]
+    result = run_in_process(["run", *again], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(2))
+    # A checkpoint saved before reading fields were left out digested them with the rest.
+    newest = store.scan(str(run_dir / "checkpoints"))[0][-1]
+    manifest = json.loads(Path(newest.url, store.MANIFEST).read_text())
+    block = jobs.plan([*args, *reading]).data
+    legacy = {"_block_": "stream", **dataclasses.asdict(block)}
+    manifest["block_digests"]["data"] = store.block_digests({"data": legacy})["data"]
+    Path(newest.url, store.MANIFEST).write_text(json.dumps(manifest))
+    result = run_in_process(
+        ["run", *again[:-2], "trainer.max_steps=4", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    # What the samples are still counts: another sequence length is refused.
+    result = run_in_process(
+        ["run", *args, "data.seq_len=2", "trainer.max_steps=5", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert result.returncode == 2 and "different data" in result.output
 
 
 def test_a_10_billion_token_manifest_plans_torch_free(tmp_path: Path) -> None:

@@ -33,15 +33,16 @@ COMPARED = {
 def job_digests(plan: Plan) -> dict[str, str]:
     """Digests of what a checkpoint must share with the run that resumes it (the keys of :data:`COMPARED`).
 
-    The weights' shape (model, task), the data (without batch size and workers), the
+    The weights' shape (model, task), the data (without its ``reading_fields``), the
     optimizer kind (its state is restored as saved), the seed (it orders the samples) and,
     for data that reads files, their content (:meth:`DataBlock.content_digest`). A manifest
     written before a key existed does not hold it; a resume does not compare what it lacks.
     """
+    data = {k: v for k, v in dataclasses.asdict(plan.data).items() if k not in plan.data.reading_fields}
     compared: dict[str, object] = {
         "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
         "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
-        "data": {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)},
+        "data": {"_block_": plan.data.block_name, **data},
         "optim": {"_block_": plan.optim.block_name},
         "seed": {"seed": plan.trainer.seed},
     }
@@ -142,11 +143,18 @@ def resume_message(url: str) -> str:
     return f"resuming from step {store.read_manifest(url).step} of {url}"
 
 
+def _data_digest_with_reading_fields(plan: Plan) -> str:
+    """The data digest as checkpoints saved before ``reading_fields`` wrote it (every field but batch size and workers)."""
+    return store.block_digests({"data": {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)}})[
+        "data"
+    ]
+
+
 def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
     digests = job_digests(plan)
-    differing = [
-        kind for kind, digest in digests.items() if manifest.block_digests.get(kind) not in (None, digest)
-    ]
+    accepted = {kind: {digest} for kind, digest in digests.items()}
+    accepted["data"].add(_data_digest_with_reading_fields(plan))
+    differing = [kind for kind in digests if manifest.block_digests.get(kind) not in (None, *accepted[kind])]
     problems = []
     if differing:
         problems.append(

@@ -73,6 +73,8 @@ class DataBlock(Block):
     """
 
     kind: ClassVar[str] = "data"
+    reading_fields: ClassVar[tuple[str, ...]] = ("batch_size", "num_workers")
+    """Fields that change how the data is read, not which samples come in which order: a resume may change them."""
 
     batch_size: int = 32
     num_workers: int = 0

@@ -7,7 +7,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from blocks.data.base import DataBlock, TokenBatch
 from blocks.data.shards.cache import default_cache_dir, is_local
@@ -46,6 +46,13 @@ class Stream(DataBlock):
         cache_dir: where remote shards are cached (empty: ``$BLOCKS_CACHE_DIR`` or ``~/.cache/blocks/shards``).
         cache_limit_gb: most disk the cache may use.
     """
+
+    reading_fields: ClassVar[tuple[str, ...]] = (
+        *DataBlock.reading_fields,
+        "prefetch",
+        "cache_dir",
+        "cache_limit_gb",
+    )
 
     path: str = ""
     source: str = ""
