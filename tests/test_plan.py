@@ -174,29 +174,27 @@ def test_any_fsspec_url_is_a_corpus() -> None:
     assert p.derived.train_samples == (int(24000 * 0.9) - 1) // 64
 
 
-@pytest.mark.parametrize("prefix", ["", "file://"])
-def test_a_local_corpus_lists_and_reads_as_fsspec_would(tmp_path, prefix) -> None:
+def test_the_corpus_files_fsspec_lists_are_the_ones_read_without_it(tmp_path) -> None:
     import fsspec
 
     from blocks.data import corpus
 
-    for name, text in {
-        "a.txt": "alpha",
-        "sub/b.txt": "beta",
-        "sub/.deeper/c.txt": "gamma",  # hidden files and directories are listed, as fsspec lists them
-        ".e.txt": "eta",
-        "d.md": "no",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    (tmp_path / "sub" / "dir.txt").mkdir()  # matches the glob, is not a file
-    url = f"{prefix}{tmp_path}/**/*.txt"
-    fs, _, paths = fsspec.get_fs_token_paths(url)
-    expected = sorted(p for p in paths if fs.isfile(p))
+    def fsspec_files(url: str) -> list[str]:
+        fs, _, paths = fsspec.get_fs_token_paths(url)
+        return sorted(p for p in paths if fs.isfile(p))
 
-    assert list(corpus.corpus_files(url)) == expected
-    assert corpus.corpus_bytes(url) == b"\n".join(fs.cat_file(p) for p in expected)
-    assert corpus.corpus_size_bytes(url) == len(corpus.corpus_bytes(url)) == len("eta\nalpha\nbeta\ngamma")
+    # The default corpus is walked, not globbed: the same files fsspec lists for its glob.
+    default = fsspec_files(corpus.default_corpus_glob())
+    assert len(default) > 10 and list(corpus.corpus_files("")) == default
+    fs = fsspec.filesystem("file")
+    assert corpus.corpus_bytes("") == b"\n".join(fs.cat_file(p) for p in default)
+    # A path without '*' is one file, taken literally as fsspec takes it: '[3]' and '?' match nothing else.
+    for name in ("run[3]/c.txt", "run3/c.txt", "f?.txt", "fa.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(name)
+    for url in (f"{tmp_path}/run[3]/c.txt", f"file://{tmp_path}/f?.txt", f"{tmp_path}/run3"):
+        assert list(corpus.corpus_files(url)) == fsspec_files(url), url
+        assert corpus.corpus_size_bytes(url) == sum(len(fs.cat_file(p)) for p in fsspec_files(url))
 
 
 def test_char_level_vocabulary_comes_from_the_corpus(tmp_path) -> None:

@@ -1,16 +1,16 @@
 """Finding and reading the text files of a corpus (torch-free).
 
-Local paths and globs are read with the standard library, matching what fsspec lists for
-them (hidden files included), so that planning a run on local text does not import fsspec; any
-other URL (``s3://``, ``memory://``, ``simplecache::...``) goes through fsspec.
+Globs and remote URLs (``s3://``, ``memory://``, ``simplecache::...``) are listed by fsspec,
+whose glob rules define what a pattern matches. Two cases that need no pattern matching are
+read with the standard library, so that planning them does not import fsspec: the default
+corpus (a walk that lists exactly what fsspec lists for :func:`default_corpus_glob`) and a
+single local file.
 """
 
 from __future__ import annotations
 
 import functools
-import glob
 import os
-import sys
 import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,30 +24,45 @@ DEFAULT_CORPUS_PACKAGE = "email"
 _LOCAL_PREFIX = "file://"
 
 
+def _default_corpus_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]) / DEFAULT_CORPUS_PACKAGE
+
+
 def default_corpus_glob() -> str:
     """A glob for the default corpus: the ``.py`` files of one standard-library package."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return str(stdlib / DEFAULT_CORPUS_PACKAGE / "**" / "*.py")
+    return str(_default_corpus_root() / "**" / "*.py")
 
 
-def _local_pattern(url: str) -> str | None:
-    """The absolute local path or glob *url* names, or None when fsspec must list it."""
-    if sys.version_info < (3, 11):  # pragma: no cover - glob cannot include hidden files before 3.11
-        return None
+def _default_corpus_files() -> tuple[str, ...]:
+    """What fsspec lists for :func:`default_corpus_glob`: every ``.py`` file below, symlinked directories not followed."""
+    found = []
+    for directory, _, files in os.walk(_default_corpus_root()):
+        found += [os.path.join(directory, name) for name in files if name.endswith(".py")]
+    return tuple(sorted(found))
+
+
+def _local_file(url: str) -> str | None:
+    """The absolute path *url* names when it is one local path (no ``*``, no other file system), else None.
+
+    fsspec takes a path without ``*`` literally (``?`` and ``[`` included); so does this.
+    """
     if url.startswith(_LOCAL_PREFIX):
         url = url[len(_LOCAL_PREFIX) :]
-    elif "://" in url or "::" in url:
+    elif url.startswith("file:") or "://" in url or "::" in url:
+        return None
+    if "*" in url:
         return None
     return os.path.abspath(os.path.expanduser(url))
 
 
 @functools.lru_cache(maxsize=16)
 def _listing(url: str) -> tuple[AbstractFileSystem | None, tuple[str, ...]]:
-    """The file system (None: local) and the sorted files a URL or glob names."""
-    local = _local_pattern(url or default_corpus_glob())
+    """The file system (None: local, read without fsspec) and the sorted files a URL or glob names."""
+    if not url:
+        return None, _default_corpus_files()
+    local = _local_file(url)
     if local is not None:
-        matches = glob.glob(local, recursive=True, include_hidden=True)  # type: ignore[call-arg,unused-ignore]
-        return None, tuple(sorted(p for p in matches if os.path.isfile(p)))
+        return None, (local,) if os.path.isfile(local) else ()
     import fsspec
 
     fs, _, paths = fsspec.get_fs_token_paths(url)
