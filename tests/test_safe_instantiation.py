@@ -142,8 +142,7 @@ def test_an_existing_module_and_lightning_code_train_through_adapters(
 def test_the_pyproject_is_parsed_once_per_content_and_followed_on_every_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tomllib
-
+    tomllib = pytest.importorskip("tomllib")  # Python 3.10 reads TOML with tomli
     parsed: list[str] = []
     real_loads = tomllib.loads
     monkeypatch.setattr(tomllib, "loads", lambda text: parsed.append(text) or real_loads(text))
@@ -160,3 +159,6 @@ def test_the_pyproject_is_parsed_once_per_content_and_followed_on_every_change(
     for _ in range(2):  # a broken file is an error every time, not only the first
         with pytest.raises(ConfigError, match="allow_imports must be a list"):
             allowed_prefixes(tmp_path)
+    pyproject.write_bytes(b"[tool.blocks]\nallow_imports = ['caf\xe9']\n")  # Latin-1, not UTF-8
+    with pytest.raises(ConfigError, match="could not be read"):
+        allowed_prefixes(tmp_path)

@@ -229,8 +229,8 @@ def nearest_pyproject(start: Path) -> Path | None:
 
 def _pyproject_prefixes(path: Path) -> tuple[str, ...]:
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = path.read_text(encoding="utf-8")  # TOML is UTF-8, whatever the locale
+    except (OSError, UnicodeDecodeError) as exc:
         raise _unreadable(str(path), exc) from None
     return _allow_imports_of(text, str(path))
 
