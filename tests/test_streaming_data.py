@@ -13,6 +13,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import string
 import subprocess
@@ -140,7 +141,6 @@ def test_prepare_is_resumable_and_records_the_sources(tmp_path: Path) -> None:
 def test_the_content_digest_follows_the_sources_not_where_the_shards_are(
     byte_shards: Path, tmp_path: Path
 ) -> None:
-    import shutil
 
     digest = Stream(path=str(byte_shards)).content_digest()
     shutil.copytree(byte_shards, tmp_path / "copy")
@@ -189,18 +189,19 @@ def big_manifest(root: Path, *, shards: int = 10_000, tokens: int = 1_000_000, v
 BIG = ["recipe=tiny_lm", "data=stream", "data.seq_len=1024", "model.context=1024", "trainer.max_epochs=1"]
 
 
-def test_a_resume_may_change_how_shards_are_read_and_old_checkpoints_still_resume(
-    byte_shards: Path, tmp_path: Path
-) -> None:
+def test_a_stream_resume_may_change_how_shards_are_read_but_not_what_they_hold(tmp_path: Path) -> None:
     import dataclasses
 
     from blocks.checkpoint import store
     from blocks.launch import driver
 
+    corpus, shards = write_corpus(tmp_path / "corpus"), tmp_path / "shards"
+    options = PrepareOptions(val_fraction=0, shard_tokens=25, workers=1)
+    prepare(str(corpus), str(shards), options, progress=False)
     args = [
         "recipe=tiny_lm",
         "data=stream",
-        f"data.path={byte_shards}",
+        f"data.path={shards}",
         f"data.cache_dir={tmp_path / 'cache'}",
         "data.seq_len=4",
         "model.context=4",
@@ -211,28 +212,43 @@ def test_a_resume_may_change_how_shards_are_read_and_old_checkpoints_still_resum
     ]
     run_dir = tmp_path / "run"
     assert driver.run([*args, "trainer.max_steps=2"], run_dir).status == "completed"
+
+    def resume(*changes: str, steps: int) -> object:
+        return run_in_process(
+            ["run", *args, *changes, f"trainer.max_steps={steps}", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+        )
+
     # More cache, another cache directory, less prefetch: the same samples in the same order.
     reading = ["data.cache_limit_gb=2", f"data.cache_dir={tmp_path / 'other'}", "data.prefetch=1"]
-    again = [*args, *reading, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"]
-    result = run_in_process(["run", *again], cwd=tmp_path)
+    result = resume(*reading, steps=3)
     assert result.returncode == 0, result.output[-3000:]
     assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(2))
     # A checkpoint saved before reading fields were left out digested them with the rest.
     newest = store.scan(str(run_dir / "checkpoints"))[0][-1]
     manifest = json.loads(Path(newest.url, store.MANIFEST).read_text())
-    block = jobs.plan([*args, *reading]).data
-    legacy = {"_block_": "stream", **dataclasses.asdict(block)}
+    legacy = {"_block_": "stream", **dataclasses.asdict(jobs.plan([*args, *reading]).data)}
     manifest["block_digests"]["data"] = store.block_digests({"data": legacy})["data"]
     Path(newest.url, store.MANIFEST).write_text(json.dumps(manifest))
-    result = run_in_process(
-        ["run", *again[:-2], "trainer.max_steps=4", f"hydra.run.dir={run_dir}"], cwd=tmp_path
-    )
+    result = resume(*reading, steps=4)
     assert result.returncode == 0, result.output[-3000:]
-    # What the samples are still counts: another sequence length is refused.
-    result = run_in_process(
-        ["run", *args, "data.seq_len=2", "trainer.max_steps=5", f"hydra.run.dir={run_dir}"], cwd=tmp_path
-    )
+    # What the samples are counts: another sequence length, or shards prepared again from an edited corpus.
+    result = resume("data.seq_len=2", steps=5)
     assert result.returncode == 2 and "different data" in result.output
+    edited = corpus / "doc0.txt"
+    edited.write_text(edited.read_text().swapcase())
+    prepare(str(corpus), str(tmp_path / "again"), options, progress=False)
+    shutil.rmtree(shards)
+    (tmp_path / "again").rename(shards)  # the same path, the same shard names and token counts
+    result = resume(steps=5)
+    assert result.returncode == 2 and "different data content" in result.output, result.output[-2000:]
+    # A checkpoint saved before the content was compared is not held to it.
+    newest = store.scan(str(run_dir / "checkpoints"))[0][-1]
+    manifest = json.loads(Path(newest.url, store.MANIFEST).read_text())
+    for key in ("optim", "seed", "data_content"):
+        del manifest["block_digests"][key]
+    Path(newest.url, store.MANIFEST).write_text(json.dumps(manifest))
+    result = resume("trainer.seed=7", steps=5)
+    assert result.returncode == 0, result.output[-3000:]
 
 
 def test_a_10_billion_token_manifest_plans_torch_free(tmp_path: Path) -> None:

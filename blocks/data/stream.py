@@ -71,7 +71,12 @@ class Stream(DataBlock):
         return str(Path(self.resolved_cache_dir()) / "prepared" / key)
 
     def prepare(self) -> None:
-        """With ``source`` and no ``path``: prepare the source into the cache (once; a prepared one is reused)."""
+        """With ``source`` and no ``path``: prepare the source into the cache (once; a prepared one is reused).
+
+        Each plan reads the manifest afresh: shards prepared again since this process last
+        read it (a notebook, a pipeline) are seen as they are now.
+        """
+        read_manifest.cache_clear()
         if not self.path and self.source:
             from blocks.data.shards.prepare import ensure_prepared
 
