@@ -145,9 +145,8 @@ def resume_message(url: str) -> str:
 
 def _data_digest_with_reading_fields(plan: Plan) -> str:
     """The data digest as checkpoints saved before ``reading_fields`` wrote it (every field but batch size and workers)."""
-    return store.block_digests({"data": {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)}})[
-        "data"
-    ]
+    every_field = {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)}
+    return store.block_digests({"data": every_field})["data"]
 
 
 def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
