@@ -217,6 +217,13 @@ def test_resume_refuses_another_seed_optimizer_or_corpus_and_resumes_the_same(
     result = cli_in_process("run", *again)
     assert result.returncode == 0, result.output[-3000:]
     assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(3))
+    # The same corpus elsewhere (another disk, another machine): its content, not its path, counts.
+    moved = tmp_path / "elsewhere" / "copy.txt"
+    moved.parent.mkdir()
+    moved.write_text(text)
+    result = cli_in_process("run", *again[:-1], "trainer.max_steps=8", f"data.path={moved}", again[-1])
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(6))
 
 
 def test_resume_refuses_a_checkpoint_of_another_strategy_format(cli_in_process, tmp_path: Path) -> None:

@@ -33,12 +33,15 @@ COMPARED = {
 def job_digests(plan: Plan) -> dict[str, str]:
     """Digests of what a checkpoint must share with the run that resumes it (the keys of :data:`COMPARED`).
 
-    The weights' shape (model, task), the data (without its ``reading_fields``), the
+    The weights' shape (model, task), the data (without its ``reading_fields``, nor its
+    ``location_fields`` when its content is digested), the
     optimizer kind (its state is restored as saved), the seed (it orders the samples) and,
     for data that reads files, their content (:meth:`DataBlock.content_digest`). A manifest
     written before a key existed does not hold it; a resume does not compare what it lacks.
     """
-    data = {k: v for k, v in dataclasses.asdict(plan.data).items() if k not in plan.data.reading_fields}
+    content = plan.data.content_digest()
+    ignored = {*plan.data.reading_fields, *(plan.data.location_fields if content is not None else ())}
+    data = {k: v for k, v in dataclasses.asdict(plan.data).items() if k not in ignored}
     compared: dict[str, object] = {
         "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
         "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
@@ -46,7 +49,6 @@ def job_digests(plan: Plan) -> dict[str, str]:
         "optim": {"_block_": plan.optim.block_name},
         "seed": {"seed": plan.trainer.seed},
     }
-    content = plan.data.content_digest()
     if content is not None:
         compared["data_content"] = {"digest": content}
     return store.block_digests(compared)
@@ -143,8 +145,8 @@ def resume_message(url: str) -> str:
     return f"resuming from step {store.read_manifest(url).step} of {url}"
 
 
-def _data_digest_with_reading_fields(plan: Plan) -> str:
-    """The data digest as checkpoints saved before ``reading_fields`` wrote it (every field but batch size and workers)."""
+def _data_digest_of_every_field(plan: Plan) -> str:
+    """The data digest as checkpoints saved before reading and location fields wrote it (every field but batch size and workers)."""
     every_field = {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)}
     return store.block_digests({"data": every_field})["data"]
 
@@ -152,7 +154,7 @@ def _data_digest_with_reading_fields(plan: Plan) -> str:
 def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
     digests = job_digests(plan)
     accepted = {kind: {digest} for kind, digest in digests.items()}
-    accepted["data"].add(_data_digest_with_reading_fields(plan))
+    accepted["data"].add(_data_digest_of_every_field(plan))
     differing = [kind for kind in digests if manifest.block_digests.get(kind) not in (None, *accepted[kind])]
     problems = []
     if differing:

@@ -75,6 +75,9 @@ class DataBlock(Block):
     kind: ClassVar[str] = "data"
     reading_fields: ClassVar[tuple[str, ...]] = ("batch_size", "num_workers")
     """Fields that change how the data is read, not which samples come in which order: a resume may change them."""
+    location_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields that say where the content is (a path, a URL): when :meth:`content_digest` identifies
+    the content, a resume may change them (a copy of the same files elsewhere)."""
 
     batch_size: int = 32
     num_workers: int = 0

@@ -53,6 +53,7 @@ class Stream(DataBlock):
         "cache_dir",
         "cache_limit_gb",
     )
+    location_fields: ClassVar[tuple[str, ...]] = ("path", "source")
 
     path: str = ""
     source: str = ""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from blocks.data import corpus
 from blocks.data.base import DataBlock, TokenBatch
@@ -34,6 +34,8 @@ class Text(DataBlock):
         seq_len: tokens per sample; each sample predicts its tokens shifted by one.
         val_fraction: share of the corpus, from its end, held out for validation.
     """
+
+    location_fields: ClassVar[tuple[str, ...]] = ("path",)
 
     batch_size: int = 32
     path: str = ""
