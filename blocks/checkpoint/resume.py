@@ -145,10 +145,14 @@ def resume_message(url: str) -> str:
     return f"resuming from step {store.read_manifest(url).step} of {url}"
 
 
+LEGACY_DATA_IGNORED = ("batch_size", "num_workers")
+"""What the data digest left out before reading and location fields: a frozen format, not a block's attribute."""
+
+
 def _data_digest_of_every_field(plan: Plan) -> str:
     """The data digest as checkpoints saved before reading and location fields wrote it (every field but batch size and workers)."""
-    every_field = {"_block_": plan.data.block_name, **dataclasses.asdict(plan.data)}
-    return store.block_digests({"data": every_field})["data"]
+    fields = {k: v for k, v in dataclasses.asdict(plan.data).items() if k not in LEGACY_DATA_IGNORED}
+    return store.block_digests({"data": {"_block_": plan.data.block_name, **fields}})["data"]
 
 
 def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:

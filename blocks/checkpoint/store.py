@@ -633,16 +633,15 @@ digest at that default, so checkpoints written before the field existed still re
 def block_digests(config: Mapping[str, Any]) -> dict[str, str]:
     """sha256 of each entry of *config*: what a checkpoint must share with the run that resumes it.
 
-    The ``data`` entry leaves out what does not change the samples (batch size, workers, and
-    fields added later at their neutral defaults).
+    The ``data`` entry leaves out fields added later at their neutral defaults; the caller
+    leaves out what a resume may change (see :func:`blocks.checkpoint.resume.job_digests`).
     """
     shaping = dict(config)
     if "data" in shaping:
         shaping["data"] = {
             k: v
             for k, v in dict(shaping["data"]).items()
-            if k not in ("batch_size", "num_workers")
-            and not (k in NEUTRAL_DATA_FIELDS and v == NEUTRAL_DATA_FIELDS[k])
+            if not (k in NEUTRAL_DATA_FIELDS and v == NEUTRAL_DATA_FIELDS[k])
         }
     return {
         kind: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
