@@ -301,6 +301,25 @@ def test_sigterm_to_a_ray_job_saves_and_exits_130(on_ray: str, tmp_path: Path) -
 
 
 @pytest.mark.slow
+def test_a_rank_that_cannot_stop_is_killed_after_the_shutdown_grace(on_ray: str, tmp_path: Path) -> None:
+    """As torchrun does (``--shutdown-timeout``): a worker still running ``trainer.shutdown_grace_s``
+    after the SIGTERM the driver passed on is killed, and the job ends as interrupted. A stopped
+    rank can neither save nor end itself; without the backstop the driver waited forever."""
+    run_dir = tmp_path / "run"
+    args = [*LONG_DDP, "trainer.shutdown_grace_s=2", f"hydra.run.dir={run_dir}"]
+    with start_blocks_run(args, tmp_path) as proc:
+        wait_for_checkpoint(run_dir, 5)
+        wedged = max(job_pids(run_dir, workers_only=True))
+        os.kill(wedged, signal.SIGSTOP)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-3000:]
+    assert "still running 2s after SIGTERM (trainer.shutdown_grace_s=2)" in out, out[-3000:]
+    assert read_summary(run_dir)["status"] == "interrupted"
+    assert wait_gone(run_dir) == []
+
+
+@pytest.mark.slow
 def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     args = [

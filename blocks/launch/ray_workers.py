@@ -318,7 +318,7 @@ def _attempt(ray: Any, run_dir: Path, plan: Plan, attempt: int, signals: _Signal
             if node_gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus)
             ray.get(actor.start.remote(command, env, os.getcwd()))
-        return _watch(ray, actors, devices, signals)
+        return _watch(ray, actors, devices, signals, plan.trainer.shutdown_grace_s)
     finally:
         for actor in actors:
             with contextlib.suppress(Exception):
@@ -329,15 +329,23 @@ def _attempt(ray: Any, run_dir: Path, plan: Plan, attempt: int, signals: _Signal
             remove_placement_group(group)
 
 
-def _watch(ray: Any, actors: list[Any], devices: int, signals: _Signals) -> list[dict[str, Any]]:
-    """Wait for the workers; pass on signals; on the first failure kill the others and return who failed."""
+def _watch(
+    ray: Any, actors: list[Any], devices: int, signals: _Signals, grace_s: float
+) -> list[dict[str, Any]]:
+    """Wait for the workers; pass on signals; on the first failure kill the others and return who failed.
+
+    As torchrun's ``--shutdown-timeout``: workers still running *grace_s* seconds after the
+    SIGTERM passed on (a rank wedged where it can neither save nor end itself) are killed.
+    """
     passed_on = 0
+    overdue_at: float | None = None
     while True:
         if len(signals.received) > passed_on:
             signum = signal.SIGKILL if passed_on else signal.SIGTERM
             for actor in actors:
                 actor.send.remote(int(signum))
             passed_on = len(signals.received)
+            overdue_at = time.monotonic() + grace_s if signum == signal.SIGTERM else None
         try:
             codes = ray.get([actor.poll.remote() for actor in actors])
         except ray.exceptions.RayActorError as exc:
@@ -356,4 +364,20 @@ def _watch(ray: Any, actors: list[Any], devices: int, signals: _Signals) -> list
             return failed
         if all(code == 0 for code in codes):
             return []
+        if overdue_at is not None and time.monotonic() >= overdue_at:
+            _kill_overdue(actors, codes, signals.received[0], grace_s)
+            overdue_at = None
         time.sleep(POLL_S)
+
+
+def _kill_overdue(actors: list[Any], codes: list[int | None], signum: int, grace_s: float) -> None:
+    """Kill the workers still running (exit status *codes* None) *grace_s* seconds after *signum*, naming their ranks."""
+    running = [rank for rank, code in enumerate(codes) if code is None]
+    print(
+        f"blocks: rank {', '.join(map(str, running))} still running {grace_s:g}s after "
+        f"{signal.Signals(signum).name} (trainer.shutdown_grace_s={grace_s:g}); killing it",
+        file=sys.stderr,
+        flush=True,
+    )
+    for rank in running:
+        actors[rank].send.remote(int(signal.SIGKILL))

@@ -45,9 +45,9 @@ class TrainerBlock(Block):
         max_failures: restarts after a failure before the job gives up.
         shutdown_grace_s: seconds a worker gets to save and exit after SIGTERM or Ctrl-C (a
             preemption, or torchrun stopping the survivors of a failed worker); one still
-            running then ends itself (torchrun's ``--shutdown-timeout`` too). Raise it when the
-            checkpoint taken on SIGTERM needs longer to write; lower it to restart sooner after
-            a rank hangs.
+            running then ends itself, and torchrun (``--shutdown-timeout``) or the Ray driver
+            kills one that cannot. Raise it when the checkpoint taken on SIGTERM needs longer
+            to write; lower it to restart sooner after a rank hangs.
         launcher: what starts the workers: ``torchrun`` (one ``blocks run`` per node) or
             ``ray`` (every node's workers as actors on the Ray cluster at ``$RAY_ADDRESS``, or
             on a local Ray instance; needs ``pip install 'blocks[ray]'``).
