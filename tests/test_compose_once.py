@@ -105,13 +105,39 @@ def test_each_sweep_job_is_planned_once(tmp_path: Path, calls: Counter[str]) -> 
 
 
 def test_unknown_keys_are_named_with_hints_without_an_extra_composition(calls: Counter[str]) -> None:
-    """Each round drops the key that failed and composes again; the did-you-mean reads the block's keys from the error."""
+    """The first failing round names every block key that does not exist, each with its did-you-mean.
+
+    The node that lacked the first key belongs to the config with every group choice applied:
+    the other unknown keys are read there, so one round reports them all (was: one composition
+    per unknown key), in the order of the command line.
+    """
+    typos = ["optim.lrr=0.1", "trainer.max_stepz=3", "optim.warmup_stepz=2", "model.hiden=[4]"]
     with pytest.raises(ConfigError) as refused:
-        jobs.plan(["recipe=blobs", "optim.lrr=0.1", "optim.warmup_stepz=2"])
-    hints = {p.key: p.message for p in refused.value.problems}
-    assert (
-        "did you mean 'lr'" in hints["optim.lrr"]
-        and "did you mean 'warmup_steps'" in hints["optim.warmup_stepz"]
-    )
-    # two failing rounds and the round that composes; the keys come from OmegaConf's error (was: a 4th composition)
-    assert calls["compose"] == 3
+        jobs.plan(["recipe=blobs", *typos])
+    problems = refused.value.problems
+    assert [p.key for p in problems] == [
+        "optim.lrr",
+        "trainer.max_stepz",
+        "optim.warmup_stepz",
+        "model.hiden",
+    ]
+    hints = {p.key: p.message for p in problems}
+    assert "did you mean 'lr'" in hints["optim.lrr"]
+    assert "did you mean 'max_steps'" in hints["trainer.max_stepz"]
+    assert "did you mean 'warmup_steps'" in hints["optim.warmup_stepz"]
+    assert "did you mean 'hidden'" in hints["model.hiden"]
+    # the failing round and the round that composes; the keys come from OmegaConf's error
+    assert calls["compose"] == 2
+
+
+def test_every_problem_is_reported_however_many_and_however_nested(calls: Counter[str]) -> None:
+    """A key under an unknown key (``model.bar.x``) is dropped with it, so the later overrides are
+    still checked (was: reporting stopped there), and more bad keys than composing rounds are all named."""
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", "model.bar.x=3", "model.qux=4", "optim.lr=abc"])
+    assert [p.key for p in refused.value.problems] == ["model.bar", "model.qux", "optim.lr"]
+
+    typos = [f"trainer.typo{i}=1" for i in range(jobs.MAX_COMPOSE_ROUNDS + 2)]
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", *typos])
+    assert [p.key for p in refused.value.problems] == [t.split("=")[0] for t in typos]

@@ -129,6 +129,11 @@ def config_child(node: Container, key: Any) -> Node | None:
     return child if not isinstance(child, list) else None
 
 
+def config_root(node: Node) -> Container:
+    """The root of the config *node* belongs to (OmegaConf's ``_get_root``)."""
+    return node._get_root()
+
+
 HYDRA_MESSAGES: dict[str, re.Pattern[str]] = {
     "converted": re.compile(r"converted to (\w+)"),
     "missing_group": re.compile(r"You must specify '([\w/]+)'"),

@@ -11,6 +11,7 @@ recipe's model settings instead of merging them into the wrong block.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from blocks.compat.hydra_private import config_child, hydra_config_loader, hydra_message
+from blocks.compat.hydra_private import config_child, config_root, hydra_config_loader, hydra_message
 from blocks.core.secrets import resolve_keeping_env
 from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import ConfigError, Problem, RegistryError, did_you_mean
@@ -292,7 +293,8 @@ def translate_compose_error(
             if key in CROSS_KIND_GROUPS and _key_of(override).startswith(f"{key}."):
                 return ConfigError(_preset_group_key_problem(_key_of(override)))
             own = _keys_of_the_failing_block(cause)
-            return ConfigError(_unknown_key_problem(key, own if key.partition(".")[0] in own else known_keys))
+            first = _unknown_key_problem(key, own if key.partition(".")[0] in own else known_keys)
+            return ConfigError([first, *_unknown_block_keys_of_other_overrides(cause, overrides, key)])
         if override and "=" in override:
             value = override.split("=", 1)[1]
             problem = dataclasses.replace(problem, message=f"'{value}' is not valid here: {problem.message}")
@@ -373,6 +375,43 @@ def _preset_group_key_problem(key: str) -> Problem:
     )
 
 
+_SETS_A_BLOCK_KEY = re.compile(r"([A-Za-z_]\w*)\.([A-Za-z_]\w*)=([^,()]*)$")
+"""``kind.key=value`` with one plain value: an override that sets one field of a block."""
+
+
+def _unknown_block_keys_of_other_overrides(
+    error: OmegaConfBaseException, overrides: Sequence[str], failing_key: str
+) -> list[Problem]:
+    """The problems of the other overrides that set a field no chosen block has, found in *error*'s config.
+
+    The node that lacked *failing_key* belongs to the config being composed, with every group
+    choice applied: a ``kind.key=value`` whose block lacks ``key`` fails the same way in each
+    later composing round (which drops only the overrides already reported), so reporting
+    them now saves one composition per unknown key and says the same.
+    """
+    parent = error.parent_node
+    if not isinstance(parent, DictConfig):
+        return []
+    root = config_root(parent)
+    problems = []
+    for override in overrides:
+        match = _SETS_A_BLOCK_KEY.match(override)
+        if match is None or f"{match[1]}.{match[2]}" == failing_key or match[1] not in KINDS:
+            continue
+        kind, field = match[1], match[2]
+        node = config_child(root, kind) if isinstance(root, DictConfig) else None
+        if not (isinstance(node, DictConfig) and _is_block_type(node._metadata.object_type)):
+            continue
+        keys = [str(key) for key in node if key != BLOCK_KEY]
+        if field not in keys:
+            problems.append(_unknown_key_problem(f"{kind}.{field}", {kind: keys}))
+    return problems
+
+
+def _is_block_type(owner: Any) -> bool:
+    return isinstance(owner, type) and issubclass(owner, Block)
+
+
 def _keys_of_the_failing_block(error: OmegaConfBaseException) -> dict[str, list[str]]:
     """``{kind: keys}`` of the block node an unknown key was set on, read from the error itself.
 
@@ -384,7 +423,7 @@ def _keys_of_the_failing_block(error: OmegaConfBaseException) -> dict[str, list[
     group, dot, field = str(error.full_key or "").partition(".")
     if not (dot and field and "." not in field and "[" not in field and group in KINDS):
         return {}
-    if not (isinstance(parent, DictConfig) and isinstance(owner, type) and issubclass(owner, Block)):
+    if not (isinstance(parent, DictConfig) and _is_block_type(owner)):
         return {}
     return {group: [str(key) for key in parent if key != BLOCK_KEY]}
 

@@ -176,16 +176,32 @@ def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tup
     remaining, problems = check_overrides(overrides)
     for _ in range(MAX_COMPOSE_ROUNDS):
         try:
-            return step(remaining), problems
+            return step(remaining), _in_command_line_order(problems, overrides)
         except ConfigError as error:
             # a key already reported had its override dropped: a later round's problem with it is about the default
             reported = {p.key for p in problems}
             problems += [p for p in error.problems if p not in problems and p.key not in reported]
             dropped = _without_failing(remaining, error.problems)
             if dropped is None:
-                return None, problems
+                break
             remaining = dropped
-    return None, problems
+    return None, _in_command_line_order(problems, overrides)
+
+
+def _in_command_line_order(problems: list[Problem], overrides: Sequence[str]) -> list[Problem]:
+    """*problems* in the order of the overrides they are about (a round may report several); others last."""
+    keys = [_override_key(o) for o in overrides]
+
+    def position(problem: Problem) -> int:
+        about = (i for i, key in enumerate(keys) if problem.key and _within(key, problem.key))
+        return next(about, len(keys))
+
+    return sorted(problems, key=position)
+
+
+def _within(key: str, prefix: str) -> bool:
+    """Whether override key *key* is *prefix* or lies under it (``model.kwargs.x`` under ``model.kwargs``)."""
+    return key == prefix or key.startswith((f"{prefix}.", f"{prefix}["))
 
 
 def _compose_collecting(
@@ -215,15 +231,13 @@ def _override_key(override: str) -> str:
 
 
 def _without_failing(overrides: list[str], problems: Sequence[Problem]) -> list[str] | None:
-    """*overrides* without those the problems name (and a failed group's keys), or None if none is named."""
+    """*overrides* without those the problems name or lie under, or None if none is named.
+
+    Under a named key: a failed group's keys, ``model.bar.x`` when ``model.bar`` is unknown.
+    """
     failing = {p.key for p in problems if p.key}
     failing |= {key.split("[", 1)[0] for key in failing}
-    groups = {key for key in failing if "." not in key}
-    kept = [
-        o
-        for o in overrides
-        if _override_key(o) not in failing and _override_key(o).split(".", 1)[0] not in groups
-    ]
+    kept = [o for o in overrides if not any(_within(_override_key(o), key) for key in failing)]
     return kept if len(kept) < len(overrides) else None
 
 
