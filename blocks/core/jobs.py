@@ -92,10 +92,6 @@ def _refuse_hydra_targets(cfg: DictConfig) -> None:
         raise ConfigError(problems)
 
 
-MAX_COMPOSE_ROUNDS = 8
-"""How many failing overrides composition looks past to report them together."""
-
-
 def compose(
     overrides: Sequence[str] = (), config_dir: str | None = None, *, catalog: Catalog | None = None
 ) -> Composed:
@@ -172,9 +168,13 @@ T = TypeVar("T")
 
 
 def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tuple[T | None, list[Problem]]:
-    """*step*'s result for the overrides that apply, and the problems of those that do not."""
+    """*step*'s result for the overrides that apply, and the problems of those that do not.
+
+    Each failing round drops the overrides it named and tries again, so every wrong override is
+    reported, however many (at most one round per override).
+    """
     remaining, problems = check_overrides(overrides)
-    for _ in range(MAX_COMPOSE_ROUNDS):
+    while True:
         try:
             return step(remaining), _in_command_line_order(problems, overrides)
         except ConfigError as error:
@@ -183,9 +183,8 @@ def _collecting(overrides: Sequence[str], step: Callable[[list[str]], T]) -> tup
             problems += [p for p in error.problems if p not in problems and p.key not in reported]
             dropped = _without_failing(remaining, error.problems)
             if dropped is None:
-                break
+                return None, _in_command_line_order(problems, overrides)
             remaining = dropped
-    return None, _in_command_line_order(problems, overrides)
 
 
 def _in_command_line_order(problems: list[Problem], overrides: Sequence[str]) -> list[Problem]:
