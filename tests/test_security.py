@@ -66,6 +66,7 @@ GADGETS = [
     "numpy.load",
     "yaml.unsafe_load",
     "pdb.run",
+    "imaplib.IMAP4_stream",  # runs its argument as a shell command when constructed
     "tests.legacy_team.launch",  # = os.system in a user module
     "tests.legacy_team.Shell",  # = subprocess.Popen in a user module
 ]

@@ -247,6 +247,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
+    from blocks.core.overrides import without_sweeps
     from blocks.launch.driver import PLANNED, job_key
     from blocks.launch.sweep import expand_sweep
     from blocks.spec.imports import refuse_objects
@@ -272,8 +273,19 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
                 check="import-denied",
             )
         )
-    if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS):
+    if parsed.shell_completion:
         return None
+    if parsed.hydra_help and (parsed.overrides or parsed.config_dir):
+        raise BlocksError(
+            Problem(
+                "--hydra-help",
+                "Hydra's flags help configures logging from the overrides and presets it is given, "
+                "without the primary config blocks checks",
+                "run `blocks run --hydra-help` alone",
+            )
+        )
+    if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS):
+        return _check_composes(list(parsed.overrides), parsed.config_dir)
     overrides = list(parsed.overrides)
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
     sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "basic")
@@ -284,7 +296,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     if multirun and sweeper == "basic":
         job_overrides = expand_sweep(overrides)
     elif multirun:
-        job_overrides = [[o for o in overrides if "," not in o.split("=", 1)[-1] and "(" not in o]]
+        job_overrides = [without_sweeps(overrides)]  # what Hydra composes for the sweep itself
     else:
         return _check_single(overrides, parsed.config_dir)
     failed = 0
@@ -313,6 +325,21 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         PLANNED.clear()
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
+    return None
+
+
+def _check_composes(overrides: list[str], config_dir: str | None) -> int | None:
+    """For ``--cfg``, ``--info``, ``--hydra-help``: the composition Hydra will show passes blocks' checks first.
+
+    Hydra composes the overrides for these flags too, and configures its logging from them
+    (whose handlers it imports and calls); 2 when they do not pass, None to let Hydra go on.
+    """
+    from blocks.core import jobs
+
+    try:
+        jobs.compose(overrides, config_dir)
+    except BlocksError as exc:
+        return _fail(exc, RUN_HEADER)
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from blocks.core.plan import Plan, make_plan, preflight
 from blocks.data.base import DataBlock
 from blocks.spec.block import Block
 from blocks.spec.errors import BlocksError, ConfigError, Problem
+from blocks.spec.imports import interpolated_path_problem
 
 
 def _compose_raw(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
@@ -83,11 +85,7 @@ def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None)
 
 def _refuse_hydra_targets(cfg: DictConfig) -> None:
     """Every import path Hydra itself would use (callbacks, launcher, sweeper, logging) passes the import seam."""
-    from omegaconf import OmegaConf
-
-    hydra = OmegaConf.to_container(cfg.hydra, resolve=False)
-    assert isinstance(hydra, dict)
-    problems = hydra_problems(hydra)
+    problems = hydra_problems(cfg.hydra)
     if problems:
         raise ConfigError(problems)
 
@@ -222,7 +220,44 @@ def _blocks_once(
 ) -> tuple[Job, Composed, dict[str, Block]]:
     job = _job_once(overrides, config_dir, known)
     composed = freeze(job) if freeze is not None else job.composed
-    return job, composed, config_to_blocks(composed.config)
+    blocks = config_to_blocks(composed.config)
+    _refuse_interpolated_paths(composed.config, blocks)
+    return job, composed, blocks
+
+
+def _refuse_interpolated_paths(config: DictConfig, blocks: Mapping[str, Block]) -> None:
+    """Every import path the blocks name is written out in *config*, not read from the environment.
+
+    A composed config keeps ``${oc.env:...}`` values as interpolations, which each process
+    resolves again when it builds the blocks: a path read from the environment would be checked
+    here and imported there, from an environment that may differ.
+    """
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(config, resolve=False)
+    problems = []
+    for block in blocks.values():
+        for key, _, _ in block.import_paths():
+            raw = _value_at(plain, key)
+            for value in raw if isinstance(raw, list) else [raw]:
+                problem = interpolated_path_problem(value, key)
+                if problem is not None:
+                    problems.append(problem)
+                    break
+    if problems:
+        raise ConfigError(problems)
+
+
+def _value_at(plain: object, key: str) -> object:
+    """The value at *key* (``a.b[0].c``) of a plain nested container, or None."""
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", key):
+        if name and isinstance(plain, dict):
+            plain = plain.get(name)
+        elif index and isinstance(plain, list) and int(index) < len(plain):
+            plain = plain[int(index)]
+        else:
+            return None
+    return plain
 
 
 def _override_key(override: str) -> str:

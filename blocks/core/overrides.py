@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from blocks.core import paths
 from blocks.spec.block import KINDS
-from blocks.spec.errors import Problem, did_you_mean
+from blocks.spec.errors import ConfigError, Problem, did_you_mean
 from blocks.spec.registry import active_registry
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 _GROUPS = (*KINDS, "recipe", "experiment", "debug", "hparams_search")
 SEARCHPATH_KEY = "hydra.searchpath"
+PKG_SCHEME = "pkg://"
 
 
 def _key(override: str) -> str:
@@ -164,15 +165,36 @@ def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[Problem]]
     return kept, problems
 
 
+def without_sweeps(overrides: Sequence[str]) -> list[str]:
+    """*overrides* without those Hydra's grammar reads as sweeps (``a,b``, ``interval(0,1)``, ``choice(...)``).
+
+    What Hydra composes for a sweep as a whole (its launcher, sweeper, callbacks), before any
+    job: a dict or list value is kept, whatever commas it holds.
+    """
+    return [o for o, parsed, _ in _parsed(overrides) if parsed is None or not parsed.is_sweep_override()]
+
+
 def _is_option_name(value: object) -> bool:
     return value is None or isinstance(value, str)
+
+
+def _searchpath_problem(entry: str) -> Problem | None:
+    """``pkg://module``: Hydra imports the module to read its configs, so it passes the import seam's rules."""
+    from blocks.spec.imports import module_problem
+
+    if not entry.startswith(PKG_SCHEME):
+        return None
+    module = entry[len(PKG_SCHEME) :].replace("/", ".").rstrip(".")
+    return module_problem(module, SEARCHPATH_KEY, f"{entry} imports it to read its configs")
 
 
 def keep_shipped_searchpath(overrides: Sequence[str]) -> list[str]:
     """*overrides* with ``hydra.searchpath=[...]`` extended by the shipped conf dir.
 
     Setting ``hydra.searchpath`` replaces the list, which would hide the presets blocks ships
-    (``debug=fast``); the user's entries come first so they can still override a preset.
+    (``debug=fast``); the user's entries come first so they can still override a preset. A
+    ``pkg://`` entry names a module Hydra imports: one the import seam would refuse raises
+    :class:`ConfigError` before anything composes.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -189,6 +211,9 @@ def keep_shipped_searchpath(overrides: Sequence[str]) -> list[str]:
             out.append(override)
             continue
         entries = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+        problems = [p for p in map(_searchpath_problem, entries) if p is not None]
+        if problems:
+            raise ConfigError(problems)
         entries += [s for s in paths.shipped_searchpath() if s not in entries]
         prefix = override.split("=", 1)[0]
         out.append(f"{prefix}=[{','.join(repr(entry) for entry in entries)}]")

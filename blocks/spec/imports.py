@@ -124,6 +124,7 @@ DENIED_MODULES = (
     "http",
     "ftplib",
     "smtplib",
+    "imaplib",
     "xmlrpc",
     "yaml",
     "jsonpickle",
@@ -300,6 +301,57 @@ def _refusal(path: str, allowed: Sequence[str], kind: Kind = ANY_CLASS) -> tuple
             _allow_fix(path),
         )
     return None
+
+
+def module_problem(module: str, key: str, why: str) -> Problem | None:
+    """What is wrong with letting a config import *module* (read at config key *key*; *why* it would be imported).
+
+    The same string rules as an import path's: blocks', installed block packages' and the
+    project's modules, and the prefixes the user allows, never a denied module. None when allowed.
+    """
+    allowed = allowed_prefixes()
+    if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", module) or "__" in module:
+        return Problem(
+            key, f"'{module}' is not a module name ({why})", f"{key}: name a package", check="import-path"
+        )
+    denied = _under(module, DENIED_MODULES)
+    if denied is not None:
+        return Problem(
+            key,
+            f"'{module}' is refused: configs may never reach module {denied} ({why})",
+            f"remove it from {key}",
+            check="import-denied",
+        )
+    if _under(module, (*implicit_prefixes(), *allowed)) is None:
+        return Problem(
+            key,
+            f"'{module}' is not in a module prefix you allow for imports ({why}; allowed: "
+            f"{', '.join(allowed) or 'none'})",
+            _allow_fix(module),
+            check="import-not-allowed",
+        )
+    return None
+
+
+INTERPOLATION = "${"
+"""What starts an OmegaConf interpolation inside a string value."""
+
+
+def interpolated_path_problem(value: Any, key: str) -> Problem | None:
+    """A problem when the import path at *key* is an interpolation rather than written out.
+
+    An interpolation is resolved again where the path is used (``${oc.env:...}`` in each worker,
+    from an environment the config may change), so the path checked would not be the one imported.
+    """
+    if not (isinstance(value, str) and INTERPOLATION in value):
+        return None
+    return Problem(
+        key,
+        f"an import path must be written out, not interpolated ({value}): it is resolved again "
+        "where it is used, after the check",
+        f"{key}=package.module.ClassName",
+        check="import-path",
+    )
 
 
 def path_problem(

@@ -1,0 +1,109 @@
+"""What a config can make Hydra itself do, around the import seam: each way is refused before anything runs.
+
+The payload is ``tests.legacy_team.Touch``, a class whose constructor creates a file: a config
+that reached it made code run. No prefix is allowed here (``BLOCKS_ALLOW_IMPORTS`` unset), so
+blocks' own checks refuse it wherever they see it; each case hides it, or opens the
+allow-list, in a way those checks did not see before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from blocks.core import jobs
+from blocks.spec.errors import ConfigError
+from tests.test_security import assert_refused, run_here
+
+PAYLOAD = "tests.legacy_team.Touch"
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory with no allowed import prefix."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BLOCKS_ALLOW_IMPORTS", raising=False)
+    return tmp_path
+
+
+def refused_keys(overrides: list[str]) -> list[str]:
+    """The keys ``blocks plan`` names for *overrides* (it must refuse them)."""
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", *overrides])
+    return [problem.key for problem in refused.value.problems]
+
+
+def test_a_callback_built_by_an_interpolation_is_checked_as_what_it_builds(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``oc.decode`` turns a string into a node when Hydra resolves it: the check saw only a string."""
+    marker, run_dir = here / "pwned", here / "run"
+    built = f'${{oc.decode:"{{_target_: {PAYLOAD}, path: {marker}}}"}}'
+    code, output = run_here(
+        ["recipe=blobs", "debug=fast", f"+hydra.callbacks.evil='{built}'", f"hydra.run.dir={run_dir}"], capsys
+    )
+    assert_refused(code, output, marker, run_dir)
+    assert "error hydra.callbacks.evil._target_" in output and PAYLOAD in output
+
+
+def test_a_sweep_with_another_sweeper_checks_every_override_that_is_not_a_sweep(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check of a sweep left out every override with a comma, a dict of arguments included."""
+    marker, sweep_dir = here / "pwned", here / "sweep"
+    callback = f"+hydra.callbacks.evil={{_target_: {PAYLOAD}, path: {marker}}}"
+    args = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1", "recipe=blobs", "debug=fast"]
+    code, output = run_here([*args, callback, f"hydra.sweep.dir={sweep_dir}"], capsys)
+    assert_refused(code, output, marker, sweep_dir)
+    assert "hydra.callbacks.evil._target_" in output
+
+
+def test_hydra_help_takes_no_overrides_or_presets(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--hydra-help`` composes without blocks' primary config and configures logging from what it is given."""
+    marker, presets = here / "pwned", here / "presets"
+    (presets / "debug").mkdir(parents=True)
+    (presets / "debug" / "evil.yaml").write_text(
+        "# @package _global_\n"
+        f"hydra:\n  hydra_logging:\n    handlers:\n      evil:\n        '()': {PAYLOAD}\n        path: {marker}\n"
+    )
+    code, output = run_here(["--hydra-help", "--config-dir", str(presets), "+debug=evil"], capsys)
+    assert_refused(code, output, marker, here / "outputs")
+    assert "--hydra-help" in output
+    code, output = run_here(["--cfg", "hydra", "--config-dir", str(presets), "debug=evil"], capsys)
+    assert code == 2 and not marker.exists() and "hydra.hydra_logging.handlers.evil.()" in output
+
+
+def test_a_config_cannot_open_the_allow_list_or_change_a_path_after_the_check(here: Path) -> None:
+    """``hydra.job.env_set`` set the allow-list for the workers, and a path read from the environment
+    was checked with one value and imported with another."""
+    assert refused_keys(["+hydra.job.env_set.BLOCKS_ALLOW_IMPORTS=tests"]) == [
+        "hydra.job.env_set.BLOCKS_ALLOW_IMPORTS"
+    ]
+    assert refused_keys(["+hydra.job.env_set.PYTHONWARNINGS=ignore::this.X"]) == [
+        "hydra.job.env_set.PYTHONWARNINGS"
+    ]
+    adapter = [
+        "model=torch_module",
+        "+model.spec_args={in_features:num_features,num_classes:num_classes}",
+        "model.target=blocks.model.networks.Decoder",
+    ]
+    env_target = '+model.kwargs.x={_target_: "${oc.env:EVIL_TARGET,blocks.spec.errors.Problem}"}'
+    assert refused_keys([*adapter, env_target]) == ["model.kwargs.x._target_"]
+    assert refused_keys(["+hydra.callbacks.x._target_=${oc.env:EVIL_TARGET,blocks.Foo}"]) == [
+        "hydra.callbacks.x._target_"
+    ]
+    assert jobs.plan(["recipe=blobs", "+hydra.job.env_set.OMP_NUM_THREADS=2"]).ok
+
+
+def test_a_config_cannot_move_the_project_run_shell_lines_or_import_a_package_for_its_configs(
+    here: Path,
+) -> None:
+    """``hydra.job.chdir`` made the workers read the project above the run dir; submitit's ``setup``
+    is shell in the job script; ``pkg://`` imports any module to look for configs in it."""
+    assert refused_keys(["hydra.job.chdir=true"]) == ["hydra.job.chdir"]
+    setup = ["hydra/launcher=submitit_slurm", f"hydra.launcher.setup=['touch {here / 'pwned'}']"]
+    assert refused_keys(setup) == ["hydra.launcher.setup"]
+    assert refused_keys(["hydra.searchpath=[pkg://this]"]) == ["hydra.searchpath"]
+    assert refused_keys(["hydra.searchpath=[pkg://IPython/__main__]"]) == ["hydra.searchpath"]
+    assert not (here / "pwned").exists()
