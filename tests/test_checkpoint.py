@@ -348,3 +348,39 @@ def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) 
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     assert any(p.endswith(".distcp") for p in fs.ls("blocks-test/fsdp/step-000000004/dcp"))
     assert store.read_manifest("s3://blocks-test/fsdp/step-000000004").sharded
+
+
+def test_a_resume_with_another_accumulation_keeps_counting_the_same_data_position(tmp_path: Path) -> None:
+    """The same global batch, resumed in another number of micro-batches a step (1 -> 2 and 2 -> 1).
+
+    Lightning restores its batch counters in the saving run's micro-batches: the resumed run
+    recorded 15 steps done at step 20 (1 -> 2) or 30 (2 -> 1), so a later resume repeated or
+    skipped data. Now each resumed run's checkpoint at step 10 says 10 steps done and holds the
+    weights the uninterrupted run has there.
+    """
+    base = ["recipe=blobs", "checkpoint.every_n_steps=5", "trainer.val_every=null", "monitor.progress=off"]
+    split = {1: ["data.batch_size=32", "optim.accumulate=1"], 2: ["data.batch_size=16", "optim.accumulate=2"]}
+
+    def run(name: str, accumulate: int, *extra: str) -> Path:
+        run_dir = tmp_path / name
+        args = ["run", *base, *split[accumulate], "trainer.max_steps=10", *extra, f"hydra.run.dir={run_dir}"]
+        result = run_in_process(args, cwd=tmp_path)
+        assert result.returncode == 0, result.output[-3000:]
+        return run_dir / "checkpoints"
+
+    def saved(checkpoints: Path) -> tuple[dict, dict]:
+        state = torch.load(checkpoints / store.step_dir_name(10) / "state.pt", weights_only=True)
+        (loader,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        return loader, state["state_dict"]
+
+    whole = {accumulate: run(f"whole{accumulate}", accumulate) for accumulate in split}
+    for before, after in ((1, 2), (2, 1)):
+        resumed = run(
+            f"{before}to{after}", after, f"checkpoint.resume={whole[before] / store.step_dir_name(5)}"
+        )
+        loader, weights = saved(resumed)
+        assert loader["steps_done"] == 10
+        assert loader["accumulate"] == after
+        _, reference = saved(whole[after])
+        for name, tensor in reference.items():
+            torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)

@@ -30,6 +30,7 @@ __all__ = [
     "replace_signal_handlers",
     "save_without_zip_crc",
     "saved_batch_progress",
+    "saved_train_loader_state",
     "set_found_inf",
     "skip_automatic_hyperparameters",
 ]
@@ -50,6 +51,13 @@ def saved_batch_progress(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """The epoch loop's batch progress Lightning saved in *checkpoint* (its ``loops`` layout), or None."""
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
     return progress if isinstance(progress, dict) else None
+
+
+def saved_train_loader_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The state the training loader saved in *checkpoint* (Lightning's ``combined_loader`` entry), or None."""
+    saved = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+    first = saved[0] if isinstance(saved, list) and saved else None
+    return first if isinstance(first, dict) else None
 
 
 SignalHandler = Callable[[int, FrameType | None], None]

@@ -16,7 +16,11 @@ from torch.utils.data import DataLoader
 from blocks.checkpoint import store
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.io import FsspecCheckpointIO
-from blocks.compat.torch_private import processed_micro_batches, saved_batch_progress
+from blocks.compat.torch_private import (
+    processed_micro_batches,
+    saved_batch_progress,
+    saved_train_loader_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +43,24 @@ class ResumableLoader(DataLoader):
         self._accumulate = accumulate
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "steps_done", "global_batch"}`` at this moment of training."""
+        """``{"epoch", "steps_done", "global_batch", "accumulate"}`` at this moment of training."""
         _, micro_batches = self._progress()
         return {
             "epoch": self.batch_sampler.sampler.epoch,  # type: ignore[union-attr]
             "steps_done": micro_batches // self._accumulate,
             "global_batch": self.batch_sampler.global_batch,  # type: ignore[union-attr]
+            "accumulate": self._accumulate,
         }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Skip the steps already taken in the saved epoch on the next pass over it."""
         self.batch_sampler.resume_at(epoch=state["epoch"], steps_done=state["steps_done"])  # type: ignore[union-attr]
+
+
+def _inferred_accumulate(progress: Mapping[str, Any], loader: Mapping[str, Any]) -> int | None:
+    """The accumulation of a checkpoint saved before it was recorded: micro-batches per step of its epoch."""
+    steps, micro_batches = loader.get("steps_done", 0), progress["current"].get("completed", 0)
+    return micro_batches // steps if steps and micro_batches % steps == 0 else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -212,6 +223,28 @@ class CheckpointCallback(pl.Callback):
         if progress:
             for tracker in (progress["total"], progress["current"]):
                 tracker["ready"] = tracker["completed"]
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Count the restored micro-batches in this run's accumulation, before Lightning restores its loop.
+
+        Lightning's batch counters hold micro-batches of the run that saved; resumed with
+        another ``accumulate`` (the same global batch on another world size, or
+        ``optim.accumulate`` changed), they would count steps wrongly, and so the data position
+        every later checkpoint records. Each epoch holds whole optimizer steps, so the
+        counters convert exactly.
+        """
+        progress, loader = saved_batch_progress(checkpoint), saved_train_loader_state(checkpoint)
+        if not progress or not loader:
+            return
+        saved = loader.get("accumulate") or _inferred_accumulate(progress, loader)
+        if not saved or saved == self.accumulate:
+            return
+        for tracker in (progress["total"], progress["current"]):
+            for counter in ("ready", "started", "processed", "completed"):
+                if counter in tracker:
+                    tracker[counter] = tracker[counter] // saved * self.accumulate
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The final checkpoint."""
