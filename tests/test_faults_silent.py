@@ -72,3 +72,19 @@ def test_the_metrics_recorder_is_told_the_runs_precision(tmp_path: Path, precisi
 
     plan = driver.prepare(["recipe=blobs", "monitor.progress=off", f"precision={precision}"], tmp_path)
     assert build_run(plan, tmp_path, console=False).recorder.precision == precision
+
+
+def test_sweep_jobs_may_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
+    """Every job resumes from the newest checkpoint in its checkpoint.dir: sharing one, the second
+    trial of ``optim.lr=0.001,0.01`` resumed the first's final step, trained nothing, and reported
+    the first trial's model as its own."""
+    shared = tmp_path / "shared"
+    sweep = ["-m", "recipe=blobs", "trainer.max_steps=2", "optim.lr=0.001,0.01", "monitor.progress=off"]
+    for command in ("plan", "run"):
+        args = [command, *sweep, f"checkpoint.dir={shared}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+        result = run_in_process(args, cwd=tmp_path)
+        assert result.returncode == 2, result.output[-3000:]
+        assert "error checkpoint.dir:" in result.output and "resume from each other" in result.output
+    assert not shared.exists() and not (tmp_path / "sweep").exists()
+    per_job = run_in_process(["plan", *sweep, f"checkpoint.dir={shared}/lr${{optim.lr}}"], cwd=tmp_path)
+    assert per_job.returncode == 0, per_job.output[-3000:]

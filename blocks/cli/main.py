@@ -85,9 +85,9 @@ def cmd_plan(
 
     *config_dir* is ``--config-dir``: a directory of presets searched first, as ``blocks run`` does.
     """
-    from blocks.cli.render import plan_panel
+    from blocks.cli.render import plan_panel, print_problems
     from blocks.core import jobs
-    from blocks.launch.sweep import expand_sweep
+    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
 
     chosen = _pipeline_of(overrides)
     if chosen is not None:
@@ -117,7 +117,10 @@ def cmd_plan(
             if multirun:
                 stdout.print(f"[bold]job:[/] {escape(' '.join(one)) or '(no overrides)'}", highlight=False)
             stdout.print(plan_panel(plan))
-    return 0 if all(plan.ok for _, plan in plans) else EXIT_INVALID
+    shared = shared_checkpoint_dirs(plans) if multirun else []
+    if shared and not as_json:
+        print_problems(stderr, shared, header="blocks plan: the jobs of the sweep clash")
+    return 0 if all(plan.ok for _, plan in plans) and not shared else EXIT_INVALID
 
 
 def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
@@ -249,7 +252,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.core import jobs
     from blocks.core.overrides import without_sweeps
     from blocks.launch.driver import PLANNED, job_key
-    from blocks.launch.sweep import expand_sweep
+    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
     from blocks.spec.imports import refuse_objects
 
     PLANNED.clear()
@@ -321,6 +324,12 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             failed += 1
             continue
         PLANNED[job_key(one)] = plan  # a job Hydra runs in this process is not planned again
+    shared = shared_checkpoint_dirs(
+        [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
+    )
+    if shared:
+        print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")
+        failed += 1
     if failed:
         PLANNED.clear()
         return EXIT_INVALID

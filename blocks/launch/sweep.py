@@ -7,7 +7,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -17,6 +17,9 @@ from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
 from blocks.core.overrides import syntax_problems
 from blocks.spec.errors import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from blocks.core.plan import Plan
 
 _GROUP_GLOB = re.compile(r"^([+~]?)([\w/]+)=glob\((.*)\)$")
 
@@ -83,6 +86,32 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
             Problem("", str(exc).splitlines()[0], "check the sweep syntax, e.g. optim.lr=1e-3,3e-4")
         ) from None
     return [list(job) for batch in batches for job in batch]
+
+
+def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[Problem]:
+    """A problem for each ``checkpoint.dir`` that several jobs of one sweep would write to.
+
+    Each job resumes from the newest checkpoint in its directory: sharing one, a later trial
+    would continue (or finish as) an earlier one, whatever its own settings. A job whose
+    directory is unset keeps its checkpoints in its own run dir.
+    """
+    by_dir: dict[str, list[Sequence[str]]] = {}
+    for overrides, plan in jobs:
+        block = plan.checkpoint
+        if block.enabled and block.dir:
+            by_dir.setdefault(block.dir, []).append(overrides)
+    return [
+        Problem(
+            "checkpoint.dir",
+            f"{len(sharing)} jobs of the sweep would keep their checkpoints in {directory} and resume "
+            f"from each other's ([{' '.join(sharing[0])}] and [{' '.join(sharing[1])}])",
+            "leave checkpoint.dir unset (each job then keeps its checkpoints in its own run dir), or "
+            "make it differ per job, e.g. checkpoint.dir=<dir>/lr${optim.lr}",
+            check="sweep-checkpoint-dir",
+        )
+        for directory, sharing in by_dir.items()
+        if len(sharing) > 1
+    ]
 
 
 FAILED_JOBS: list[Path] = []
