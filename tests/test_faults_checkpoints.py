@@ -179,3 +179,27 @@ def test_rollback_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
     assert summary.resumed_from == str(step_dir(run_dir, 2))
     assert summary.status == "completed"
     assert summary.metrics["health/rollbacks"] >= 1
+
+
+def test_rollback_never_restores_an_earlier_runs_checkpoint(tmp_path: Path) -> None:
+    """A run started with ``checkpoint.resume=never`` beside an earlier run's checkpoints rolled
+    back to the earlier run's newest weights before it had saved any of its own. Until it saves,
+    it has nothing to roll back to: its bad steps are skipped instead."""
+    run_dir = tmp_path / "run"
+    assert (
+        driver.run([*BLOBS, "trainer.max_steps=4", "checkpoint.every_n_steps=2"], run_dir).status
+        == "completed"
+    )
+    diverging = [*BLOBS, "optim.lr=1e8", "optim.warmup_steps=0", "trainer.max_steps=4"]
+    summary = driver.run(
+        [
+            *diverging,
+            "checkpoint.resume=never",
+            "checkpoint.every_n_steps=0",
+            "monitor.on_nonfinite=rollback",
+        ],
+        run_dir,
+    )
+    assert summary.status == "completed" and summary.resumed_from is None
+    assert "health/rollbacks" not in summary.metrics, summary.metrics
+    assert summary.metrics["health/skipped_steps"] >= 1

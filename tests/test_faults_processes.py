@@ -306,7 +306,7 @@ def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> N
     assert "[rank 0]" in log and "differed across ranks" in log
 
 
-def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str) -> str:
+def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra: str) -> str:
     """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace."""
     import threading
 
@@ -323,7 +323,7 @@ def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str) -> str
         "monitor.log_every_n_steps=1",
     ]
     try:
-        driver.run([*args, "monitor.progress=off", "trainer.shutdown_grace_s=1"], Path(run_dir))
+        driver.run([*args, *extra, "monitor.progress=off", "trainer.shutdown_grace_s=1"], Path(run_dir))
     except driver.JobFailed as stopped:
         time.sleep(2.5)  # past trainer.shutdown_grace_s: the stopped run must not end this process
         return str(stopped)
@@ -334,3 +334,52 @@ def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(t
     """Regression: the grace timer of a SIGTERM'd in-process run killed the notebook that ran it, seconds later."""
     outcome = call_in_fresh_process(stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path))
     assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome
+    assert "run the same command again to resume" in outcome
+
+
+def test_an_interrupted_run_that_did_not_resume_automatically_says_how_to_resume(tmp_path: Path) -> None:
+    """Rerun as told ("run the same command again"), a run started with ``checkpoint.resume=never``
+    (or a URL) started over and deleted the checkpoint the interruption saved."""
+    outcome = call_in_fresh_process(
+        stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path), "checkpoint.resume=never"
+    )
+    assert "run the same command with checkpoint.resume=auto to resume" in outcome
+    assert "run the same command again" not in outcome
+
+
+@pytest.mark.slow
+def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: Path) -> None:
+    """A run started with ``checkpoint.resume=never`` where an earlier run left checkpoints up to
+    step 20: killed after its own step-5 save, its restart resumed the earlier run's step 20
+    (its own work thrown away, another run's weights taken). It resumes its own step 5 now."""
+    run_dir = tmp_path / "run"
+    every_5 = ["recipe=blobs", "data.samples=200000", "checkpoint.every_n_steps=5", "checkpoint.keep_last=10"]
+    every_5 += ["trainer.val_every=null"]
+    earlier = driver.run([*every_5, "trainer.max_steps=20", "monitor.progress=off"], run_dir)
+    assert earlier.status == "completed"
+    step_5 = str(run_dir / "checkpoints" / store.step_dir_name(5))
+    earlier_5 = store.manifest_digest(store.read_manifest(step_5))
+
+    again = [*every_5, "trainer.max_steps=12", "checkpoint.resume=never", "trainer.max_failures=1"]
+    with blocks_run_until_step(
+        [*again, "monitor.log_every_n_steps=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=6
+    ) as proc:
+        deadline = time.monotonic() + 120
+        while not saved_again(step_5, earlier_5):
+            assert time.monotonic() < deadline, "the second run never saved its step 5"
+            time.sleep(0.2)
+        (worker,) = job_pids(run_dir, workers_only=True)
+        os.kill(worker, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 1 and summary["global_step"] == 12
+    assert Path(summary["resumed_from"]).name == store.step_dir_name(5), summary["resumed_from"]
+
+
+def saved_again(url: str, digest: str) -> bool:
+    """Whether the checkpoint at *url* is committed and is not the one whose manifest digest is *digest*."""
+    try:
+        return store.manifest_digest(store.read_manifest(url)) != digest
+    except store.CheckpointError:
+        return False  # being replaced

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blocks.checkpoint import store
@@ -59,20 +61,65 @@ def is_restart() -> bool:
     return restart_count() > 0
 
 
-def resolve_resume(plan: Plan, directory: str) -> str | None:
+START_FILE = ".resume-start.json"
+"""In the run dir: where the job's first attempt started and which checkpoints were another run's then."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where a job's first attempt started, for its restarts and rollbacks.
+
+    Attributes:
+        resumed_from: the checkpoint it resumed from (None: from scratch).
+        stale: URL → :func:`store.manifest_digest` of the checkpoints in its directory newer
+            than that start (an earlier run's, under ``resume=never`` or a URL): never a
+            restart's or a rollback's target, unless this job saves again under their name.
+    """
+
+    resumed_from: str | None = None
+    stale: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def record_start(run_dir: Path, directory: str, resumed_from: str | None) -> Start:
+    """Write the job's :class:`Start` (its first attempt resumes from *resumed_from*) into *run_dir*."""
+    listing = store.list_dir(directory)
+    start_step = store.read_manifest(resumed_from).step if resumed_from else 0
+    stale = {
+        c.url: store.manifest_digest(c.manifest)
+        for c in listing.committed
+        if c.url != resumed_from and (resumed_from is None or c.manifest.step > start_step)
+    }
+    start = Start(resumed_from, stale)
+    (run_dir / START_FILE).write_text(json.dumps(dataclasses.asdict(start)))
+    return start
+
+
+def read_start(run_dir: Path | None) -> Start:
+    """The :class:`Start` the job's first attempt recorded in *run_dir* (empty when there is none)."""
+    try:
+        return Start(**json.loads((run_dir / START_FILE).read_text())) if run_dir else Start()
+    except (OSError, ValueError, TypeError):
+        return Start()
+
+
+def resolve_resume(plan: Plan, directory: str, run_dir: Path | None = None) -> str | None:
     """The checkpoint this run resumes from, per ``checkpoint.resume``; refusals name the key and the fix.
 
-    An automatic restart always continues from the newest committed checkpoint in the job's
-    directory when there is one, whatever ``resume`` says: restarting from the configured
-    URL (or from scratch with ``never``) would throw away the work since. When the directory
+    An automatic restart continues from the newest committed checkpoint the job can call its
+    own, whatever ``resume`` says: restarting from the configured URL (or from scratch with
+    ``never``) would throw away the work since. Checkpoints that were newer than the first
+    attempt's start (another run's, see :class:`Start`, read from *run_dir*) are not its own;
+    without one of its own, a restart starts where the first attempt did. When the directory
     holds checkpoints but none can be used (all corrupt), the run fails with the reasons
     rather than silently training from step 0.
     """
     block = plan.checkpoint
     if not block.enabled:
         return None
-    if block.resume == "auto" or is_restart():
-        found = _newest(directory)
+    restart = is_restart()
+    if block.resume == "auto" or restart:
+        start = read_start(run_dir) if restart else Start()
+        found = _newest(directory, start.stale)
         if found is not None:
             _check_compatible(plan, found.url, found.manifest)
             _check_loadable(found.url, found.manifest)
@@ -117,9 +164,9 @@ def _check_loadable(url: str, manifest: store.Manifest) -> None:
         ) from None
 
 
-def _newest(directory: str) -> store.Committed | None:
+def _newest(directory: str, excluding: dict[str, str] | None = None) -> store.Committed | None:
     try:
-        found, skipped = store.find_valid(directory)
+        found, skipped = store.find_valid(directory, excluding)
     except Exception as exc:
         raise BlocksError(
             Problem(

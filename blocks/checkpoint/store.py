@@ -568,22 +568,37 @@ def remove(url: str) -> None:
         fs.rm(root, recursive=True)
 
 
-def newest_valid(directory: str) -> Committed | None:
-    """The newest committed checkpoint whose files match its manifest; corrupt ones are skipped with a warning."""
-    return find_valid(directory)[0]
+def manifest_digest(manifest: Manifest) -> str:
+    """A digest of *manifest*: it tells a checkpoint from another saved later under the same name."""
+    return hashlib.sha256(manifest.to_json().encode()).hexdigest()
 
 
-def find_valid(directory: str) -> tuple[Committed | None, list[str]]:
+def newest_valid(directory: str, excluding: Mapping[str, str] | None = None) -> Committed | None:
+    """The newest committed checkpoint whose files match its manifest; corrupt ones are skipped with a warning.
+
+    *excluding* is as for :func:`find_valid`.
+    """
+    return find_valid(directory, excluding)[0]
+
+
+def find_valid(
+    directory: str, excluding: Mapping[str, str] | None = None
+) -> tuple[Committed | None, list[str]]:
     """The newest verified checkpoint in *directory* (or None) and why each newer or damaged one was skipped.
 
     The reasons name every checkpoint that exists but cannot be used; an empty list with None
-    means the directory holds no checkpoint at all.
+    means the directory holds no checkpoint at all. *excluding* maps the URLs of checkpoints
+    that are not candidates (another run's, newer than where this one started) to their
+    :func:`manifest_digest`; one saved again since under the same name is a candidate.
     """
+    excluding = excluding or {}
     listing = list_dir(directory)
     skipped = [reason for _, reason in listing.damaged]
     for url, reason in listing.damaged:
         log.warning("skipping checkpoint %s: %s", url, reason)
     for candidate in reversed(listing.committed):
+        if excluding.get(candidate.url) == manifest_digest(candidate.manifest):
+            continue
         try:
             verify(candidate.url)
         except CheckpointError as exc:

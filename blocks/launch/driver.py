@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.checkpoint.resume import checkpoint_dir, resolve_resume, resume_message
+from blocks.checkpoint.resume import checkpoint_dir, record_start, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
 from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
@@ -235,6 +235,8 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     write_job_files(run_dir, frozen, plan)
+    if plan.checkpoint.enabled:
+        record_start(run_dir, directory, resume_from)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
 

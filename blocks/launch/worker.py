@@ -60,7 +60,10 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         # Preempted (SIGTERM/SIGINT, agreed by every rank) is a SIGTERMException; Lightning turns
         # a second Ctrl-C into SystemExit after a graceful shutdown.
         if isinstance(exc, (KeyboardInterrupt, SystemExit, SIGTERMException)):
-            summary.status, summary.reason = "interrupted", interruption_reason(built.preemption, trainer)
+            summary.status, summary.reason = (
+                "interrupted",
+                interruption_reason(built.preemption, trainer, plan),
+            )
         else:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
         raise
@@ -93,12 +96,19 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     return summary
 
 
-def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer) -> str:
-    """``summary.json``'s reason for a run a signal stopped."""
+def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer, plan: Plan) -> str:
+    """``summary.json``'s reason for a run a signal stopped, and how to go on from its checkpoint."""
     by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
+    resume = plan.checkpoint.resume
+    how = (
+        "run the same command again to resume"
+        if resume == "auto"
+        else f"run the same command with checkpoint.resume=auto to resume (checkpoint.resume={resume} "
+        "would start over from where this run started, and its newer checkpoints would be deleted)"
+    )
     return (
         f"{by} stopped training at step {trainer.global_step}; its checkpoint was saved "
-        "(unless checkpoint.on_signal=false): run the same command again to resume"
+        f"(unless checkpoint.on_signal=false): {how}"
     )
 
 

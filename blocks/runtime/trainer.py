@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 
 from blocks.checkpoint import store
 from blocks.checkpoint.io import FsspecCheckpointIO
-from blocks.checkpoint.resume import checkpoint_dir, job_digests, resolve_resume
+from blocks.checkpoint.resume import checkpoint_dir, job_digests, read_start, resolve_resume
 from blocks.compat.torch_private import (
     drop_inherited_step_hooks,
     read_step_signature_once,
@@ -70,7 +70,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     spec = plan.data.batch_spec()
     checkpoint_block = plan.checkpoint
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
-    resume_from = resolve_resume(plan, directory)
+    resume_from = resolve_resume(plan, directory, run_dir)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
@@ -95,6 +95,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_bad_steps=monitor.max_bad_steps,
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
+        not_ours=read_start(run_dir).stale,
         grad_scaler=plan.precision.needs_grad_scaler,
         divergence_factor=monitor.loss_divergence_factor,
     )
