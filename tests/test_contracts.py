@@ -40,6 +40,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "loader-options",
     "checkpoint-unsafe",
     "resume-usable",
+    "sweep-checkpoint-dir",  # a check across a sweep's jobs: tests/test_faults_silent.py
     "checkpoint-storage",
     "ray-placement",
 ]

@@ -203,3 +203,23 @@ def test_rollback_never_restores_an_earlier_runs_checkpoint(tmp_path: Path) -> N
     assert summary.status == "completed" and summary.resumed_from is None
     assert "health/rollbacks" not in summary.metrics, summary.metrics
     assert summary.metrics["health/skipped_steps"] >= 1
+
+
+def test_a_rerun_that_saves_the_same_bytes_keeps_its_own_checkpoints(tmp_path: Path) -> None:
+    """Reruns are bit-identical: a rerun under ``resume=never`` saves manifests equal to the earlier
+    run's, so only the job id recorded in each manifest tells its own checkpoints apart."""
+    from blocks.checkpoint.resume import read_start
+
+    run_dir = tmp_path / "run"
+    args = [*BLOBS, "trainer.max_steps=4", "checkpoint.every_n_steps=2", "checkpoint.keep_last=5"]
+    assert driver.run(args, run_dir).status == "completed"
+    earlier = {c.manifest.step: c.manifest for c in store.scan(str(run_dir / "checkpoints"))[0]}
+    assert driver.run([*args, "checkpoint.resume=never"], run_dir).status == "completed"
+    start = read_start(run_dir)
+    assert start.resumed_from is None and len(start.not_ours) == len(earlier) == 2
+    rerun = {c.manifest.step: c.manifest for c in store.scan(str(run_dir / "checkpoints"))[0]}
+    assert {step: m.files for step, m in rerun.items()} == {step: m.files for step, m in earlier.items()}
+    assert all(m.job == start.job for m in rerun.values())
+    found = store.newest_valid(str(run_dir / "checkpoints"), start.not_ours, start.job)
+    assert found is not None and found.manifest.step == 4
+    assert store.newest_valid(str(run_dir / "checkpoints"), start.not_ours, "another job") is None

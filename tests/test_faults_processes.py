@@ -334,17 +334,18 @@ def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(t
     """Regression: the grace timer of a SIGTERM'd in-process run killed the notebook that ran it, seconds later."""
     outcome = call_in_fresh_process(stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path))
     assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome
-    assert "run the same command again to resume" in outcome
+    assert f"to resume, run the same command with hydra.run.dir={tmp_path}" in outcome.replace("\n", "")
 
 
-def test_an_interrupted_run_that_did_not_resume_automatically_says_how_to_resume(tmp_path: Path) -> None:
+def test_an_interrupted_run_says_the_command_that_resumes_it(tmp_path: Path) -> None:
     """Rerun as told ("run the same command again"), a run started with ``checkpoint.resume=never``
-    (or a URL) started over and deleted the checkpoint the interruption saved."""
+    (or a URL) started over and deleted the checkpoint the interruption saved; and under the
+    default, timestamped run dir, the same command starts a new run. The reason names both."""
     outcome = call_in_fresh_process(
         stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path), "checkpoint.resume=never"
     )
-    assert "run the same command with checkpoint.resume=auto to resume" in outcome
-    assert "run the same command again" not in outcome
+    expected = f"run the same command with hydra.run.dir={tmp_path} and checkpoint.resume=auto"
+    assert expected in outcome.replace("\n", ""), outcome
 
 
 @pytest.mark.slow
@@ -358,14 +359,14 @@ def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: P
     earlier = driver.run([*every_5, "trainer.max_steps=20", "monitor.progress=off"], run_dir)
     assert earlier.status == "completed"
     step_5 = str(run_dir / "checkpoints" / store.step_dir_name(5))
-    earlier_5 = store.manifest_digest(store.read_manifest(step_5))
+    earlier_job = store.read_manifest(step_5).job
 
     again = [*every_5, "trainer.max_steps=12", "checkpoint.resume=never", "trainer.max_failures=1"]
     with blocks_run_until_step(
         [*again, "monitor.log_every_n_steps=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=6
     ) as proc:
         deadline = time.monotonic() + 120
-        while not saved_again(step_5, earlier_5):
+        while not saved_again(step_5, earlier_job):
             assert time.monotonic() < deadline, "the second run never saved its step 5"
             time.sleep(0.2)
         (worker,) = job_pids(run_dir, workers_only=True)
@@ -377,9 +378,9 @@ def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: P
     assert Path(summary["resumed_from"]).name == store.step_dir_name(5), summary["resumed_from"]
 
 
-def saved_again(url: str, digest: str) -> bool:
-    """Whether the checkpoint at *url* is committed and is not the one whose manifest digest is *digest*."""
+def saved_again(url: str, job: str) -> bool:
+    """Whether the checkpoint at *url* is committed and was saved by another job than *job*."""
     try:
-        return store.manifest_digest(store.read_manifest(url)) != digest
+        return store.read_manifest(url).job != job
     except store.CheckpointError:
         return False  # being replaced

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -86,5 +87,10 @@ def test_sweep_jobs_may_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
         assert result.returncode == 2, result.output[-3000:]
         assert "error checkpoint.dir:" in result.output and "resume from each other" in result.output
     assert not shared.exists() and not (tmp_path / "sweep").exists()
+    as_json = run_in_process(["plan", *sweep, f"checkpoint.dir={shared}", "--json"], cwd=tmp_path)
+    assert as_json.returncode == 2
+    jobs = json.loads(as_json.stdout)
+    assert [job["valid"] for job in jobs] == [False, False]
+    assert all(any(p["key"] == "checkpoint.dir" for p in job["problems"]) for job in jobs)
     per_job = run_in_process(["plan", *sweep, f"checkpoint.dir={shared}/lr${{optim.lr}}"], cwd=tmp_path)
     assert per_job.returncode == 0, per_job.output[-3000:]

@@ -93,7 +93,21 @@ def test_a_config_cannot_open_the_allow_list_or_change_a_path_after_the_check(he
     assert refused_keys(["+hydra.callbacks.x._target_=${oc.env:EVIL_TARGET,blocks.Foo}"]) == [
         "hydra.callbacks.x._target_"
     ]
-    assert jobs.plan(["recipe=blobs", "+hydra.job.env_set.OMP_NUM_THREADS=2"]).ok
+    assert refused_keys(["++hydra.job.env_set='${oc.create:{PYTHONPATH:/x}}'"]) == [
+        "hydra.job.env_set.PYTHONPATH"
+    ]
+    via_another_node = ["++hydra.foo={BLOCKS_ALLOW_IMPORTS:tests}", "++hydra.job.env_set=${hydra.foo}"]
+    assert refused_keys(via_another_node) == ["hydra.job.env_set.BLOCKS_ALLOW_IMPORTS"]
+    assert refused_keys(["hydra.job.chdir=${checkpoint.enabled}"]) == ["hydra.job.chdir"]
+    for fine in ("OMP_NUM_THREADS=2", "PYTHONHASHSEED=0", "HYDRA_FULL_ERROR=1"):
+        assert jobs.plan(["recipe=blobs", f"+hydra.job.env_set.{fine}"]).ok, fine
+
+
+def test_interpolations_elsewhere_are_not_resolved_by_the_checks(here: Path) -> None:
+    """The checks resolve only what builds nodes or sets the environment: ``hydra.overrides`` holds
+    each override's interpolation as text, which must stay unresolved (relative ones fail there)."""
+    for override in ("trainer.val_every=${.max_steps}", "hydra.run.dir=runs/${hydra:job.name}"):
+        assert jobs.plan(["recipe=blobs", override]).ok, override
 
 
 def test_a_config_cannot_move_the_project_run_shell_lines_or_import_a_package_for_its_configs(

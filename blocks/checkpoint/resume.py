@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,28 +72,31 @@ class Start:
     """Where a job's first attempt started, for its restarts and rollbacks.
 
     Attributes:
+        job: the job's id, written into every checkpoint it saves (:attr:`store.Manifest.job`).
         resumed_from: the checkpoint it resumed from (None: from scratch).
-        stale: URL → :func:`store.manifest_digest` of the checkpoints in its directory newer
-            than that start (an earlier run's, under ``resume=never`` or a URL): never a
-            restart's or a rollback's target, unless this job saves again under their name.
+        not_ours: URLs of the checkpoints its directory held that are not of its lineage: all of
+            them when it started from scratch or from a checkpoint elsewhere, those newer than
+            its start when it started from one there. Never a restart's or a rollback's
+            target, unless this job has saved one again under the same name.
     """
 
+    job: str = ""
     resumed_from: str | None = None
-    stale: dict[str, str] = dataclasses.field(default_factory=dict)
+    not_ours: list[str] = dataclasses.field(default_factory=list)
 
 
 def record_start(run_dir: Path, directory: str, resumed_from: str | None) -> Start:
     """Write the job's :class:`Start` (its first attempt resumes from *resumed_from*) into *run_dir*."""
-    listing = store.list_dir(directory)
-    start_step = store.read_manifest(resumed_from).step if resumed_from else 0
-    stale = {
-        c.url: store.manifest_digest(c.manifest)
-        for c in listing.committed
-        if c.url != resumed_from and (resumed_from is None or c.manifest.step > start_step)
-    }
-    start = Start(resumed_from, stale)
-    (run_dir / START_FILE).write_text(json.dumps(dataclasses.asdict(start)))
-    return start
+    committed = store.list_dir(directory).committed
+    start = next((c for c in committed if c.url == resumed_from), None)  # None: scratch, or elsewhere
+    not_ours = [
+        c.url
+        for c in committed
+        if c is not start and (start is None or c.manifest.step > start.manifest.step)
+    ]
+    recorded = Start(uuid.uuid4().hex, resumed_from, not_ours)
+    (run_dir / START_FILE).write_text(json.dumps(dataclasses.asdict(recorded)))
+    return recorded
 
 
 def read_start(run_dir: Path | None) -> Start:
@@ -119,7 +124,7 @@ def resolve_resume(plan: Plan, directory: str, run_dir: Path | None = None) -> s
     restart = is_restart()
     if block.resume == "auto" or restart:
         start = read_start(run_dir) if restart else Start()
-        found = _newest(directory, start.stale)
+        found = _newest(directory, start.not_ours, start.job)
         if found is not None:
             _check_compatible(plan, found.url, found.manifest)
             _check_loadable(found.url, found.manifest)
@@ -164,9 +169,9 @@ def _check_loadable(url: str, manifest: store.Manifest) -> None:
         ) from None
 
 
-def _newest(directory: str, excluding: dict[str, str] | None = None) -> store.Committed | None:
+def _newest(directory: str, not_ours: Collection[str] = (), job: str = "") -> store.Committed | None:
     try:
-        found, skipped = store.find_valid(directory, excluding)
+        found, skipped = store.find_valid(directory, not_ours, job)
     except Exception as exc:
         raise BlocksError(
             Problem(

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, TypeVar
@@ -125,6 +125,8 @@ class Manifest:
         files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM a key of
             :data:`DIGEST_HEX_LENGTHS`).
         format: the manifest format (:data:`FORMAT` when written by this version).
+        job: the id of the job that saved it (see :class:`blocks.checkpoint.resume.Start`;
+            empty in checkpoints saved before it was recorded).
     """
 
     step: int
@@ -136,6 +138,7 @@ class Manifest:
     metrics: dict[str, float] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: str = FORMAT
+    job: str = ""
 
     def to_json(self) -> str:
         """The manifest file's content."""
@@ -163,7 +166,7 @@ def validate_manifest(data: Any) -> None:
     if not isinstance(data, dict):
         raise ValueError("the manifest is not a JSON object")
     required = {"step", "epoch", "world_size", "sharded", "global_batch", "block_digests"}
-    known = required | {"metrics", "files", "format"}
+    known = required | {"metrics", "files", "format", "job"}
     if missing := sorted(required - data.keys()):
         raise ValueError(f"missing field(s) {', '.join(missing)}")
     if unknown := sorted(data.keys() - known):
@@ -171,6 +174,8 @@ def validate_manifest(data: Any) -> None:
     for name, minimum in (("step", 0), ("epoch", 0), ("world_size", 1), ("global_batch", 0)):
         if not _is_int(data[name], minimum):
             raise ValueError(f"'{name}' must be an integer >= {minimum}, got {data[name]!r}")
+    if not isinstance(data.get("job", ""), str):
+        raise ValueError(f"'job' must be a string, got {data['job']!r}")
     if not isinstance(data["sharded"], bool):
         raise ValueError(f"'sharded' must be true or false, got {data['sharded']!r}")
     digests = data["block_digests"]
@@ -568,36 +573,30 @@ def remove(url: str) -> None:
         fs.rm(root, recursive=True)
 
 
-def manifest_digest(manifest: Manifest) -> str:
-    """A digest of *manifest*: it tells a checkpoint from another saved later under the same name."""
-    return hashlib.sha256(manifest.to_json().encode()).hexdigest()
-
-
-def newest_valid(directory: str, excluding: Mapping[str, str] | None = None) -> Committed | None:
+def newest_valid(directory: str, not_ours: Collection[str] = (), job: str = "") -> Committed | None:
     """The newest committed checkpoint whose files match its manifest; corrupt ones are skipped with a warning.
 
-    *excluding* is as for :func:`find_valid`.
+    *not_ours* and *job* are as for :func:`find_valid`.
     """
-    return find_valid(directory, excluding)[0]
+    return find_valid(directory, not_ours, job)[0]
 
 
 def find_valid(
-    directory: str, excluding: Mapping[str, str] | None = None
+    directory: str, not_ours: Collection[str] = (), job: str = ""
 ) -> tuple[Committed | None, list[str]]:
     """The newest verified checkpoint in *directory* (or None) and why each newer or damaged one was skipped.
 
     The reasons name every checkpoint that exists but cannot be used; an empty list with None
-    means the directory holds no checkpoint at all. *excluding* maps the URLs of checkpoints
-    that are not candidates (another run's, newer than where this one started) to their
-    :func:`manifest_digest`; one saved again since under the same name is a candidate.
+    means the directory holds no checkpoint at all. The checkpoints at the URLs *not_ours*
+    are not candidates (another run's, see :class:`blocks.checkpoint.resume.Start`) unless
+    job *job* has saved one again under the same name since.
     """
-    excluding = excluding or {}
     listing = list_dir(directory)
     skipped = [reason for _, reason in listing.damaged]
     for url, reason in listing.damaged:
         log.warning("skipping checkpoint %s: %s", url, reason)
     for candidate in reversed(listing.committed):
-        if excluding.get(candidate.url) == manifest_digest(candidate.manifest):
+        if candidate.url in not_ours and not (job and candidate.manifest.job == job):
             continue
         try:
             verify(candidate.url)

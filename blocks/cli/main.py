@@ -109,17 +109,20 @@ def cmd_plan(
             plans.append((one, jobs.plan(one, config_dir=config_dir)))
         except BlocksError as exc:
             return _invalid_plan(exc, one, as_json=as_json)
+    shared = shared_checkpoint_dirs(plans) if multirun else []
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
+        if shared:  # every job of the sweep takes part in the clash
+            for job in payload:
+                job["valid"], job["problems"] = False, [*job["problems"], *(p.to_json() for p in shared)]
         print(json.dumps(payload if multirun else payload[0], indent=2))
     else:
         for one, plan in plans:
             if multirun:
                 stdout.print(f"[bold]job:[/] {escape(' '.join(one)) or '(no overrides)'}", highlight=False)
             stdout.print(plan_panel(plan))
-    shared = shared_checkpoint_dirs(plans) if multirun else []
-    if shared and not as_json:
-        print_problems(stderr, shared, header="blocks plan: the jobs of the sweep clash")
+        if shared:
+            print_problems(stderr, shared, header="blocks plan: the jobs of the sweep clash")
     return 0 if all(plan.ok for _, plan in plans) and not shared else EXIT_INVALID
 
 

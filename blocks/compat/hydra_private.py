@@ -134,6 +134,16 @@ def config_root(node: Node) -> Container:
     return node._get_root()
 
 
+def structured_type(node: Container) -> Any:
+    """The dataclass a structured config node was made from, or None (OmegaConf's ``_metadata.object_type``)."""
+    return node._metadata.object_type
+
+
+def unresolved(node: Node) -> tuple[bool, bool, Any]:
+    """``(unset, interpolation, raw value)`` of *node*, without resolving it (None and ``???`` are unset)."""
+    return node._is_none() or node._is_missing(), node._is_interpolation(), node._value()
+
+
 HYDRA_MESSAGES: dict[str, re.Pattern[str]] = {
     "converted": re.compile(r"converted to (\w+)"),
     "missing_group": re.compile(r"You must specify '([\w/]+)'"),

@@ -544,6 +544,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "sweep-checkpoint-dir",
+        ("checkpoint",),
+        "checkpoint.dir",
+        "the jobs of a sweep keep their checkpoints apart (each resumes from the newest in its checkpoint.dir)",
+        (),
+    ),
+    Check(
         "checkpoint-storage",
         ("checkpoint", "trainer"),
         "checkpoint.dir",

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from blocks.compat.hydra_private import config_child, config_root, hydra_config_loader, hydra_message
+from blocks.compat.hydra_private import (
+    config_child,
+    config_root,
+    hydra_config_loader,
+    hydra_message,
+    structured_type,
+)
 from blocks.core.secrets import resolve_keeping_env
 from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import ConfigError, Problem, RegistryError, did_you_mean
@@ -400,7 +406,7 @@ def _unknown_block_keys_of_other_overrides(
             continue
         kind, field = match[1], match[2]
         node = config_child(root, kind) if isinstance(root, DictConfig) else None
-        if not (isinstance(node, DictConfig) and _is_block_type(node._metadata.object_type)):
+        if not (isinstance(node, DictConfig) and _is_block_type(structured_type(node))):
             continue
         keys = [str(key) for key in node if key != BLOCK_KEY]
         if field not in keys:

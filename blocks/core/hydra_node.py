@@ -11,12 +11,12 @@ refuses them before Hydra starts and before any run dir exists.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 
-from blocks.compat.hydra_private import config_child
+from blocks.compat.hydra_private import config_child, unresolved
 from blocks.spec.errors import ConfigError, Problem
 from blocks.spec.imports import (
     ANY_CLASS,
@@ -59,9 +59,19 @@ NODE_RESOLVERS = ("oc.decode", "oc.create")
 """OmegaConf's resolvers that turn a string into config nodes (which may hold a ``_target_``)."""
 
 UNSAFE_ENV_PREFIXES = ("BLOCKS_", "PYTHON", "LD_", "DYLD_", "HYDRA_")
-UNSAFE_ENV_NAMES = ("PATH", "BASH_ENV", "ENV")
+UNSAFE_ENV_NAMES = ("PATH", "BASH_ENV", "ENV", "HOME", "OPENSSL_CONF", "OPENSSL_ENGINES", "GCONV_PATH")
 """Variables ``hydra.job.env_set`` may not set: blocks' own settings (the import allow-list),
-Hydra's instantiation policy, and what makes a process load code (Python's and the loader's)."""
+Hydra's instantiation policy, and what makes a process load code (Python's, the loader's,
+OpenSSL's and glibc's modules, the user site directory under ``HOME``)."""
+SAFE_ENV_NAMES = (
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "PYTHONFAULTHANDLER",
+    "PYTHONIOENCODING",
+    "PYTHONDONTWRITEBYTECODE",
+    "HYDRA_FULL_ERROR",
+)
+"""Variables of those families that only tune a process: hashing, buffering, tracebacks."""
 
 
 def hydra_problems(hydra: DictConfig) -> list[Problem]:
@@ -76,8 +86,11 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     problems = _path_problems(plain, "hydra")
     for parent, built in _built_nodes(hydra, "hydra"):
         problems += [built] if isinstance(built, Problem) else _path_problems(built, parent)
-    problems += _job_problems(plain.get("job"))
-    problems += _launcher_problems(plain.get("launcher"))
+    settled = {path: _settled(hydra, path) for path in ("job.env_set", "job.chdir", "launcher.setup")}
+    problems += [problem for _, problem in settled.values() if problem is not None]
+    problems += _env_problems(settled["job.env_set"][0])
+    problems += _chdir_problems(settled["job.chdir"][0])
+    problems += _launcher_problems(settled["launcher.setup"][0])
     return problems
 
 
@@ -103,31 +116,26 @@ def _built_nodes(node: Container, key: str) -> Iterator[tuple[str, Any]]:
 
     Each such value is resolved here, in the environment Hydra will resolve it in; a value that
     cannot be resolved now yields a :class:`Problem` (what it would build cannot be checked).
+    Nothing else is resolved (``hydra.overrides`` holds the command line's interpolations as text).
     """
-    items = enumerate(node) if isinstance(node, ListConfig) else ((k, None) for k in node)
-    for name, _ in items:
+    names: Iterable[Any] = range(len(node)) if isinstance(node, ListConfig) else list(node)
+    for name in names:
         here = f"{key}[{name}]" if isinstance(node, ListConfig) else f"{key}.{name}"
         child = config_child(node, name)
-        if child is None or child._is_none() or child._is_missing():
+        if child is None:
             continue
-        if isinstance(child, Container) and not child._is_interpolation():
+        unset, interpolation, raw = unresolved(child)
+        if unset:
+            continue
+        if isinstance(child, Container) and not interpolation:
             yield from _built_nodes(child, here)
             continue
-        raw = child._value()
         if not (isinstance(raw, str) and any(resolver in raw for resolver in NODE_RESOLVERS)):
             continue
         try:
             value = node[name]
         except Exception as exc:  # any resolution failure leaves the value unchecked
-            yield (
-                here,
-                Problem(
-                    here,
-                    f"'{raw}' builds config nodes when Hydra resolves it, and cannot be resolved to be checked ({exc})",
-                    f"write the value itself at {here}",
-                    check="import-path",
-                ),
-            )
+            yield here, _unresolvable(here, f"'{raw}'", exc)
             continue
         if isinstance(value, Container):
             value = OmegaConf.to_container(value, resolve=False)
@@ -135,40 +143,69 @@ def _built_nodes(node: Container, key: str) -> Iterator[tuple[str, Any]]:
             yield key, {name: value}
 
 
-def _job_problems(job: Any) -> list[Problem]:
-    """``hydra.job``: no environment variable that changes what a process trusts or loads; no chdir."""
-    if not isinstance(job, Mapping):
-        return []
-    problems = []
-    env_set = job.get("env_set")
-    for name in env_set if isinstance(env_set, Mapping) else ():
-        if str(name).startswith(UNSAFE_ENV_PREFIXES) or name in UNSAFE_ENV_NAMES:
-            problems.append(
-                Problem(
-                    f"hydra.job.env_set.{name}",
-                    f"a config may not set {name}: it changes what blocks trusts or what the "
-                    "job's processes load and run",
-                    f"set {name} in your own environment before `blocks run`, not in the config",
-                    check="import-denied",
-                )
-            )
-    if job.get("chdir") is True:
-        problems.append(
-            Problem(
-                "hydra.job.chdir",
-                "jobs run in the directory blocks was started in; changing into the run dir would "
-                "read the project settings and recipe files found above it instead of yours",
-                "drop hydra.job.chdir (the run dir is hydra.run.dir; paths in the config are "
-                "relative to where you start blocks)",
-                check="import-denied",
-            )
+def _unresolvable(key: str, what: str, exc: Exception) -> Problem:
+    return Problem(
+        key,
+        f"{what} is resolved by Hydra later, and cannot be resolved now to be checked ({exc})",
+        f"write the value itself at {key}",
+        check="import-path",
+    )
+
+
+def _settled(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:
+    """The value at *path* of the ``hydra`` node as Hydra will see it, and a problem when that cannot be had now.
+
+    Interpolations are resolved down to the value's entries (a mapping's own values stay as
+    they are: only its keys are checked).
+    """
+    try:
+        value = OmegaConf.select(hydra, path, throw_on_missing=False)
+        if isinstance(value, ListConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+    except Exception as exc:  # resolving may fail in any of OmegaConf's or a resolver's ways
+        return None, _unresolvable(f"hydra.{path}", "its value", exc)
+    return value, None
+
+
+def _env_problems(env_set: Any) -> list[Problem]:
+    """``hydra.job.env_set``: no variable that changes what a process trusts or loads."""
+    return [
+        Problem(
+            f"hydra.job.env_set.{name}",
+            f"a config may not set {name}: it changes what blocks trusts or what the job's "
+            "processes load and run",
+            f"set {name} in your own environment before `blocks run`, not in the config",
+            check="import-denied",
         )
-    return problems
+        for name in (env_set.keys() if isinstance(env_set, (Mapping, DictConfig)) else ())
+        if _unsafe_variable(str(name))
+    ]
 
 
-def _launcher_problems(launcher: Any) -> list[Problem]:
+def _unsafe_variable(name: str) -> bool:
+    if name in SAFE_ENV_NAMES:
+        return False
+    return name.startswith(UNSAFE_ENV_PREFIXES) or name in UNSAFE_ENV_NAMES
+
+
+def _chdir_problems(chdir: Any) -> list[Problem]:
+    """``hydra.job.chdir``: jobs run where blocks was started."""
+    if chdir is not True:
+        return []
+    return [
+        Problem(
+            "hydra.job.chdir",
+            "jobs run in the directory blocks was started in; changing into the run dir would "
+            "read the project settings and recipe files found above it instead of yours",
+            "drop hydra.job.chdir (the run dir is hydra.run.dir; paths in the config are "
+            "relative to where you start blocks)",
+            check="import-denied",
+        )
+    ]
+
+
+def _launcher_problems(setup: Any) -> list[Problem]:
     """``hydra.launcher.setup`` (submitit): shell commands written into the job script."""
-    setup = launcher.get("setup") if isinstance(launcher, Mapping) else None
     if not setup:
         return []
     return [

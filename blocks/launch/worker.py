@@ -62,7 +62,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, SIGTERMException)):
             summary.status, summary.reason = (
                 "interrupted",
-                interruption_reason(built.preemption, trainer, plan),
+                interruption_reason(built.preemption, trainer, plan, run_dir),
             )
         else:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
@@ -96,19 +96,16 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     return summary
 
 
-def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer, plan: Plan) -> str:
-    """``summary.json``'s reason for a run a signal stopped, and how to go on from its checkpoint."""
+def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer, plan: Plan, run_dir: Path) -> str:
+    """``summary.json``'s reason for a run a signal stopped, and the command that goes on from its checkpoint."""
     by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
     resume = plan.checkpoint.resume
-    how = (
-        "run the same command again to resume"
-        if resume == "auto"
-        else f"run the same command with checkpoint.resume=auto to resume (checkpoint.resume={resume} "
-        "would start over from where this run started, and its newer checkpoints would be deleted)"
-    )
+    how = f"run the same command with hydra.run.dir={run_dir}"
+    if resume != "auto":  # the command as given would start over from where this run started
+        how += f" and checkpoint.resume=auto (checkpoint.resume={resume} would start over)"
     return (
         f"{by} stopped training at step {trainer.global_step}; its checkpoint was saved "
-        f"(unless checkpoint.on_signal=false): {how}"
+        f"(unless checkpoint.on_signal=false): to resume, {how}"
     )
 
 

@@ -122,6 +122,7 @@ class CheckpointCallback(pl.Callback):
         block_digests: dict[str, str],
         resumed_from: str | None,
         metrics: Callable[[], dict[str, float]],
+        job: str = "",
         before_save: Callable[[pl.Trainer], None] = lambda trainer: None,
     ) -> None:
         self.block = block
@@ -132,6 +133,7 @@ class CheckpointCallback(pl.Callback):
         self.world_size = world_size
         self.block_digests = block_digests
         self.resumed_from = resumed_from
+        self.job = job
         self.metrics = metrics
         self.before_save = before_save
         self.last_saved_step = -1
@@ -288,6 +290,7 @@ class CheckpointCallback(pl.Callback):
             global_batch=self.global_batch,
             block_digests=self.block_digests,
             metrics=self.metrics(),
+            job=self.job,
         )
         started = time.perf_counter()
         trainer.save_checkpoint(url, weights_only=False)

@@ -10,7 +10,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,13 @@ class HealthGuard(pl.Callback):
         max_bad_steps: int,
         spike_factor: float,
         checkpoint_dir: str | None,
-        not_ours: Mapping[str, str] | None = None,
+        not_ours: Collection[str] = (),
+        job: str = "",
         grad_scaler: bool = False,
         divergence_factor: float = 0.0,
     ) -> None:
         self.policy = policy
-        self.not_ours = dict(not_ours or {})
+        self.not_ours, self.job = frozenset(not_ours), job
         self.divergence_factor = divergence_factor
         self.divergences = 0
         self._first_loss: float | None = None
@@ -196,10 +197,12 @@ class HealthGuard(pl.Callback):
         """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.
 
         Corrupt checkpoints are skipped with the same fallback as resume (:func:`store.newest_valid`),
-        and so are another run's that were newer than this job's start (*not_ours*: URL → manifest
-        digest, see :class:`blocks.checkpoint.resume.Start`).
+        and so are those not of this job's lineage (*not_ours*, unless job *job* saved them
+        again; see :class:`blocks.checkpoint.resume.Start`).
         """
-        newest = store.newest_valid(self.checkpoint_dir, self.not_ours) if self.checkpoint_dir else None
+        newest = (
+            store.newest_valid(self.checkpoint_dir, self.not_ours, self.job) if self.checkpoint_dir else None
+        )
         if newest is None:
             if not self._warned_no_checkpoint and trainer.is_global_zero:
                 log.warning("no valid committed checkpoint to roll back to yet: skipping the step instead")

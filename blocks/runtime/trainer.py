@@ -71,6 +71,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     checkpoint_block = plan.checkpoint
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     resume_from = resolve_resume(plan, directory, run_dir)
+    start = read_start(run_dir)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
@@ -95,7 +96,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_bad_steps=monitor.max_bad_steps,
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
-        not_ours=read_start(run_dir).stale,
+        not_ours=start.not_ours,
+        job=start.job,
         grad_scaler=plan.precision.needs_grad_scaler,
         divergence_factor=monitor.loss_divergence_factor,
     )
@@ -132,6 +134,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
             world_size=derived.world_size,
             block_digests=job_digests(plan),
             resumed_from=resume_from,
+            job=start.job,
             metrics=lambda: dict(recorder.last),
             before_save=recorder.flush,
         )
