@@ -21,6 +21,7 @@ from blocks.compat.torch_private import (
     saved_batch_progress,
     saved_train_loader_state,
 )
+from blocks.runtime.ranks import every_rank, rank_and_world
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +92,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _all_ranks(value: Any) -> list[Any]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
-
-
 class CheckpointCallback(pl.Callback):
     """Saves committed checkpoints at the configured triggers and applies retention after each commit.
 
@@ -146,14 +137,12 @@ class CheckpointCallback(pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving)."""
-        return {"rng": _all_ranks(rng_state())}
+        return {"rng": every_rank(rng_state())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this rank's RNG states (or rank 0's, reseeded by rank, on a new world size)."""
-        import torch.distributed as dist
-
         states = state_dict.get("rng") or []
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank, _ = rank_and_world()
         if rank < len(states):
             set_rng_state(states[rank])
         elif states:

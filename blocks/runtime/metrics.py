@@ -14,6 +14,7 @@ import torch
 
 from blocks.monitor.sinks import MetricSink, Row
 from blocks.runtime.health import HealthGuard, total_grad_norm
+from blocks.runtime.ranks import every_rank, rank_and_world
 
 log = logging.getLogger(__name__)
 PER_RANK_COLUMNS_UP_TO = 8
@@ -65,6 +66,8 @@ class MetricsRecorder(pl.Callback):
         self._spread_windows = 0
         self.last: Row = {}
         self._loss_sum: torch.Tensor | None = None
+        self._carried_loss = 0.0  # the loss summed over the counted steps of the window a checkpoint saved
+        self._carried_steps = 0
         self._steps = 0
         self._seen_step = 0
         self._window_start = 0.0
@@ -82,6 +85,27 @@ class MetricsRecorder(pl.Callback):
         """Seconds training has waited for checkpoint saves so far (set by the builder)."""
         self.steady_samples = 0
         self.steady_seconds = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's open logging window (the loss summed over its steps so far), saved with a checkpoint.
+
+        A resume between logged steps then logs the same ``train/loss`` at the next one as a run
+        that was never interrupted. A collective: Lightning calls it on every rank when saving.
+        """
+        loss = self._carried_loss + (0.0 if self._loss_sum is None else float(self._loss_sum))
+        skipped = self.health.skipped_in_window if self.health is not None else 0
+        steps = self._carried_steps + self._steps
+        return {"window": every_rank({"loss_sum": loss, "steps": steps, "skipped": skipped})}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Reopen this rank's logging window as saved (on another world size, a new window starts)."""
+        windows = state_dict.get("window") or []
+        rank, world = rank_and_world()
+        if len(windows) != world:
+            return
+        window = windows[rank]
+        self._carried_loss = float(window.get("loss_sum") or 0.0)
+        self._carried_steps = int(window.get("steps", 0)) - int(window.get("skipped", 0))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the clocks."""
@@ -137,8 +161,11 @@ class MetricsRecorder(pl.Callback):
         if self.health is not None:
             self.health.settle(trainer)  # the steps skipped on the device, read once per row
         counted = self._steps - (self.health.skipped_in_window if self.health else 0)
-        if self._loss_sum is not None and counted > 0:
-            row.update(self._loss_row(trainer, self._loss_sum / counted))
+        loss_sum, counted = self._loss_sum, counted + self._carried_steps
+        if self._carried_steps:
+            loss_sum = torch.tensor(self._carried_loss) if loss_sum is None else loss_sum + self._carried_loss
+        if loss_sum is not None and counted > 0:
+            row.update(self._loss_row(trainer, loss_sum / counted))
         row["lr"] = float(trainer.optimizers[0].param_groups[0]["lr"])
         if self._grad_norm is not None:
             row["grad_norm"] = float(self._grad_norm)
@@ -160,6 +187,7 @@ class MetricsRecorder(pl.Callback):
         self._count_steady(elapsed)
         self._emit(trainer, row)
         self._loss_sum, self._grad_norm, self._steps, self._data_wait = None, None, 0, 0.0
+        self._carried_loss, self._carried_steps = 0.0, 0
         self._window_start = now
         if self.health is not None:
             self.health.check_row(trainer, row)
