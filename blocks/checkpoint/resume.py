@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import uuid
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,7 +72,8 @@ class Start:
     """Where a job's first attempt started, for its restarts and rollbacks.
 
     Attributes:
-        job: the job's id, written into every checkpoint it saves (:attr:`store.Manifest.job`).
+        job: the job's id, written into every checkpoint it saves (:attr:`store.Manifest.job`);
+            the same on every node (see :func:`_job_id`).
         resumed_from: the checkpoint it resumed from (None: from scratch).
         not_ours: URLs of the checkpoints its directory held that are not of its lineage: all of
             them when it started from scratch or from a checkpoint elsewhere, those newer than
@@ -85,8 +86,8 @@ class Start:
     not_ours: list[str] = dataclasses.field(default_factory=list)
 
 
-def record_start(run_dir: Path, directory: str, resumed_from: str | None) -> Start:
-    """Write the job's :class:`Start` (its first attempt resumes from *resumed_from*) into *run_dir*."""
+def record_start(run_dir: Path, directory: str, resumed_from: str | None, config: str) -> Start:
+    """Write the job's :class:`Start` into *run_dir*: its first attempt resumes from *resumed_from*; *config* is its config's text."""
     committed = store.list_dir(directory).committed
     start = next((c for c in committed if c.url == resumed_from), None)  # None: scratch, or elsewhere
     not_ours = [
@@ -94,9 +95,19 @@ def record_start(run_dir: Path, directory: str, resumed_from: str | None) -> Sta
         for c in committed
         if c is not start and (start is None or c.manifest.step > start.manifest.step)
     ]
-    recorded = Start(uuid.uuid4().hex, resumed_from, not_ours)
+    recorded = Start(_job_id(run_dir, directory, resumed_from, not_ours, config), resumed_from, not_ours)
     (run_dir / START_FILE).write_text(json.dumps(dataclasses.asdict(recorded)))
     return recorded
+
+
+def _job_id(run_dir: Path, directory: str, resumed_from: str | None, not_ours: list[str], config: str) -> str:
+    """The id of the job that starts now: what every node's driver sees alike (the run, its config, its start).
+
+    Two jobs with the same id started from the same checkpoint with the same config beside the
+    same checkpoints: they train the same steps, so each may continue the other's checkpoints.
+    """
+    seen = [str(run_dir.resolve()), directory, resumed_from, sorted(not_ours), config]
+    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:32]
 
 
 def read_start(run_dir: Path | None) -> Start:

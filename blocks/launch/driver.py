@@ -236,7 +236,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
         preflight_storage(directory, plan.derived.world_size)
     write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
-        record_start(run_dir, directory, resume_from)
+        record_start(run_dir, directory, resume_from, OmegaConf.to_yaml(frozen))
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
 
