@@ -207,19 +207,27 @@ def test_rollback_never_restores_an_earlier_runs_checkpoint(tmp_path: Path) -> N
 
 def test_a_rerun_that_saves_the_same_bytes_keeps_its_own_checkpoints(tmp_path: Path) -> None:
     """Reruns are bit-identical: a rerun under ``resume=never`` saves manifests equal to the earlier
-    run's, so only the job id recorded in each manifest tells its own checkpoints apart."""
-    from blocks.checkpoint.resume import read_start
+    run's, so only the id of the job that saved each one tells them apart; and the id of each
+    ``blocks run`` is its own, so a third identical run does not take the second one's either.
+    Another run's damaged checkpoint is no reason to refuse a restart."""
+    from blocks.checkpoint.resume import read_start, record_start
 
-    run_dir = tmp_path / "run"
+    run_dir, checkpoints = tmp_path / "run", str(tmp_path / "run" / "checkpoints")
     args = [*BLOBS, "trainer.max_steps=4", "checkpoint.every_n_steps=2", "checkpoint.keep_last=5"]
     assert driver.run(args, run_dir).status == "completed"
-    earlier = {c.manifest.step: c.manifest for c in store.scan(str(run_dir / "checkpoints"))[0]}
+    earlier = {c.manifest.step: c.manifest for c in store.scan(checkpoints)[0]}
     assert driver.run([*args, "checkpoint.resume=never"], run_dir).status == "completed"
-    start = read_start(run_dir)
-    assert start.resumed_from is None and len(start.not_ours) == len(earlier) == 2
-    rerun = {c.manifest.step: c.manifest for c in store.scan(str(run_dir / "checkpoints"))[0]}
+    second = read_start(run_dir)
+    assert second.resumed_from is None and second.lineage == [] and len(second.foreign) == len(earlier) == 2
+    rerun = {c.manifest.step: c.manifest for c in store.scan(checkpoints)[0]}
     assert {step: m.files for step, m in rerun.items()} == {step: m.files for step, m in earlier.items()}
-    assert all(m.job == start.job for m in rerun.values())
-    found = store.newest_valid(str(run_dir / "checkpoints"), start.not_ours, start.job)
+    assert all(m.job == second.job for m in rerun.values())
+    found = store.newest_valid(checkpoints, second.candidates())
     assert found is not None and found.manifest.step == 4
-    assert store.newest_valid(str(run_dir / "checkpoints"), start.not_ours, "another job") is None
+
+    damaged = tmp_path / "run" / "checkpoints" / store.step_dir_name(6)
+    shutil.copytree(tmp_path / "run" / "checkpoints" / store.step_dir_name(4), damaged)
+    (damaged / store.MANIFEST).write_text("{not json")
+    third = record_start(run_dir, checkpoints, None, (run_dir / "config.yaml").read_text())
+    assert third.job != second.job
+    assert store.find_valid(checkpoints, third.candidates()) == (None, [])

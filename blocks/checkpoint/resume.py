@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Collection
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,50 +64,55 @@ def is_restart() -> bool:
 
 
 START_FILE = ".resume-start.json"
-"""In the run dir: where the job's first attempt started and which checkpoints were another run's then."""
+"""In the run dir: the job's id, where its first attempt started, and what its checkpoint dir held then."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """Where a job's first attempt started, for its restarts and rollbacks.
+    """Where a job's first attempt started, for its restarts and rollbacks (see :meth:`candidates`).
 
     Attributes:
-        job: the job's id, written into every checkpoint it saves (:attr:`store.Manifest.job`);
-            the same on every node (see :func:`_job_id`).
+        job: the job's id, written into every checkpoint it saves (:attr:`store.Manifest.job`).
         resumed_from: the checkpoint it resumed from (None: from scratch).
-        not_ours: URLs of the checkpoints its directory held that are not of its lineage: all of
-            them when it started from scratch or from a checkpoint elsewhere, those newer than
-            its start when it started from one there. Never a restart's or a rollback's
-            target, unless this job has saved one again under the same name.
+        lineage: URLs of the checkpoints in its directory it continues: the one it started from
+            and those older there (none when it started from scratch or from elsewhere).
+        foreign: URLs of the other entries its directory held when it started (another run's,
+            committed or damaged).
     """
 
     job: str = ""
     resumed_from: str | None = None
-    not_ours: list[str] = dataclasses.field(default_factory=list)
+    lineage: list[str] = dataclasses.field(default_factory=list)
+    foreign: list[str] = dataclasses.field(default_factory=list)
+
+    def candidates(self) -> store.Candidates | None:
+        """What a restart or a rollback may load: the lineage and what this job saved (None: anything)."""
+        return (
+            store.Candidates(self.job, frozenset(self.lineage), frozenset(self.foreign)) if self.job else None
+        )
 
 
-def record_start(run_dir: Path, directory: str, resumed_from: str | None, config: str) -> Start:
-    """Write the job's :class:`Start` into *run_dir*: its first attempt resumes from *resumed_from*; *config* is its config's text."""
-    committed = store.list_dir(directory).committed
-    start = next((c for c in committed if c.url == resumed_from), None)  # None: scratch, or elsewhere
-    not_ours = [
-        c.url
-        for c in committed
-        if c is not start and (start is None or c.manifest.step > start.manifest.step)
+def record_start(
+    run_dir: Path, directory: str, resumed_from: str | None, config: str, nonce: str | None = None
+) -> Start:
+    """Write the job's :class:`Start` into *run_dir*; its first attempt resumes from *resumed_from*.
+
+    The job's id is a digest of the run dir, its *config* text, its start and what the directory
+    held, and of *nonce*: a random one by default (each ``blocks run`` is a job of its own);
+    every node's driver of a multi-node job must pass the same one (their ids must agree).
+    """
+    listing = store.list_dir(directory)
+    start = next((c for c in listing.committed if c.url == resumed_from), None)  # None: scratch, or elsewhere
+    lineage = [
+        c.url for c in listing.committed if start is not None and c.manifest.step <= start.manifest.step
     ]
-    recorded = Start(_job_id(run_dir, directory, resumed_from, not_ours, config), resumed_from, not_ours)
+    foreign = [c.url for c in listing.committed if c.url not in lineage] + [url for url, _ in listing.damaged]
+    seen = [str(run_dir.resolve()), directory, resumed_from, lineage, sorted(foreign), config]
+    seen.append(uuid.uuid4().hex if nonce is None else nonce)
+    job = hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:32]
+    recorded = Start(job, resumed_from, lineage, foreign)
     (run_dir / START_FILE).write_text(json.dumps(dataclasses.asdict(recorded)))
     return recorded
-
-
-def _job_id(run_dir: Path, directory: str, resumed_from: str | None, not_ours: list[str], config: str) -> str:
-    """The id of the job that starts now: what every node's driver sees alike (the run, its config, its start).
-
-    Two jobs with the same id started from the same checkpoint with the same config beside the
-    same checkpoints: they train the same steps, so each may continue the other's checkpoints.
-    """
-    seen = [str(run_dir.resolve()), directory, resumed_from, sorted(not_ours), config]
-    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:32]
 
 
 def read_start(run_dir: Path | None) -> Start:
@@ -135,7 +140,7 @@ def resolve_resume(plan: Plan, directory: str, run_dir: Path | None = None) -> s
     restart = is_restart()
     if block.resume == "auto" or restart:
         start = read_start(run_dir) if restart else Start()
-        found = _newest(directory, start.not_ours, start.job)
+        found = _newest(directory, start.candidates())
         if found is not None:
             _check_compatible(plan, found.url, found.manifest)
             _check_loadable(found.url, found.manifest)
@@ -180,9 +185,9 @@ def _check_loadable(url: str, manifest: store.Manifest) -> None:
         ) from None
 
 
-def _newest(directory: str, not_ours: Collection[str] = (), job: str = "") -> store.Committed | None:
+def _newest(directory: str, candidates: store.Candidates | None = None) -> store.Committed | None:
     try:
-        found, skipped = store.find_valid(directory, not_ours, job)
+        found, skipped = store.find_valid(directory, candidates)
     except Exception as exc:
         raise BlocksError(
             Problem(

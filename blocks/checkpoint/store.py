@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, TypeVar
@@ -38,8 +38,10 @@ MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
 """The file every checkpoint holds (the training state, or its non-sharded rest)."""
-FORMAT = "blocks-checkpoint/3"
-"""Written into new manifests (version 2 let each file entry name its algorithm; version 3 adds XXH3-128)."""
+FORMAT = "blocks-checkpoint/4"
+"""Written into new manifests (version 2 let each file entry name its algorithm; version 3 adds
+XXH3-128; version 4 the ``job`` that saved it, so an older blocks says the format is newer rather
+than that the manifest is damaged)."""
 HASH = "xxh3_128"
 """The digest new manifests record.
 
@@ -58,6 +60,7 @@ DIGEST_HEX_LENGTHS = {name: make().digest_size * 2 for name, make in _HASHERS.it
 ALGORITHMS_BY_FORMAT = {
     "blocks-checkpoint/1": ("sha256",),
     "blocks-checkpoint/2": ("blake3", "sha256"),
+    "blocks-checkpoint/3": tuple(DIGEST_HEX_LENGTHS),
     FORMAT: tuple(DIGEST_HEX_LENGTHS),
 }
 """Manifest formats this version verifies, each with the algorithms its entries may name."""
@@ -573,30 +576,50 @@ def remove(url: str) -> None:
         fs.rm(root, recursive=True)
 
 
-def newest_valid(directory: str, not_ours: Collection[str] = (), job: str = "") -> Committed | None:
+@dataclass(frozen=True)
+class Candidates:
+    """The checkpoints a job's restart or rollback may load (see :class:`blocks.checkpoint.resume.Start`).
+
+    Attributes:
+        job: the job's id: every checkpoint it saved (:attr:`Manifest.job`) is a candidate.
+        lineage: URLs of the checkpoints it continues from its directory.
+        foreign: URLs of the entries its directory held that are another run's: when damaged,
+            they are not a reason to refuse a restart.
+    """
+
+    job: str
+    lineage: frozenset[str]
+    foreign: frozenset[str]
+
+    def admit(self, committed: Committed) -> bool:
+        """Whether *committed* is one of the job's own or of its lineage."""
+        return committed.manifest.job == self.job or committed.url in self.lineage
+
+
+def newest_valid(directory: str, candidates: Candidates | None = None) -> Committed | None:
     """The newest committed checkpoint whose files match its manifest; corrupt ones are skipped with a warning.
 
-    *not_ours* and *job* are as for :func:`find_valid`.
+    *candidates* is as for :func:`find_valid`.
     """
-    return find_valid(directory, not_ours, job)[0]
+    return find_valid(directory, candidates)[0]
 
 
-def find_valid(
-    directory: str, not_ours: Collection[str] = (), job: str = ""
-) -> tuple[Committed | None, list[str]]:
+def find_valid(directory: str, candidates: Candidates | None = None) -> tuple[Committed | None, list[str]]:
     """The newest verified checkpoint in *directory* (or None) and why each newer or damaged one was skipped.
 
     The reasons name every checkpoint that exists but cannot be used; an empty list with None
-    means the directory holds no checkpoint at all. The checkpoints at the URLs *not_ours*
-    are not candidates (another run's, see :class:`blocks.checkpoint.resume.Start`) unless
-    job *job* has saved one again under the same name since.
+    means the directory holds no checkpoint at all. With *candidates*, only those it admits are
+    considered, and another run's damaged entries are no reason.
     """
     listing = list_dir(directory)
-    skipped = [reason for _, reason in listing.damaged]
-    for url, reason in listing.damaged:
+    damaged = [
+        (url, why) for url, why in listing.damaged if candidates is None or url not in candidates.foreign
+    ]
+    skipped = [reason for _, reason in damaged]
+    for url, reason in damaged:
         log.warning("skipping checkpoint %s: %s", url, reason)
     for candidate in reversed(listing.committed):
-        if candidate.url in not_ours and not (job and candidate.manifest.job == job):
+        if candidates is not None and not candidates.admit(candidate):
             continue
         try:
             verify(candidate.url)

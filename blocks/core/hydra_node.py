@@ -58,11 +58,28 @@ def _kind_of(key: str) -> Kind:
 NODE_RESOLVERS = ("oc.decode", "oc.create")
 """OmegaConf's resolvers that turn a string into config nodes (which may hold a ``_target_``)."""
 
-UNSAFE_ENV_PREFIXES = ("BLOCKS_", "PYTHON", "LD_", "DYLD_", "HYDRA_")
-UNSAFE_ENV_NAMES = ("PATH", "BASH_ENV", "ENV", "HOME", "OPENSSL_CONF", "OPENSSL_ENGINES", "GCONV_PATH")
+UNSAFE_ENV_PREFIXES = ("BLOCKS_", "PYTHON", "LD_", "DYLD_", "HYDRA_", "GIT_")
+UNSAFE_ENV_NAMES = (
+    "PATH",
+    "BASH_ENV",
+    "ENV",
+    "HOME",
+    "OPENSSL_CONF",
+    "OPENSSL_ENGINES",
+    "GCONV_PATH",
+    "NCCL_NET_PLUGIN",
+    "CUDA_INJECTION64_PATH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
 """Variables ``hydra.job.env_set`` may not set: blocks' own settings (the import allow-list),
-Hydra's instantiation policy, and what makes a process load code (Python's, the loader's,
-OpenSSL's and glibc's modules, the user site directory under ``HOME``)."""
+Hydra's instantiation policy, what makes a process load code or run a command (Python's, the
+loader's, git's, OpenSSL's, glibc's, NCCL's and CUDA's plugins, the user site directory under
+``HOME``, an AWS profile's ``credential_process``) and whom it trusts (certificate bundles)."""
 SAFE_ENV_NAMES = (
     "PYTHONHASHSEED",
     "PYTHONUNBUFFERED",

@@ -236,7 +236,9 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
         preflight_storage(directory, plan.derived.world_size)
     write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
-        record_start(run_dir, directory, resume_from, OmegaConf.to_yaml(frozen))
+        # every node's driver of a multi-node job records the same job: its SLURM job, if any
+        nonce = None if plan.derived.nodes == 1 or uses_ray(plan) else os.environ.get("SLURM_JOB_ID", "")
+        record_start(run_dir, directory, resume_from, OmegaConf.to_yaml(frozen), nonce)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
 

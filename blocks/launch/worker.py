@@ -99,14 +99,22 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
 def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer, plan: Plan, run_dir: Path) -> str:
     """``summary.json``'s reason for a run a signal stopped, and the command that goes on from its checkpoint."""
     by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
+    stopped = f"{by} stopped training at step {trainer.global_step}"
+    if not plan.checkpoint.enabled:
+        return f"{stopped}; checkpointing is off (checkpoint.enabled=false), so it cannot resume"
+    sweep_dir = run_dir.parent
+    if (sweep_dir / SWEEP_CONFIG).exists():  # a sweep job: Hydra chooses its run dir from the sweep's
+        how = f"run the same sweep with hydra.sweep.dir={sweep_dir}"
+    else:
+        how = f"run the same command with hydra.run.dir={run_dir}"
     resume = plan.checkpoint.resume
-    how = f"run the same command with hydra.run.dir={run_dir}"
     if resume != "auto":  # the command as given would start over from where this run started
         how += f" and checkpoint.resume=auto (checkpoint.resume={resume} would start over)"
-    return (
-        f"{by} stopped training at step {trainer.global_step}; its checkpoint was saved "
-        f"(unless checkpoint.on_signal=false): to resume, {how}"
-    )
+    return f"{stopped}; its checkpoint was saved (unless checkpoint.on_signal=false): to resume, {how}"
+
+
+SWEEP_CONFIG = "multirun.yaml"
+"""What Hydra writes into a sweep dir: beside a job's run dir, it makes the job one of a sweep."""
 
 
 def failure_reason(exc: BaseException, plan: Plan) -> str:

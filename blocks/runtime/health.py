@@ -10,7 +10,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +78,12 @@ class HealthGuard(pl.Callback):
         max_bad_steps: int,
         spike_factor: float,
         checkpoint_dir: str | None,
-        not_ours: Collection[str] = (),
-        job: str = "",
+        candidates: store.Candidates | None = None,
         grad_scaler: bool = False,
         divergence_factor: float = 0.0,
     ) -> None:
         self.policy = policy
-        self.not_ours, self.job = frozenset(not_ours), job
+        self.candidates = candidates
         self.divergence_factor = divergence_factor
         self.divergences = 0
         self._first_loss: float | None = None
@@ -151,6 +150,10 @@ class HealthGuard(pl.Callback):
             self._on_device = _DeviceSkips(bad.device)
         self._on_device.add(bad)
 
+    def skipped_in_open_window(self) -> int:
+        """Steps skipped since the last logged row, those counted on the device included (read, not settled)."""
+        return self.skipped_in_window + (self._on_device.peek() if self._on_device is not None else 0)
+
     def settle(self, trainer: pl.Trainer) -> None:
         """Read the steps skipped on the device since the last call (one host read, at a logged step).
 
@@ -197,12 +200,10 @@ class HealthGuard(pl.Callback):
         """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.
 
         Corrupt checkpoints are skipped with the same fallback as resume (:func:`store.newest_valid`),
-        and so are those not of this job's lineage (*not_ours*, unless job *job* saved them
-        again; see :class:`blocks.checkpoint.resume.Start`).
+        and so are those neither this job saved nor it continues (*candidates*, see
+        :class:`blocks.checkpoint.resume.Start`).
         """
-        newest = (
-            store.newest_valid(self.checkpoint_dir, self.not_ours, self.job) if self.checkpoint_dir else None
-        )
+        newest = store.newest_valid(self.checkpoint_dir, self.candidates) if self.checkpoint_dir else None
         if newest is None:
             if not self._warned_no_checkpoint and trainer.is_global_zero:
                 log.warning("no valid committed checkpoint to roll back to yet: skipping the step instead")
@@ -309,6 +310,10 @@ class _DeviceSkips:
         skipped, run, longest = self.counts.unbind()
         run = (run + 1) * bad
         self.counts = torch.stack([skipped + bad, run, torch.maximum(longest, run)])
+
+    def peek(self) -> int:
+        """Skipped steps since the last read, leaving the window open (one host read)."""
+        return int(self.counts[0].item())
 
     def read(self) -> tuple[int, int]:
         """Skipped steps and the longest run since the last read; starts a new window (the current run goes on)."""

@@ -93,7 +93,7 @@ class MetricsRecorder(pl.Callback):
         that was never interrupted. A collective: Lightning calls it on every rank when saving.
         """
         loss = self._carried_loss + (0.0 if self._loss_sum is None else float(self._loss_sum))
-        skipped = self.health.skipped_in_window if self.health is not None else 0
+        skipped = self.health.skipped_in_open_window() if self.health is not None else 0
         steps = self._carried_steps + self._steps
         return {"window": every_rank({"loss_sum": loss, "steps": steps, "skipped": skipped})}
 

@@ -96,8 +96,7 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         max_bad_steps=monitor.max_bad_steps,
         spike_factor=monitor.grad_spike_factor,
         checkpoint_dir=directory if checkpoint_block.enabled else None,
-        not_ours=start.not_ours,
-        job=start.job,
+        candidates=start.candidates(),
         grad_scaler=plan.precision.needs_grad_scaler,
         divergence_factor=monitor.loss_divergence_factor,
     )
