@@ -128,9 +128,9 @@ def resolve_resume(plan: Plan, directory: str, run_dir: Path | None = None) -> s
 
     An automatic restart continues from the newest committed checkpoint the job can call its
     own, whatever ``resume`` says: restarting from the configured URL (or from scratch with
-    ``never``) would throw away the work since. Checkpoints that were newer than the first
-    attempt's start (another run's, see :class:`Start`, read from *run_dir*) are not its own;
-    without one of its own, a restart starts where the first attempt did. When the directory
+    ``never``) would throw away the work since. Its own are those it saved and those it
+    continues (:meth:`Start.candidates`, read from *run_dir*); without one, a restart starts
+    where the first attempt did. When the directory
     holds checkpoints but none can be used (all corrupt), the run fails with the reasons
     rather than silently training from step 0.
     """
