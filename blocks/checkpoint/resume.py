@@ -123,24 +123,23 @@ def read_start(run_dir: Path | None) -> Start:
         return Start()
 
 
-def resolve_resume(plan: Plan, directory: str, run_dir: Path | None = None) -> str | None:
+def resolve_resume(plan: Plan, directory: str, start: Start | None = None) -> str | None:
     """The checkpoint this run resumes from, per ``checkpoint.resume``; refusals name the key and the fix.
 
     An automatic restart continues from the newest committed checkpoint the job can call its
     own, whatever ``resume`` says: restarting from the configured URL (or from scratch with
     ``never``) would throw away the work since. Its own are those it saved and those it
-    continues (:meth:`Start.candidates`, read from *run_dir*); without one, a restart starts
-    where the first attempt did. When the directory
-    holds checkpoints but none can be used (all corrupt), the run fails with the reasons
-    rather than silently training from step 0.
+    continues (:meth:`Start.candidates` of *start*, the job's recorded start); without one, a
+    restart starts where the first attempt did. When the directory holds checkpoints but none
+    can be used (all corrupt), the run fails with the reasons rather than silently training
+    from step 0.
     """
     block = plan.checkpoint
     if not block.enabled:
         return None
     restart = is_restart()
     if block.resume == "auto" or restart:
-        start = read_start(run_dir) if restart else Start()
-        found = _newest(directory, start.candidates())
+        found = _newest(directory, start.candidates() if restart and start is not None else None)
         if found is not None:
             _check_compatible(plan, found.url, found.manifest)
             _check_loadable(found.url, found.manifest)

@@ -46,6 +46,11 @@ GROUP_DEFAULTS: dict[str, str] = {kind.name: kind.default for kind in KIND_TABLE
 GROUPS = ALL_GROUPS
 
 
+def field_keys(node: DictConfig) -> list[str]:
+    """The keys of a block's config node: its fields, without ``_block_``."""
+    return [str(key) for key in node if key != BLOCK_KEY]
+
+
 def block_node(block: Block) -> DictConfig:
     """The config node of *block*: ``_block_`` plus its typed fields (struct, so typos fail)."""
     if not block.block_name:
@@ -156,7 +161,7 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
         ) from None
     fields = {f.name: f for f in dataclasses.fields(cls)}
     # Keys only: reading a value would resolve it, and a ``???`` value raises on read.
-    keys = [str(k) for k in node if k != BLOCK_KEY]
+    keys = field_keys(node)
     problems = []
     for key in keys:
         if key not in fields:
@@ -408,7 +413,7 @@ def _unknown_block_keys_of_other_overrides(
         node = config_child(root, kind) if isinstance(root, DictConfig) else None
         if not (isinstance(node, DictConfig) and _is_block_type(structured_type(node))):
             continue
-        keys = [str(key) for key in node if key != BLOCK_KEY]
+        keys = field_keys(node)
         if field not in keys:
             problems.append(_unknown_key_problem(f"{kind}.{field}", {kind: keys}))
     return problems
@@ -431,7 +436,7 @@ def _keys_of_the_failing_block(error: OmegaConfBaseException) -> dict[str, list[
         return {}
     if not (isinstance(parent, DictConfig) and _is_block_type(owner)):
         return {}
-    return {group: [str(key) for key in parent if key != BLOCK_KEY]}
+    return {group: field_keys(parent)}
 
 
 def _unknown_key_problem(key: str, known_keys: Mapping[str, Sequence[str]]) -> Problem:

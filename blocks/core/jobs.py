@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,11 @@ from blocks.core import catalog as catalogs
 from blocks.core import packages
 from blocks.core.catalog import Catalog
 from blocks.core.compose import (
-    BLOCK_KEY,
     DEFAULT_RECIPE,
     PRIMARY_CONFIG,
     Composed,
     config_to_blocks,
+    field_keys,
     split_hydra,
     translate_compose_error,
 )
@@ -30,6 +29,7 @@ from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
+from blocks.core.secrets import KeyPath, env_interpolations
 from blocks.data.base import DataBlock
 from blocks.spec.block import Block
 from blocks.spec.errors import BlocksError, ConfigError, Problem
@@ -228,36 +228,25 @@ def _blocks_once(
 def _refuse_interpolated_paths(config: DictConfig, blocks: Mapping[str, Block]) -> None:
     """Every import path the blocks name is written out in *config*, not read from the environment.
 
-    A composed config keeps ``${oc.env:...}`` values as interpolations, which each process
-    resolves again when it builds the blocks: a path read from the environment would be checked
-    here and imported there, from an environment that may differ.
+    A composed config keeps ``${oc.env:...}`` values as interpolations (:mod:`blocks.core.secrets`),
+    which each process resolves again when it builds the blocks: a path read from the environment
+    would be checked here and imported there, from an environment that may differ.
     """
-    from omegaconf import OmegaConf
-
-    plain = OmegaConf.to_container(config, resolve=False)
+    from_env = {_key_of(path): raw for path, raw in env_interpolations(config).items()}
     problems = []
     for block in blocks.values():
         for key, _, _ in block.import_paths():
-            raw = _value_at(plain, key)
-            for value in raw if isinstance(raw, list) else [raw]:
-                problem = interpolated_path_problem(value, key)
-                if problem is not None:
-                    problems.append(problem)
-                    break
+            raw = next((raw for at, raw in from_env.items() if _within(at, key)), None)
+            problem = interpolated_path_problem(raw, key)
+            if problem is not None:
+                problems.append(problem)
     if problems:
         raise ConfigError(problems)
 
 
-def _value_at(plain: object, key: str) -> object:
-    """The value at *key* (``a.b[0].c``) of a plain nested container, or None."""
-    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", key):
-        if name and isinstance(plain, dict):
-            plain = plain.get(name)
-        elif index and isinstance(plain, list) and int(index) < len(plain):
-            plain = plain[int(index)]
-        else:
-            return None
-    return plain
+def _key_of(path: KeyPath) -> str:
+    """The config key of a path of keys and list indices: ``("monitor", "loggers", 1)`` → ``monitor.loggers[1]``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).lstrip(".")
 
 
 def _override_key(override: str) -> str:
@@ -346,7 +335,7 @@ class _KnownKeys(Mapping[str, list[str]]):
             except Exception:
                 cfg = DictConfig({})
             self._memo[key] = {
-                str(group): [str(k) for k in node if k != BLOCK_KEY]
+                str(group): field_keys(node)
                 for group, node in cfg.items()
                 if group != "hydra" and isinstance(node, DictConfig)
             }

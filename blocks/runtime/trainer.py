@@ -70,8 +70,8 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
     spec = plan.data.batch_spec()
     checkpoint_block = plan.checkpoint
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
-    resume_from = resolve_resume(plan, directory, run_dir)
     start = read_start(run_dir)
+    resume_from = resolve_resume(plan, directory, start)
     resumed_step = store.read_manifest(resume_from).step if resume_from else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan

@@ -285,20 +285,36 @@ def _refusal(path: str, allowed: Sequence[str], kind: Kind = ANY_CLASS) -> tuple
     """``(check, why, fix)`` when *path* may not be imported, else None (string checks only)."""
     if not isinstance(path, str) or not _PATH.match(path) or "__" in path:
         return "import-path", "is not an import path of a class or function", "package.module.ClassName"
-    denied = _under(path, DENIED_MODULES)
     name = path.rsplit(".", 1)[1]
-    if denied is not None or name in DENIED_NAMES:
-        reached = f"module {denied}" if denied else f"a function named '{name}'"
+    if name in DENIED_NAMES and _under(path, DENIED_MODULES) is None:
         return (
             "import-denied",
-            f"is refused: configs may never reach {reached} (it can run commands or code)",
-            "name the kind of class this key expects; a config can never reach modules that run commands, code or pickles",
+            f"is refused: configs may never reach a function named '{name}'{_RUNS_CODE}",
+            _DENIED_FIX,
         )
-    if _under(path, (*implicit_prefixes(), *kind.also_allowed, *allowed)) is None:
+    return _module_refusal(path, allowed, kind.also_allowed)
+
+
+_RUNS_CODE = " (it can run commands or code)"
+_DENIED_FIX = "name the kind of class this key expects; a config can never reach modules that run commands, code or pickles"
+
+
+def _module_refusal(
+    name: str, allowed: Sequence[str], also_allowed: Sequence[str] = ()
+) -> tuple[str, str, str] | None:
+    """``(check, why, fix)`` when module (or path) *name* is denied or outside every allowed prefix, else None."""
+    denied = _under(name, DENIED_MODULES)
+    if denied is not None:
+        return (
+            "import-denied",
+            f"is refused: configs may never reach module {denied}{_RUNS_CODE}",
+            _DENIED_FIX,
+        )
+    if _under(name, (*implicit_prefixes(), *also_allowed, *allowed)) is None:
         return (
             "import-not-allowed",
             f"is not in a module prefix you allow for imports (allowed: {', '.join(allowed) or 'none'})",
-            _allow_fix(path),
+            _allow_fix(name),
         )
     return None
 
@@ -306,31 +322,18 @@ def _refusal(path: str, allowed: Sequence[str], kind: Kind = ANY_CLASS) -> tuple
 def module_problem(module: str, key: str, why: str) -> Problem | None:
     """What is wrong with letting a config import *module* (read at config key *key*; *why* it would be imported).
 
-    The same string rules as an import path's: blocks', installed block packages' and the
-    project's modules, and the prefixes the user allows, never a denied module. None when allowed.
+    The import paths' rules for modules: blocks', installed block packages' and the project's
+    modules, and the prefixes the user allows, never a denied module. None when allowed.
     """
-    allowed = allowed_prefixes()
     if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", module) or "__" in module:
         return Problem(
             key, f"'{module}' is not a module name ({why})", f"{key}: name a package", check="import-path"
         )
-    denied = _under(module, DENIED_MODULES)
-    if denied is not None:
-        return Problem(
-            key,
-            f"'{module}' is refused: configs may never reach module {denied} ({why})",
-            f"remove it from {key}",
-            check="import-denied",
-        )
-    if _under(module, (*implicit_prefixes(), *allowed)) is None:
-        return Problem(
-            key,
-            f"'{module}' is not in a module prefix you allow for imports ({why}; allowed: "
-            f"{', '.join(allowed) or 'none'})",
-            _allow_fix(module),
-            check="import-not-allowed",
-        )
-    return None
+    refusal = _module_refusal(module, allowed_prefixes())
+    if refusal is None:
+        return None
+    check, reason, fix = refusal
+    return Problem(key, f"'{module}' {reason}: {why}", fix, check=check)
 
 
 INTERPOLATION = "${"
