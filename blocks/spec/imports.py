@@ -281,40 +281,30 @@ def _allow_fix(path: str) -> str:
     )
 
 
-def _refusal(path: str, allowed: Sequence[str], kind: Kind = ANY_CLASS) -> tuple[str, str, str] | None:
-    """``(check, why, fix)`` when *path* may not be imported, else None (string checks only)."""
-    if not isinstance(path, str) or not _PATH.match(path) or "__" in path:
-        return "import-path", "is not an import path of a class or function", "package.module.ClassName"
-    name = path.rsplit(".", 1)[1]
-    if name in DENIED_NAMES and _under(path, DENIED_MODULES) is None:
-        return (
-            "import-denied",
-            f"is refused: configs may never reach a function named '{name}'{_RUNS_CODE}",
-            _DENIED_FIX,
-        )
-    return _module_refusal(path, allowed, kind.also_allowed)
-
-
-_RUNS_CODE = " (it can run commands or code)"
-_DENIED_FIX = "name the kind of class this key expects; a config can never reach modules that run commands, code or pickles"
-
-
-def _module_refusal(
-    name: str, allowed: Sequence[str], also_allowed: Sequence[str] = ()
+def _refusal(
+    path: str, allowed: Sequence[str], kind: Kind = ANY_CLASS, *, module: bool = False
 ) -> tuple[str, str, str] | None:
-    """``(check, why, fix)`` when module (or path) *name* is denied or outside every allowed prefix, else None."""
-    denied = _under(name, DENIED_MODULES)
-    if denied is not None:
+    """``(check, why, fix)`` when *path* may not be imported, else None (string checks only).
+
+    With *module*, *path* names a module to import (not a class or function in one): only the
+    module rules apply, denied modules and allowed prefixes.
+    """
+    if not module and (not isinstance(path, str) or not _PATH.match(path) or "__" in path):
+        return "import-path", "is not an import path of a class or function", "package.module.ClassName"
+    denied = _under(path, DENIED_MODULES)
+    name = path.rsplit(".", 1)[-1]
+    if denied is not None or (not module and name in DENIED_NAMES):
+        reached = f"module {denied}" if denied else f"a function named '{name}'"
         return (
             "import-denied",
-            f"is refused: configs may never reach module {denied}{_RUNS_CODE}",
-            _DENIED_FIX,
+            f"is refused: configs may never reach {reached} (it can run commands or code)",
+            "name the kind of class this key expects; a config can never reach modules that run commands, code or pickles",
         )
-    if _under(name, (*implicit_prefixes(), *also_allowed, *allowed)) is None:
+    if _under(path, (*implicit_prefixes(), *kind.also_allowed, *allowed)) is None:
         return (
             "import-not-allowed",
             f"is not in a module prefix you allow for imports (allowed: {', '.join(allowed) or 'none'})",
-            _allow_fix(name),
+            _allow_fix(path),
         )
     return None
 
@@ -329,7 +319,7 @@ def module_problem(module: str, key: str, why: str) -> Problem | None:
         return Problem(
             key, f"'{module}' is not a module name ({why})", f"{key}: name a package", check="import-path"
         )
-    refusal = _module_refusal(module, allowed_prefixes())
+    refusal = _refusal(module, allowed_prefixes(), module=True)
     if refusal is None:
         return None
     check, reason, fix = refusal
