@@ -352,7 +352,7 @@ def test_an_interrupted_run_says_the_command_that_resumes_it(tmp_path: Path) -> 
 def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: Path) -> None:
     """A run started with ``checkpoint.resume=never`` where an earlier run left checkpoints up to
     step 20: killed after its own step-5 save, its restart resumed the earlier run's step 20
-    (its own work thrown away, another run's weights taken). It resumes its own step 5 now."""
+    (its own work thrown away, another run's weights taken). It resumes its own checkpoint now."""
     run_dir = tmp_path / "run"
     every_5 = ["recipe=blobs", "data.samples=200000", "checkpoint.every_n_steps=5", "checkpoint.keep_last=10"]
     every_5 += ["trainer.val_every=null"]
@@ -375,7 +375,9 @@ def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: P
         assert proc.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["restarts"] == 1 and summary["global_step"] == 12
-    assert Path(summary["resumed_from"]).name == store.step_dir_name(5), summary["resumed_from"]
+    # one of its own saves before the kill (step 5, or 10 when it got there first), never the earlier run's 20
+    resumed = Path(summary["resumed_from"]).name
+    assert resumed in (store.step_dir_name(5), store.step_dir_name(10)), summary["resumed_from"]
 
 
 def saved_again(url: str, job: str) -> bool:
