@@ -231,3 +231,90 @@ def test_a_rerun_that_saves_the_same_bytes_keeps_its_own_checkpoints(tmp_path: P
     third = record_start(run_dir, checkpoints, None, (run_dir / "config.yaml").read_text())
     assert third.job != second.job
     assert store.find_valid(checkpoints, third.candidates()) == (None, [])
+
+
+def _flip_tensor_bytes(shard: Path, offset: int, length: int) -> None:
+    """Damage the middle of one tensor's record in a DCP shard file (its raw data, not its zip header)."""
+    data = bytearray(shard.read_bytes())
+    for index in range(offset + length // 2, offset + length // 2 + 16):
+        data[index] ^= 0x55
+    shard.write_bytes(bytes(data))
+
+
+SHARDS_DIR, SHARDS_METADATA = "dcp", "dcp/.metadata"
+
+
+@pytest.mark.xdist_group("torchrun")  # shares fsdp_sync_run with the other FSDP checkpoint tests
+def test_a_shard_the_manifest_does_not_list_is_never_read_unverified(
+    fsdp_sync_run: Path, tmp_path: Path
+) -> None:
+    """A sharded manifest that lost a shard's entry is damage: the shard is refused, not loaded as weights.
+
+    Before, only ``state.pt`` had to be listed: a damaged shard whose entry was gone loaded
+    silently as different weights, and a resume picked that checkpoint as the newest valid one.
+    """
+    from blocks.checkpoint.export import checkpoint_weights
+    from blocks.checkpoint.safe_dcp import load_metadata
+
+    directory = tmp_path / "checkpoints"
+    shutil.copytree(fsdp_sync_run / "checkpoints", directory)
+    newest = directory / store.step_dir_name(8)
+    metadata = load_metadata((newest / SHARDS_METADATA).open("rb"), str(newest))
+    shard, record = max(
+        (
+            (info.relative_path, info)
+            for index, info in metadata.storage_data.items()
+            if index.fqn.startswith("model.")
+        ),
+        key=lambda found: found[1].length,
+    )
+    manifest = json.loads((newest / store.MANIFEST).read_text())
+    del manifest["files"][f"{SHARDS_DIR}/{shard}"]
+    (newest / store.MANIFEST).write_text(json.dumps(manifest))
+    _flip_tensor_bytes(newest / SHARDS_DIR / shard, record.offset, record.length)
+
+    with pytest.raises(store.CheckpointError, match=f"{SHARDS_DIR}/{shard} not in the manifest"):
+        checkpoint_weights(str(newest))
+    found, skipped = store.find_valid(str(directory))
+    assert found is not None and found.manifest.step == 4, (
+        "a resume falls back to the last checkpoint it can verify"
+    )
+    assert any(shard in reason for reason in skipped)
+
+
+@pytest.mark.xdist_group("torchrun")
+def test_a_sharded_manifest_must_list_the_shards_metadata(fsdp_sync_run: Path, tmp_path: Path) -> None:
+    """Without ``dcp/.metadata`` in the manifest, the file that says where every shard lies would go unchecked."""
+    checkpoint = tmp_path / "step"
+    shutil.copytree(fsdp_sync_run / "checkpoints" / store.step_dir_name(8), checkpoint)
+    manifest = json.loads((checkpoint / store.MANIFEST).read_text())
+    del manifest["files"][SHARDS_METADATA]
+    (checkpoint / store.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(store.CheckpointError, match=f"does not list {SHARDS_METADATA}"):
+        store.verify(str(checkpoint))
+
+
+@pytest.mark.xdist_group("torchrun")
+def test_shards_metadata_pointing_outside_the_manifest_is_refused(
+    fsdp_sync_run: Path, tmp_path: Path
+) -> None:
+    """Metadata naming a file the manifest lists under another name (``dcp/../state.pt``) is refused before DCP reads it."""
+    import pickle
+
+    from blocks.checkpoint.export import checkpoint_weights
+    from blocks.checkpoint.safe_dcp import load_metadata
+
+    checkpoint = tmp_path / "step"
+    shutil.copytree(fsdp_sync_run / "checkpoints" / store.step_dir_name(8), checkpoint)
+    metadata = load_metadata((checkpoint / SHARDS_METADATA).open("rb"), str(checkpoint))
+    index = next(index for index in metadata.storage_data if index.fqn.startswith("model."))
+    metadata.storage_data[index].relative_path = "../state.pt"
+    (checkpoint / SHARDS_METADATA).write_bytes(pickle.dumps(metadata))
+    store.commit(
+        str(checkpoint), store.read_manifest(str(checkpoint))
+    )  # a writer that committed what it wrote
+
+    with pytest.raises(
+        store.CheckpointError, match=r"names dcp/\.\./state\.pt, which the manifest does not list"
+    ):
+        checkpoint_weights(str(checkpoint))

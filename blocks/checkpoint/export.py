@@ -21,11 +21,10 @@ def checkpoint_weights(url: str) -> dict[str, torch.Tensor]:
     manifest = store.verify(url)
     if manifest.sharded:
         from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
-        from blocks.checkpoint.sharded import SHARDS_DIR
         from blocks.compat.dcp_private import dcp_load_everything
 
-        check_sharded(url)
-        state = dcp_load_everything(SafeFsspecReader(store.join(url, SHARDS_DIR)))["model"]
+        check_sharded(url, manifest)
+        state = dcp_load_everything(SafeFsspecReader(store.join(url, store.SHARDS_DIR)))["model"]
     else:
         state = load_state(url)["state_dict"]
     return {

@@ -164,14 +164,14 @@ def resolve_resume(plan: Plan, directory: str, start: Start | None = None) -> st
 
 
 def _check_loadable(url: str, manifest: store.Manifest) -> None:
-    """Refuse, before any process starts, a checkpoint whose loading would unpickle anything but data."""
+    """Refuse, before any process starts, a checkpoint whose loading would unpickle anything but data or read unverified shards."""
     from blocks.checkpoint.io import UnsafeCheckpointError, load_state
 
     try:
         if manifest.sharded:
             from blocks.checkpoint.safe_dcp import check_sharded
 
-            check_sharded(url)
+            check_sharded(url, manifest)
         load_state(url, mmap=True)
     except UnsafeCheckpointError as exc:
         raise BlocksError(
@@ -180,6 +180,15 @@ def _check_loadable(url: str, manifest: store.Manifest) -> None:
                 str(exc),
                 "resume only from checkpoints blocks wrote (tensors and plain data); never from an untrusted one",
                 check="checkpoint-unsafe",
+            )
+        ) from None
+    except store.CheckpointError as exc:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                str(exc),
+                "resume from another committed checkpoint (checkpoint.resume=<its step directory>), "
+                "or start over with checkpoint.resume=never",
             )
         ) from None
 

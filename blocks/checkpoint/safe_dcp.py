@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from blocks.checkpoint import store
 from blocks.checkpoint.io import UnsafeCheckpointError
 from blocks.compat.dcp_private import FsspecReader, dcp_metadata_path
 
@@ -96,23 +97,34 @@ class _CheckedBytes:
         self._planner.load_bytes(read_item, io.BytesIO(data))
 
 
-def check_sharded(url: str) -> None:
-    """Refuse the DCP shards of checkpoint *url* before any load starts, when they would unpickle code.
+def check_sharded(url: str, manifest: store.Manifest) -> None:
+    """Refuse the DCP shards of checkpoint *url* before any load starts: unverified, or unpickling code.
 
-    Reads the metadata (restricted) and every non-tensor entry (``weights_only=True``); the
-    tensors are left alone. The loads check again as they read, so this only makes the
-    refusal early and plain (torch reports errors inside a load wrapped in its own).
+    Every file the shards' metadata (read restricted) points at must be one the verified
+    *manifest* lists, so that no shard is read unverified; every non-tensor entry must load
+    with ``weights_only=True`` (the tensors are left alone). The loads check the entries again
+    as they read, so that part only makes the refusal early and plain (torch reports errors
+    inside a load wrapped in its own).
     """
     from fsspec.core import url_to_fs
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from blocks.checkpoint import store
-    from blocks.checkpoint.sharded import SHARDS_DIR
-
-    fs, root = url_to_fs(store.join(url, SHARDS_DIR))
+    fs, root = url_to_fs(store.join(url, store.SHARDS_DIR))
     with fs.open(store.join(root, ".metadata"), "rb") as stream:
         metadata = load_metadata(stream, url)
     storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    unlisted = sorted(
+        {
+            f"{store.SHARDS_DIR}/{info.relative_path}"
+            for info in storage.values()
+            if f"{store.SHARDS_DIR}/{getattr(info, 'relative_path', '')}" not in manifest.files
+        }
+    )
+    if unlisted:
+        raise store.CheckpointError(
+            f"{url}: the shards' metadata names {', '.join(unlisted)}, which the manifest does not "
+            "list: the shards cannot be verified"
+        )
     for fqn, item in metadata.state_dict_metadata.items():
         if not isinstance(item, BytesStorageMetadata):
             continue

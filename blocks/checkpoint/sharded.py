@@ -33,8 +33,6 @@ from blocks.checkpoint.safe_dcp import SafeFsspecReader, check_sharded
 from blocks.checkpoint.storage import storage_errors
 from blocks.compat.dcp_private import FsspecWriter
 
-SHARDS_DIR = "dcp"
-
 
 class ShardedCheckpointStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` whose checkpoints are DCP shards on any fsspec URL, committed by manifest."""
@@ -72,7 +70,7 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
             shards[f"optimizer_{index}"] = state
         manifest = self.io.pending_manifest
         assert manifest is not None, "the checkpoint callback sets the manifest before saving"
-        writer = FsspecWriter(store.join(url, SHARDS_DIR))
+        writer = FsspecWriter(store.join(url, store.SHARDS_DIR))
 
         def commit() -> None:
             if self.global_rank == 0:
@@ -107,14 +105,13 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Load shards into the sharded model and optimizer (resharding as needed), return the rest."""
         url = str(self.broadcast(str(checkpoint_path)))
-        store.verify(url)
-        check_sharded(url)
+        check_sharded(url, store.verify(url))
         assert self.model is not None
         options = StateDictOptions(full_state_dict=False)
         shards: dict[str, Any] = {"model": get_model_state_dict(self.model, options=options)}
         for index, optimizer in enumerate(self.optimizers):
             shards[f"optimizer_{index}"] = get_optimizer_state_dict(self.model, optimizer, options=options)
-        dcp.load(shards, storage_reader=SafeFsspecReader(store.join(url, SHARDS_DIR)))
+        dcp.load(shards, storage_reader=SafeFsspecReader(store.join(url, store.SHARDS_DIR)))
         set_model_state_dict(self.model, shards["model"], options=options)
         for index, optimizer in enumerate(self.optimizers):
             set_optimizer_state_dict(self.model, optimizer, shards[f"optimizer_{index}"], options=options)

@@ -38,6 +38,9 @@ MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
 """The file every checkpoint holds (the training state, or its non-sharded rest)."""
+SHARDS_DIR = "dcp"
+"""Where a sharded checkpoint keeps its DCP shards and their ``.metadata``."""
+SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
 FORMAT = "blocks-checkpoint/4"
 """Written into new manifests (version 2 let each file entry name its algorithm; version 3 adds
 XXH3-128; version 4 the ``job`` that saved it, so an older blocks says the format is newer rather
@@ -164,7 +167,8 @@ def validate_manifest(data: Any) -> None:
 
     ``files`` must be a non-empty mapping of relative path → ``{"size": int >= 0, ALGORITHM: hex}``
     with exactly one algorithm its format allows (:data:`ALGORITHMS_BY_FORMAT`), and it must
-    include ``state.pt``, so a damaged manifest can never turn verification off.
+    include ``state.pt`` (and a sharded checkpoint's ``dcp/.metadata``), so a damaged manifest
+    can never turn verification off.
     """
     if not isinstance(data, dict):
         raise ValueError("the manifest is not a JSON object")
@@ -212,6 +216,8 @@ def validate_manifest(data: Any) -> None:
             )
     if STATE_FILE not in files:
         raise ValueError(f"'files' does not list {STATE_FILE}")
+    if data["sharded"] and SHARDS_METADATA not in files:
+        raise ValueError(f"'files' of a sharded checkpoint does not list {SHARDS_METADATA}")
 
 
 @dataclass(frozen=True)
@@ -352,11 +358,30 @@ def verify(url: str) -> Manifest:
     Each file is hashed at most once per process: a file whose size and modification time (or
     ETag) are unchanged since this process found it matching is not read again (the driver's,
     the worker's and the loader's checks of one resume share one read). The files of a sharded
-    checkpoint are hashed several at a time.
+    checkpoint are hashed several at a time, and a shard file the manifest does not list is
+    refused: DCP would read it unverified.
     """
     manifest = read_manifest(url)
+    if manifest.sharded:
+        _refuse_unlisted_shards(url, manifest)
     _run_checks([_FileCheck(url, manifest, relative) for relative in manifest.files])
     return manifest
+
+
+def _refuse_unlisted_shards(url: str, manifest: Manifest) -> None:
+    """:class:`CheckpointError` when ``dcp/`` of the sharded checkpoint at *url* holds a file its manifest does not list."""
+    fs, root = url_to_fs(url)
+    shards = join(root, SHARDS_DIR)
+    unlisted = sorted(
+        relative
+        for relative in (f"{SHARDS_DIR}/{path[len(shards) + 1 :]}" for path in fs.find(shards))
+        if relative not in manifest.files
+    )
+    if unlisted:
+        raise CheckpointError(
+            f"{url}: {', '.join(unlisted)} not in the manifest (a shard written after the commit, "
+            "or a manifest that lost entries): it cannot be verified"
+        )
 
 
 def _run_checks(checks: list[_FileCheck]) -> None:
