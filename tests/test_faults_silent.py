@@ -94,3 +94,43 @@ def test_sweep_jobs_may_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
     assert all(any(p["key"] == "checkpoint.dir" for p in job["problems"]) for job in jobs)
     per_job = run_in_process(["plan", *sweep, f"checkpoint.dir={shared}/lr${{optim.lr}}"], cwd=tmp_path)
     assert per_job.returncode == 0, per_job.output[-3000:]
+
+
+def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_path: Path) -> None:
+    """A job that failed before training (its data's preflight: shards missing from storage) wrote no
+    summary, so the sweep counted nothing and exited 0 with no job run."""
+    from blocks.data.shards.manifest import MANIFEST
+    from blocks.data.shards.prepare import PrepareOptions, prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("the same few words, again and again. " * 8)
+    prepare(str(corpus), str(tmp_path / "shards"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1))
+    manifest_only = tmp_path / "manifest-only"
+    manifest_only.mkdir()
+    (manifest_only / MANIFEST).write_bytes((tmp_path / "shards" / MANIFEST).read_bytes())
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            "recipe=tiny_lm",
+            "data=stream",
+            f"data.path={manifest_only}",
+            "data.seq_len=4",
+            "trainer.val_every=null",
+            "trainer.max_steps=2",
+            "trainer.seed=1,2",
+            "monitor.progress=off",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert f"2 job(s) of the sweep did not complete: {sweep / '0'}, {sweep / '1'}" in result.output
+    for job in ("0", "1"):
+        summary = read_summary(sweep / job)
+        assert summary["status"] == "failed" and summary["global_step"] == 0
+        assert summary["reason"].startswith("data.path:") and "missing" in summary["reason"], summary[
+            "reason"
+        ]

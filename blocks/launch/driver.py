@@ -33,7 +33,7 @@ from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
-from blocks.launch.lock import locked
+from blocks.launch.lock import RunDirBusy, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
@@ -87,15 +87,31 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
+            if not isinstance(exc, RunDirBusy):  # that run dir is another live job's
+                _record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems))
             return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
-    except Exception:
+    except Exception as exc:
         if not in_sweep:
             raise
         print(f"blocks: the job crashed (run dir: {run_dir})", file=sys.stderr)
         traceback.print_exc()
+        _record_failed_start(run_dir, f"{type(exc).__name__}: {exc}")
         return failed_objective(cfg)
     return objective(plan, summary)
+
+
+def _record_failed_start(run_dir: Path, reason: str) -> None:
+    """Make ``summary.json`` of a sweep job that ended without training say ``failed`` (*reason*).
+
+    The sweep counts its jobs' outcomes from their summaries (:mod:`blocks.launch.sweep`): a job
+    that could not start must say so, or the sweep would exit 0. A failed summary already there
+    (the run wrote its own) is kept; one an earlier run of the same job dir left is replaced.
+    """
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        if Summary.read(run_dir).status == "failed":
+            return
+    Summary(status="failed", reason=reason).write(run_dir)
 
 
 PLANNED: dict[tuple[str, ...], Plan] = {}
