@@ -69,6 +69,11 @@ class HealthGuard(pl.Callback):
     With a gradient scaler (``precision=16-mixed``) overflowing gradients are normal: the
     scaler skips those steps and lowers its scale. The policies then leave the gradients to
     the scaler and look at the loss only (``stop``, at logged steps).
+
+    Its counters and the recent gradient norms are saved with each checkpoint
+    (:meth:`state_dict`), so a resumed run counts as the run would have without the
+    interruption. A rollback restores the weights and optimizer state only: the counters go
+    on (``health/rollbacks`` only grows).
     """
 
     def __init__(
@@ -100,6 +105,31 @@ class HealthGuard(pl.Callback):
         self._norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self._warned_no_checkpoint = False
         self._on_device: _DeviceSkips | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's health so far, saved with a checkpoint (Lightning calls this on every rank).
+
+        Every rank holds the same values: the gradients are reduced and the loss averaged over
+        ranks before anything is judged. Steps skipped on the device since the last logged
+        row are read here (one host read per save), so the counts include them.
+        """
+        skipped = self._on_device.peek() if self._on_device is not None else 0
+        return {
+            "skipped_steps": self.skipped_steps + skipped,
+            "rollbacks": self.rollbacks,
+            "grad_spikes": self.grad_spikes,
+            "divergences": self.divergences,
+            "grad_norms": list(self._norms),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Go on from a checkpoint's health; a checkpoint saved before it was recorded starts from zero."""
+        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
+        self.rollbacks = int(state_dict.get("rollbacks", 0))
+        self.grad_spikes = int(state_dict.get("grad_spikes", 0))
+        self.divergences = int(state_dict.get("divergences", 0))
+        self._norms.clear()
+        self._norms.extend(float(norm) for norm in state_dict.get("grad_norms", []))
 
     @property
     def checks_every_step(self) -> bool:

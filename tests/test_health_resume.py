@@ -1,0 +1,126 @@
+"""A resumed run judges its health as the uninterrupted one: counters, runs of bad steps, divergence.
+
+Each test trains a run in this process, then resumes it from one of its checkpoints the way a
+restart does (the run dir copied, the later checkpoints removed, ``checkpoint.resume=auto``)
+and compares. Faults are written in by a test callback placed before blocks' own: NaN into a
+gradient at chosen optimizer steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+
+from blocks.checkpoint import store
+from blocks.launch import driver
+from blocks.runtime import trainer as runtime_trainer
+from tests.conftest import read_summary
+
+pytestmark = pytest.mark.timeout(600)
+
+BASE = [
+    "recipe=blobs",
+    "monitor.progress=off",
+    "trainer.max_epochs=null",
+    "trainer.val_every=null",
+    "checkpoint.every_n_steps=5",
+    "checkpoint.keep_last=10",
+]
+HEALTH_COLUMNS = ("health/skipped_steps", "health/rollbacks")
+
+
+class NaNGradients(pl.Callback):
+    """Writes NaN into the first gradient at the optimizer steps in *bad* (1-based, as ``global_step`` after them)."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if trainer.global_step + 1 in self.bad:
+            grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
+            grad.view(-1)[0] = float("nan")
+
+
+@pytest.fixture
+def with_fault(monkeypatch: pytest.MonkeyPatch) -> Callable[[pl.Callback], None]:
+    """Put a fault-writing callback first in the trainer of every run this test starts."""
+    faults: list[pl.Callback] = []
+    build_run = runtime_trainer.build_run
+
+    def build_with_fault(*args: Any, **kwargs: Any) -> runtime_trainer.BuiltRun:
+        built = build_run(*args, **kwargs)
+        built.trainer.callbacks[:0] = faults  # type: ignore[attr-defined]
+        return built
+
+    monkeypatch.setattr(runtime_trainer, "build_run", build_with_fault)
+    return faults.append
+
+
+def train(args: list[str], run_dir: Path) -> dict:
+    """Train in this process; ``summary.json`` (a failed run's too)."""
+    with contextlib.suppress(Exception):  # the summary says why
+        driver.run(args, run_dir)
+    return read_summary(run_dir)
+
+
+def resume_copy(run_dir: Path, step: int, into: Path) -> Path:
+    """*run_dir* as a restart finds it after dying past *step*: its checkpoints up to *step*, its metrics."""
+    shutil.copytree(run_dir, into)
+    for checkpoint in (into / "checkpoints").iterdir():
+        if int(checkpoint.name.split("-")[1]) > step:
+            store.remove(str(checkpoint))
+    (into / "summary.json").unlink()
+    return into
+
+
+def completed(summary: dict) -> dict:
+    """*summary*, checked to be of a completed run."""
+    assert summary["status"] == "completed", summary.get("reason")
+    return summary
+
+
+def metric_rows(run_dir: Path) -> Iterator[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        yield from csv.DictReader(fh)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ["monitor.on_nonfinite=skip", "optim.fused=true"],
+        ["monitor.on_nonfinite=skip", "optim.fused=false"],
+        ["monitor.on_nonfinite=rollback"],
+    ],
+    ids=["skip-counted-on-the-device", "skip-counted-on-the-host", "rollback"],
+)
+def test_a_resumed_run_reports_the_skipped_steps_and_rollbacks_of_the_uninterrupted_one(
+    tmp_path: Path, with_fault: Callable[[pl.Callback], None], policy: list[str]
+) -> None:
+    """Bad steps before and after the checkpoint at step 10; step 10's own one is still unread on
+    the device when it is saved (rows every 4 steps). Rollbacks at steps 7, 10 and 11 (to the
+    checkpoints at 5, 5 and 10); steps 2 and 3 come before any checkpoint, so they are skipped."""
+    args = [*BASE, *policy, "trainer.max_steps=12", "monitor.log_every_n_steps=4"]
+    with_fault(NaNGradients({2, 3, 7, 10, 11}))
+    whole = completed(train(args, tmp_path / "whole"))
+    assert whole["metrics"]["health/skipped_steps"] == 5
+    if "rollback" in policy[0]:
+        assert whole["metrics"]["health/rollbacks"] == 3  # a rollback does not restore the count it had
+
+    resumed_dir = resume_copy(tmp_path / "whole", 10, tmp_path / "resumed")
+    resumed = completed(train(args, resumed_dir))
+    assert resumed["resumed_from"].endswith(store.step_dir_name(10))
+    for column in HEALTH_COLUMNS:
+        assert resumed["metrics"].get(column) == whole["metrics"].get(column), column
+    last_whole, last_resumed = list(metric_rows(tmp_path / "whole"))[-1], list(metric_rows(resumed_dir))[-1]
+    assert last_resumed["step"] == last_whole["step"] == "12"
+    for column in HEALTH_COLUMNS:
+        assert last_resumed.get(column, "") == last_whole.get(column, ""), column
