@@ -124,3 +124,27 @@ def test_a_resumed_run_reports_the_skipped_steps_and_rollbacks_of_the_uninterrup
     assert last_resumed["step"] == last_whole["step"] == "12"
     for column in HEALTH_COLUMNS:
         assert last_resumed.get(column, "") == last_whole.get(column, ""), column
+
+
+@pytest.mark.parametrize(
+    ("fused", "bad"),
+    [("true", {9, 10, 11}), ("false", {9, 10, 11}), ("true", {7, 8, 9})],
+    ids=["on-the-device", "on-the-host", "on-the-device-ended-before-the-checkpoint"],
+)
+def test_a_run_of_bad_steps_across_the_resume_still_counts_against_max_bad_steps(
+    tmp_path: Path, with_fault: Callable[[pl.Callback], None], fused: str, bad: set[int]
+) -> None:
+    """Three bad steps in a row, ``max_bad_steps=2``: the run fails, and so does the run resumed
+    from the checkpoint at step 10. Either the run of bad steps goes on past the checkpoint, or
+    it ended before it, on the device, where the limit is enforced only at the next logged step
+    (12; the host check fails at step 9, before that checkpoint)."""
+    args = [*BASE, "monitor.on_nonfinite=skip", f"optim.fused={fused}", "monitor.max_bad_steps=2"]
+    args += ["trainer.max_steps=15", "monitor.log_every_n_steps=6"]
+    with_fault(NaNGradients(bad))
+    whole = train(args, tmp_path / "whole")
+    assert whole["status"] == "failed" and "3 optimizer steps in a row" in whole["reason"], whole["reason"]
+
+    resumed = train(args, resume_copy(tmp_path / "whole", 10, tmp_path / "resumed"))
+    assert resumed["resumed_from"].endswith(store.step_dir_name(10))
+    assert resumed["status"] == "failed", resumed
+    assert "3 optimizer steps in a row" in resumed["reason"], resumed["reason"]

@@ -70,10 +70,10 @@ class HealthGuard(pl.Callback):
     scaler skips those steps and lowers its scale. The policies then leave the gradients to
     the scaler and look at the loss only (``stop``, at logged steps).
 
-    Its counters and the recent gradient norms are saved with each checkpoint
-    (:meth:`state_dict`), so a resumed run counts as the run would have without the
-    interruption. A rollback restores the weights and optimizer state only: the counters go
-    on (``health/rollbacks`` only grows).
+    Its counters, the run of bad steps in progress and the recent gradient norms are saved
+    with each checkpoint (:meth:`state_dict`), so a resumed run counts and judges as the run
+    would have without the interruption. A rollback restores the weights and optimizer state
+    only: the counters go on (``health/rollbacks`` only grows).
     """
 
     def __init__(
@@ -105,6 +105,8 @@ class HealthGuard(pl.Callback):
         self._norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self._warned_no_checkpoint = False
         self._on_device: _DeviceSkips | None = None
+        # the longest run of bad steps a resumed checkpoint saved before max_bad_steps judged it
+        self._unchecked_longest_run = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The run's health so far, saved with a checkpoint (Lightning calls this on every rank).
@@ -113,12 +115,16 @@ class HealthGuard(pl.Callback):
         ranks before anything is judged. Steps skipped on the device since the last logged
         row are read here (one host read per save), so the counts include them.
         """
-        skipped = self._on_device.peek() if self._on_device is not None else 0
+        skipped, run, longest = (
+            self._on_device.snapshot() if self._on_device is not None else (0, self._bad_in_a_row, 0)
+        )
         return {
             "skipped_steps": self.skipped_steps + skipped,
             "rollbacks": self.rollbacks,
             "grad_spikes": self.grad_spikes,
             "divergences": self.divergences,
+            "bad_steps_in_a_row": run,
+            "unchecked_longest_run": max(longest, self._unchecked_longest_run),
             "grad_norms": list(self._norms),
         }
 
@@ -128,6 +134,8 @@ class HealthGuard(pl.Callback):
         self.rollbacks = int(state_dict.get("rollbacks", 0))
         self.grad_spikes = int(state_dict.get("grad_spikes", 0))
         self.divergences = int(state_dict.get("divergences", 0))
+        self._bad_in_a_row = int(state_dict.get("bad_steps_in_a_row", 0))
+        self._unchecked_longest_run = int(state_dict.get("unchecked_longest_run", 0))
         self._norms.clear()
         self._norms.extend(float(norm) for norm in state_dict.get("grad_norms", []))
 
@@ -177,7 +185,7 @@ class HealthGuard(pl.Callback):
         bad = torch.logical_not(torch.isfinite(norm)).to(torch.float32)
         set_found_inf(optimizer, bad)
         if self._on_device is None:
-            self._on_device = _DeviceSkips(bad.device)
+            self._on_device = _DeviceSkips(bad.device, run=self._bad_in_a_row)
         self._on_device.add(bad)
 
     def skipped_in_open_window(self) -> int:
@@ -187,11 +195,12 @@ class HealthGuard(pl.Callback):
     def settle(self, trainer: pl.Trainer) -> None:
         """Read the steps skipped on the device since the last call (one host read, at a logged step).
 
-        Raises :class:`NonFiniteError` when more than ``max_bad_steps`` of them came in a row.
+        Raises :class:`NonFiniteError` when more than ``max_bad_steps`` of them came in a row
+        (a run a resumed checkpoint saved unjudged included).
         """
-        if self._on_device is None:
-            return
-        skipped, longest_run = self._on_device.read()
+        skipped, longest_run = self._on_device.read() if self._on_device is not None else (0, 0)
+        longest_run = max(longest_run, self._unchecked_longest_run)
+        self._unchecked_longest_run = 0
         if self.max_bad_steps and longest_run > self.max_bad_steps:
             raise NonFiniteError(
                 f"non-finite gradients in {longest_run} optimizer steps in a row (up to step "
@@ -332,8 +341,10 @@ def skips_on_device(optimizer: Any) -> bool:
 class _DeviceSkips:
     """Skipped-step counters that live on the device: skipped steps, the current and the longest run of them."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.counts = torch.zeros(3, device=device)  # skipped since the last read, current run, longest run
+    def __init__(self, device: torch.device, run: int = 0) -> None:
+        """Start counting on *device*, *run* bad steps in a row already (a resumed run's, from its checkpoint)."""
+        # skipped since the last read, current run, longest run
+        self.counts = torch.tensor([0.0, run, run], device=device)
 
     def add(self, bad: torch.Tensor) -> None:
         """Count one step; *bad* is 1.0 when it was skipped, else 0.0 (no host sync)."""
@@ -345,9 +356,14 @@ class _DeviceSkips:
         """Skipped steps since the last read, leaving the window open (one host read)."""
         return int(self.counts[0].item())
 
+    def snapshot(self) -> tuple[int, int, int]:
+        """Skipped steps, the current run and the longest run since the last read, leaving the window open."""
+        skipped, run, longest = (int(value) for value in self.counts.tolist())
+        return skipped, run, longest
+
     def read(self) -> tuple[int, int]:
         """Skipped steps and the longest run since the last read; starts a new window (the current run goes on)."""
-        skipped, run, longest = (int(value) for value in self.counts.tolist())
+        skipped, run, longest = self.snapshot()
         self.counts = torch.tensor([0.0, run, run], device=self.counts.device)
         return skipped, longest
 
