@@ -3,13 +3,14 @@
 Each test trains a run in this process, then resumes it from one of its checkpoints the way a
 restart does (the run dir copied, the later checkpoints removed, ``checkpoint.resume=auto``)
 and compares. Faults are written in by a test callback placed before blocks' own: NaN into a
-gradient at chosen optimizer steps.
+gradient at chosen optimizer steps, or a logged loss raised from a chosen step on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import math
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import pytorch_lightning as pl
+import torch
 
 from blocks.checkpoint import store
 from blocks.launch import driver
@@ -48,6 +50,20 @@ class NaNGradients(pl.Callback):
         if trainer.global_step + 1 in self.bad:
             grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
             grad.view(-1)[0] = float("nan")
+
+
+class RaisedLoss(pl.Callback):
+    """From optimizer step *from_step* on, the step's reported loss becomes *value* (training itself is unchanged)."""
+
+    def __init__(self, from_step: int, value: float) -> None:
+        self.from_step = from_step
+        self.value = value
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step >= self.from_step:
+            outputs["loss"] = torch.full_like(outputs["loss"], self.value)
 
 
 @pytest.fixture
@@ -148,3 +164,32 @@ def test_a_run_of_bad_steps_across_the_resume_still_counts_against_max_bad_steps
     assert resumed["resumed_from"].endswith(store.step_dir_name(10))
     assert resumed["status"] == "failed", resumed
     assert "3 optimizer steps in a row" in resumed["reason"], resumed["reason"]
+
+
+def test_a_resumed_run_judges_divergence_by_the_first_steps_loss(
+    tmp_path: Path, with_fault: Callable[[pl.Callback], None]
+) -> None:
+    """From step 7 on the logged loss is raised to the factor × the geometric mean of the losses
+    of steps 1 and 6: under the factor × step 1's loss, so the uninterrupted run goes on, but over
+    the factor × step 6's loss, the first one a run resumed from step 5 sees."""
+    factor = 100.0
+    args = [
+        *BASE,
+        "monitor.log_every_n_steps=1",
+        "trainer.max_steps=10",
+        f"monitor.loss_divergence_factor={factor}",
+    ]
+    clean = completed(train(args, tmp_path / "clean"))
+    assert "health/divergences" not in clean["metrics"]
+    losses = {int(row["step"]): float(row["train/loss"]) for row in metric_rows(tmp_path / "clean")}
+    assert losses[6] < 0.99 * losses[1]  # the loss fell, so the two baselines tell the raised loss apart
+    raised = factor * math.sqrt(losses[1] * losses[6])
+
+    with_fault(RaisedLoss(from_step=7, value=raised))
+    whole = completed(train(args, tmp_path / "whole"))
+    assert float(list(metric_rows(tmp_path / "whole"))[-1]["train/loss"]) == pytest.approx(raised)
+
+    resumed_dir = resume_copy(tmp_path / "whole", 5, tmp_path / "resumed")
+    resumed = completed(train(args, resumed_dir))
+    assert resumed["resumed_from"].endswith(store.step_dir_name(5))
+    assert resumed["global_step"] == whole["global_step"] == 10

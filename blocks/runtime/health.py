@@ -70,10 +70,10 @@ class HealthGuard(pl.Callback):
     scaler skips those steps and lowers its scale. The policies then leave the gradients to
     the scaler and look at the loss only (``stop``, at logged steps).
 
-    Its counters, the run of bad steps in progress and the recent gradient norms are saved
-    with each checkpoint (:meth:`state_dict`), so a resumed run counts and judges as the run
-    would have without the interruption. A rollback restores the weights and optimizer state
-    only: the counters go on (``health/rollbacks`` only grows).
+    Its counters, the run of bad steps in progress, the divergence baseline and the recent
+    gradient norms are saved with each checkpoint (:meth:`state_dict`), so a resumed run counts
+    and judges as the run would have without the interruption. A rollback restores the weights
+    and optimizer state only: the counters go on (``health/rollbacks`` only grows).
     """
 
     def __init__(
@@ -125,6 +125,7 @@ class HealthGuard(pl.Callback):
             "divergences": self.divergences,
             "bad_steps_in_a_row": run,
             "unchecked_longest_run": max(longest, self._unchecked_longest_run),
+            "first_loss": self._divergence_baseline(),
             "grad_norms": list(self._norms),
         }
 
@@ -136,6 +137,8 @@ class HealthGuard(pl.Callback):
         self.divergences = int(state_dict.get("divergences", 0))
         self._bad_in_a_row = int(state_dict.get("bad_steps_in_a_row", 0))
         self._unchecked_longest_run = int(state_dict.get("unchecked_longest_run", 0))
+        first_loss = state_dict.get("first_loss")
+        self._first_loss = None if first_loss is None else float(first_loss)
         self._norms.clear()
         self._norms.extend(float(norm) for norm in state_dict.get("grad_norms", []))
 
@@ -223,9 +226,14 @@ class HealthGuard(pl.Callback):
     ) -> None:
         """Remember the first micro-batch's loss (mean over ranks): the scale divergence is judged by.
 
-        It stays on the device until the first logged row is checked (no sync in the step).
+        It stays on the device until the first logged row is checked (no sync in the step). A
+        resumed run keeps the first step's loss its checkpoint saved.
         """
-        if not self.divergence_factor or self._first_loss_on_device is not None:
+        if (
+            not self.divergence_factor
+            or self._first_loss is not None
+            or self._first_loss_on_device is not None
+        ):
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
@@ -287,18 +295,17 @@ class HealthGuard(pl.Callback):
 
         The loss is the mean over ranks, so every rank decides the same.
         """
-        if self._first_loss is None and self._first_loss_on_device is not None:
-            self._first_loss = float(self._first_loss_on_device)
-        if not self.divergence_factor or loss is None or not math.isfinite(loss) or self._first_loss is None:
+        first_loss = self._divergence_baseline()
+        if not self.divergence_factor or loss is None or not math.isfinite(loss) or first_loss is None:
             return
-        if not math.isfinite(self._first_loss) or self._first_loss <= 0:
+        if not math.isfinite(first_loss) or first_loss <= 0:
             return
-        if loss <= self.divergence_factor * self._first_loss:
+        if loss <= self.divergence_factor * first_loss:
             return
         self.divergences += 1
         what = (
             f"train/loss is {loss:.4g} at step {trainer.global_step}, over monitor.loss_divergence_factor="
-            f"{self.divergence_factor:g} × the first step's loss {self._first_loss:.4g}: training diverged"
+            f"{self.divergence_factor:g} × the first step's loss {first_loss:.4g}: training diverged"
         )
         if self.policy == "stop":
             raise DivergenceError(
@@ -311,6 +318,12 @@ class HealthGuard(pl.Callback):
                 log.warning("%s; rolled back to the last committed checkpoint", what)
         elif trainer.is_global_zero:
             log.warning("%s; lower optim.lr or clip gradients (optim.grad_clip)", what)
+
+    def _divergence_baseline(self) -> float | None:
+        """The first step's loss (read from the device the first time it is needed); None before that step."""
+        if self._first_loss is None and self._first_loss_on_device is not None:
+            self._first_loss = float(self._first_loss_on_device)
+        return self._first_loss
 
     def row(self) -> Row:
         """Counters for the metrics row (only once something happened), and a fresh window."""
