@@ -69,6 +69,11 @@ class HealthGuard(pl.Callback):
     With a gradient scaler (``precision=16-mixed``) overflowing gradients are normal: the
     scaler skips those steps and lowers its scale. The policies then leave the gradients to
     the scaler and look at the loss only (``stop``, at logged steps).
+
+    Its counters, the run of bad steps in progress, the divergence baseline and the recent
+    gradient norms are saved with each checkpoint (:meth:`state_dict`), so a resumed run counts
+    and judges as the run would have without the interruption. A rollback restores the weights
+    and optimizer state only: the counters go on (``health/rollbacks`` only grows).
     """
 
     def __init__(
@@ -100,6 +105,42 @@ class HealthGuard(pl.Callback):
         self._norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self._warned_no_checkpoint = False
         self._on_device: _DeviceSkips | None = None
+        # the longest run of bad steps a resumed checkpoint saved before max_bad_steps judged it
+        self._unchecked_longest_run = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's health so far, saved with a checkpoint (Lightning calls this on every rank).
+
+        Every rank holds the same values: the gradients are reduced and the loss averaged over
+        ranks before anything is judged. Steps skipped on the device since the last logged
+        row are read here (one host read per save), so the counts include them.
+        """
+        skipped, run, longest = (
+            self._on_device.snapshot() if self._on_device is not None else (0, self._bad_in_a_row, 0)
+        )
+        return {
+            "skipped_steps": self.skipped_steps + skipped,
+            "rollbacks": self.rollbacks,
+            "grad_spikes": self.grad_spikes,
+            "divergences": self.divergences,
+            "bad_steps_in_a_row": run,
+            "unchecked_longest_run": max(longest, self._unchecked_longest_run),
+            "first_loss": self._divergence_baseline(),
+            "grad_norms": list(self._norms),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Go on from a checkpoint's health; a checkpoint saved before it was recorded starts from zero."""
+        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
+        self.rollbacks = int(state_dict.get("rollbacks", 0))
+        self.grad_spikes = int(state_dict.get("grad_spikes", 0))
+        self.divergences = int(state_dict.get("divergences", 0))
+        self._bad_in_a_row = int(state_dict.get("bad_steps_in_a_row", 0))
+        self._unchecked_longest_run = int(state_dict.get("unchecked_longest_run", 0))
+        first_loss = state_dict.get("first_loss")
+        self._first_loss = None if first_loss is None else float(first_loss)
+        self._norms.clear()
+        self._norms.extend(float(norm) for norm in state_dict.get("grad_norms", []))
 
     @property
     def checks_every_step(self) -> bool:
@@ -147,7 +188,7 @@ class HealthGuard(pl.Callback):
         bad = torch.logical_not(torch.isfinite(norm)).to(torch.float32)
         set_found_inf(optimizer, bad)
         if self._on_device is None:
-            self._on_device = _DeviceSkips(bad.device)
+            self._on_device = _DeviceSkips(bad.device, run=self._bad_in_a_row)
         self._on_device.add(bad)
 
     def skipped_in_open_window(self) -> int:
@@ -157,11 +198,12 @@ class HealthGuard(pl.Callback):
     def settle(self, trainer: pl.Trainer) -> None:
         """Read the steps skipped on the device since the last call (one host read, at a logged step).
 
-        Raises :class:`NonFiniteError` when more than ``max_bad_steps`` of them came in a row.
+        Raises :class:`NonFiniteError` when more than ``max_bad_steps`` of them came in a row
+        (a run a resumed checkpoint saved unjudged included).
         """
-        if self._on_device is None:
-            return
-        skipped, longest_run = self._on_device.read()
+        skipped, longest_run = self._on_device.read() if self._on_device is not None else (0, 0)
+        longest_run = max(longest_run, self._unchecked_longest_run)
+        self._unchecked_longest_run = 0
         if self.max_bad_steps and longest_run > self.max_bad_steps:
             raise NonFiniteError(
                 f"non-finite gradients in {longest_run} optimizer steps in a row (up to step "
@@ -184,9 +226,14 @@ class HealthGuard(pl.Callback):
     ) -> None:
         """Remember the first micro-batch's loss (mean over ranks): the scale divergence is judged by.
 
-        It stays on the device until the first logged row is checked (no sync in the step).
+        It stays on the device until the first logged row is checked (no sync in the step). A
+        resumed run keeps the first step's loss its checkpoint saved.
         """
-        if not self.divergence_factor or self._first_loss_on_device is not None:
+        if (
+            not self.divergence_factor
+            or self._first_loss is not None
+            or self._first_loss_on_device is not None
+        ):
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
@@ -248,18 +295,17 @@ class HealthGuard(pl.Callback):
 
         The loss is the mean over ranks, so every rank decides the same.
         """
-        if self._first_loss is None and self._first_loss_on_device is not None:
-            self._first_loss = float(self._first_loss_on_device)
-        if not self.divergence_factor or loss is None or not math.isfinite(loss) or self._first_loss is None:
+        first_loss = self._divergence_baseline()
+        if not self.divergence_factor or loss is None or not math.isfinite(loss) or first_loss is None:
             return
-        if not math.isfinite(self._first_loss) or self._first_loss <= 0:
+        if not math.isfinite(first_loss) or first_loss <= 0:
             return
-        if loss <= self.divergence_factor * self._first_loss:
+        if loss <= self.divergence_factor * first_loss:
             return
         self.divergences += 1
         what = (
             f"train/loss is {loss:.4g} at step {trainer.global_step}, over monitor.loss_divergence_factor="
-            f"{self.divergence_factor:g} × the first step's loss {self._first_loss:.4g}: training diverged"
+            f"{self.divergence_factor:g} × the first step's loss {first_loss:.4g}: training diverged"
         )
         if self.policy == "stop":
             raise DivergenceError(
@@ -272,6 +318,12 @@ class HealthGuard(pl.Callback):
                 log.warning("%s; rolled back to the last committed checkpoint", what)
         elif trainer.is_global_zero:
             log.warning("%s; lower optim.lr or clip gradients (optim.grad_clip)", what)
+
+    def _divergence_baseline(self) -> float | None:
+        """The first step's loss (read from the device the first time it is needed); None before that step."""
+        if self._first_loss is None and self._first_loss_on_device is not None:
+            self._first_loss = float(self._first_loss_on_device)
+        return self._first_loss
 
     def row(self) -> Row:
         """Counters for the metrics row (only once something happened), and a fresh window."""
@@ -302,8 +354,10 @@ def skips_on_device(optimizer: Any) -> bool:
 class _DeviceSkips:
     """Skipped-step counters that live on the device: skipped steps, the current and the longest run of them."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.counts = torch.zeros(3, device=device)  # skipped since the last read, current run, longest run
+    def __init__(self, device: torch.device, run: int = 0) -> None:
+        """Start counting on *device*, *run* bad steps in a row already (a resumed run's, from its checkpoint)."""
+        # skipped since the last read, current run, longest run
+        self.counts = torch.tensor([0.0, run, run], device=device)
 
     def add(self, bad: torch.Tensor) -> None:
         """Count one step; *bad* is 1.0 when it was skipped, else 0.0 (no host sync)."""
@@ -315,9 +369,14 @@ class _DeviceSkips:
         """Skipped steps since the last read, leaving the window open (one host read)."""
         return int(self.counts[0].item())
 
+    def snapshot(self) -> tuple[int, int, int]:
+        """Skipped steps, the current run and the longest run since the last read, leaving the window open."""
+        skipped, run, longest = (int(value) for value in self.counts.tolist())
+        return skipped, run, longest
+
     def read(self) -> tuple[int, int]:
         """Skipped steps and the longest run since the last read; starts a new window (the current run goes on)."""
-        skipped, run, longest = (int(value) for value in self.counts.tolist())
+        skipped, run, longest = self.snapshot()
         self.counts = torch.tensor([0.0, run, run], device=self.counts.device)
         return skipped, longest
 
