@@ -103,6 +103,30 @@ def test_a_config_cannot_open_the_allow_list_or_change_a_path_after_the_check(he
         assert jobs.plan(["recipe=blobs", f"+hydra.job.env_set.{fine}"]).ok, fine
 
 
+def test_a_config_sets_only_variables_that_tune_a_process_or_that_the_user_allows(
+    here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``env_set`` was a deny-list, and the list was never complete: ``RAY_RUNTIME_ENV_HOOK`` made
+    Ray import and call any module by path in a sweep's jobs on Ray (outside the import seam), and
+    NCCL's tuner and profiler plugins and NVTX's injection library load a shared library."""
+    monkeypatch.delenv("BLOCKS_ALLOW_ENV", raising=False)
+    for never in ("RAY_RUNTIME_ENV_HOOK=this.x", "NCCL_TUNER_PLUGIN=x", "NVTX_INJECTION64_PATH=/x.so"):
+        assert refused_keys([f"+hydra.job.env_set.{never}"]) == [f"hydra.job.env_set.{never.split('=')[0]}"]
+    assert refused_keys(["+hydra.job.env_set.MY_SETTING=1"]) == ["hydra.job.env_set.MY_SETTING"]
+    for tuning in ("NCCL_DEBUG=INFO", "CUDA_DEVICE_MAX_CONNECTIONS=1", "TORCH_NCCL_BLOCKING_WAIT=1"):
+        assert jobs.plan(["recipe=blobs", f"+hydra.job.env_set.{tuning}"]).ok, tuning
+
+    monkeypatch.setenv("BLOCKS_ALLOW_ENV", "MY_*,RAY_*")  # the user's own settings open a family
+    assert jobs.plan(["recipe=blobs", "+hydra.job.env_set.MY_SETTING=1"]).ok
+    assert refused_keys(["+hydra.job.env_set.RAY_RUNTIME_ENV_HOOK=this.x"]) == [
+        "hydra.job.env_set.RAY_RUNTIME_ENV_HOOK"
+    ]  # a hook never
+    monkeypatch.delenv("BLOCKS_ALLOW_ENV")
+    (here / "pyproject.toml").write_text('[tool.blocks]\nallow_env = ["MY_SETTING"]\n')
+    assert jobs.plan(["recipe=blobs", "+hydra.job.env_set.MY_SETTING=1"]).ok
+    assert refused_keys(["+hydra.job.env_set.MY_OTHER=1"]) == ["hydra.job.env_set.MY_OTHER"]
+
+
 def test_interpolations_elsewhere_are_not_resolved_by_the_checks(here: Path) -> None:
     """The checks resolve only what builds nodes or sets the environment: ``hydra.overrides`` holds
     each override's interpolation as text, which must stay unresolved (relative ones fail there)."""

@@ -452,6 +452,14 @@ CHECKS: tuple[Check, ...] = (
         ("recipe=blobs", "model=torch_module", "model.target=somewhere_else.Net"),
     ),
     Check(
+        "env-not-allowed",
+        ("hydra",),
+        "hydra.job.env_set.MY_SETTING",
+        "a config sets only environment variables that tune a process, or that the user allows "
+        "(BLOCKS_ALLOW_ENV, pyproject)",
+        ("recipe=blobs", "+hydra.job.env_set.MY_SETTING=1"),
+    ),
+    Check(
         "data-extra",
         ("data",),
         "data",

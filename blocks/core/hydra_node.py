@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 
 from blocks.compat.hydra_private import config_child, unresolved
+from blocks.core.env_set import env_set_problems
 from blocks.spec.errors import ConfigError, Problem
 from blocks.spec.imports import (
     ANY_CLASS,
@@ -57,38 +58,6 @@ def _kind_of(key: str) -> Kind:
 
 NODE_RESOLVERS = ("oc.decode", "oc.create")
 """OmegaConf's resolvers that turn a string into config nodes (which may hold a ``_target_``)."""
-
-UNSAFE_ENV_PREFIXES = ("BLOCKS_", "PYTHON", "LD_", "DYLD_", "HYDRA_", "GIT_")
-UNSAFE_ENV_NAMES = (
-    "PATH",
-    "BASH_ENV",
-    "ENV",
-    "HOME",
-    "OPENSSL_CONF",
-    "OPENSSL_ENGINES",
-    "GCONV_PATH",
-    "NCCL_NET_PLUGIN",
-    "CUDA_INJECTION64_PATH",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-)
-"""Variables ``hydra.job.env_set`` may not set: blocks' own settings (the import allow-list),
-Hydra's instantiation policy, what makes a process load code or run a command (Python's, the
-loader's, git's, OpenSSL's, glibc's, NCCL's and CUDA's plugins, the user site directory under
-``HOME``, an AWS profile's ``credential_process``) and whom it trusts (certificate bundles)."""
-SAFE_ENV_NAMES = (
-    "PYTHONHASHSEED",
-    "PYTHONUNBUFFERED",
-    "PYTHONFAULTHANDLER",
-    "PYTHONIOENCODING",
-    "PYTHONDONTWRITEBYTECODE",
-    "HYDRA_FULL_ERROR",
-)
-"""Variables of those families that only tune a process: hashing, buffering, tracebacks."""
 
 
 def hydra_problems(hydra: DictConfig) -> list[Problem]:
@@ -185,24 +154,9 @@ def _settled(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:
 
 
 def _env_problems(env_set: Any) -> list[Problem]:
-    """``hydra.job.env_set``: no variable that changes what a process trusts or loads."""
-    return [
-        Problem(
-            f"hydra.job.env_set.{name}",
-            f"a config may not set {name}: it changes what blocks trusts or what the job's "
-            "processes load and run",
-            f"set {name} in your own environment before `blocks run`, not in the config",
-            check="import-denied",
-        )
-        for name in (env_set.keys() if isinstance(env_set, (Mapping, DictConfig)) else ())
-        if _unsafe_variable(str(name))
-    ]
-
-
-def _unsafe_variable(name: str) -> bool:
-    if name in SAFE_ENV_NAMES:
-        return False
-    return name.startswith(UNSAFE_ENV_PREFIXES) or name in UNSAFE_ENV_NAMES
+    """``hydra.job.env_set``: only variables that tune a process, or that the user allows (:mod:`blocks.core.env_set`)."""
+    names = env_set.keys() if isinstance(env_set, (Mapping, DictConfig)) else ()
+    return env_set_problems(str(name) for name in names)
 
 
 def _chdir_problems(chdir: Any) -> list[Problem]:

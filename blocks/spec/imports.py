@@ -199,11 +199,20 @@ ANY_CLASS = Kind("a class")
 
 def allowed_prefixes(cwd: Path | None = None) -> tuple[str, ...]:
     """The module prefixes the user allows: ``BLOCKS_ALLOW_IMPORTS`` plus the project's pyproject."""
-    prefixes = [p.strip() for p in os.environ.get(ENV_VAR, "").split(",") if p.strip()]
+    return user_list(ENV_VAR, "allow_imports", "module prefixes", '["mylab"]', cwd)
+
+
+def user_list(env_var: str, key: str, what: str, example: str, cwd: Path | None = None) -> tuple[str, ...]:
+    """A list from the user's own settings, never from a config.
+
+    *env_var* (comma-separated) plus ``[tool.blocks] <key>`` of the project's pyproject (the
+    nearest above *cwd*, default the working directory).
+    """
+    values = [v.strip() for v in os.environ.get(env_var, "").split(",") if v.strip()]
     pyproject = nearest_pyproject(cwd or Path.cwd())
     if pyproject is not None:
-        prefixes += _pyproject_prefixes(pyproject)
-    return tuple(dict.fromkeys(prefixes))
+        values += pyproject_list(pyproject, key, what, example)
+    return tuple(dict.fromkeys(values))
 
 
 def implicit_prefixes() -> tuple[str, ...]:
@@ -229,22 +238,25 @@ def nearest_pyproject(start: Path) -> Path | None:
 
 
 def _pyproject_prefixes(path: Path) -> tuple[str, ...]:
+    return pyproject_list(path, "allow_imports", "module prefixes", '["mylab"]')
+
+
+def pyproject_list(path: Path, key: str, what: str, example: str) -> tuple[str, ...]:
+    """``[tool.blocks] <key>`` of the pyproject at *path*: a list of strings (*what*, e.g. *example*), or none."""
     try:
         text = path.read_text(encoding="utf-8")  # TOML is UTF-8, whatever the locale
     except (OSError, UnicodeDecodeError) as exc:
-        raise _unreadable(str(path), exc) from None
-    return _allow_imports_of(text, str(path))
+        raise _unreadable(str(path), key, exc) from None
+    return _tool_blocks_list(text, str(path), key, what, example)
 
 
-def _unreadable(path: str, exc: Exception) -> ConfigError:
-    return ConfigError(
-        Problem("tool.blocks.allow_imports", f"{path} could not be read: {exc}", f"correct {path}")
-    )
+def _unreadable(path: str, key: str, exc: Exception) -> ConfigError:
+    return ConfigError(Problem(f"tool.blocks.{key}", f"{path} could not be read: {exc}", f"correct {path}"))
 
 
 @functools.lru_cache(maxsize=8)
-def _allow_imports_of(text: str, path: str) -> tuple[str, ...]:
-    """``[tool.blocks] allow_imports`` of a pyproject's *text*: parsed once per content, not once per import path."""
+def _tool_blocks_list(text: str, path: str, key: str, what: str, example: str) -> tuple[str, ...]:
+    """``[tool.blocks] <key>`` of a pyproject's *text*: parsed once per content, not once per use."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
@@ -252,14 +264,14 @@ def _allow_imports_of(text: str, path: str) -> tuple[str, ...]:
     try:
         data = tomllib.loads(text)
     except ValueError as exc:
-        raise _unreadable(path, exc) from None
-    value = data.get("tool", {}).get("blocks", {}).get("allow_imports", [])
+        raise _unreadable(path, key, exc) from None
+    value = data.get("tool", {}).get("blocks", {}).get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(
             Problem(
-                "tool.blocks.allow_imports",
-                f"{path}: [tool.blocks] allow_imports must be a list of module prefixes, got {value!r}",
-                'allow_imports = ["mylab"]',
+                f"tool.blocks.{key}",
+                f"{path}: [tool.blocks] {key} must be a list of {what}, got {value!r}",
+                f"{key} = {example}",
             )
         )
     return tuple(value)
