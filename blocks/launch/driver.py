@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.base import CheckpointBlock
@@ -33,7 +36,7 @@ from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
-from blocks.launch.lock import locked
+from blocks.launch.lock import checkpoint_dir_locked, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
@@ -230,7 +233,7 @@ def _checked(
 
 def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``."""
-    directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+    directory = job_checkpoint_dir(run_dir, plan)
     resume_from = resolve_resume(plan, directory)
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
@@ -249,20 +252,44 @@ def held(
 ) -> Iterator[Plan]:
     """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
 
-    A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
-    resume or storage that cannot work, is refused before anything is written. Multi-node jobs
-    under torchrun share one run dir between the nodes' drivers, so they are not locked (under
-    Ray one driver starts every node's workers, so they are). A *checked* run for this run dir
-    is not planned again.
+    A plan with errors is refused before the lock is taken; a run dir or checkpoint dir held
+    by a live job, or a resume or storage that cannot work, is refused before anything is
+    written. Multi-node jobs under torchrun share one run dir between the nodes' drivers, so
+    they are not locked (under Ray one driver starts every node's workers, so they are). A
+    *checked* run for this run dir is not planned again.
     """
     if checked is not None and checked.run_dir == run_dir:
         frozen, plan = checked.config, checked.plan
     else:
         frozen, plan = _checked(config, choices, run_dir)
     one_driver = plan.derived.nodes == 1 or uses_ray(plan)
-    with locked(run_dir) if one_driver else contextlib.nullcontext():
+    with contextlib.ExitStack() as locks:
+        if one_driver:
+            locks.enter_context(locked(run_dir))
+            if locks_checkpoint_dir(run_dir, plan):
+                locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir))
         _write_job_files(run_dir, frozen, plan)
         yield plan
+
+
+def job_checkpoint_dir(run_dir: Path, plan: Plan) -> str:
+    """Where the job in *run_dir* saves its checkpoints: ``checkpoint.dir``, else ``checkpoints/`` in the run dir."""
+    return checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+
+
+def locks_checkpoint_dir(run_dir: Path, plan: Plan) -> bool:
+    """Whether the job in *run_dir* locks its checkpoint dir besides its run dir.
+
+    It does when it saves or resumes checkpoints somewhere another job could too: not inside
+    its own run dir (the run dir's lock covers that), nor in ``memory://`` (one process's own).
+    """
+    if not plan.checkpoint.enabled:
+        return False
+    directory = job_checkpoint_dir(run_dir, plan)
+    fs, root = url_to_fs(directory)
+    if isinstance(fs, LocalFileSystem):
+        return not Path(root).resolve().is_relative_to(run_dir.resolve())
+    return not isinstance(fs, MemoryFileSystem)
 
 
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
@@ -362,7 +389,7 @@ def trained_steps(run_dir: Path, plan: Plan) -> int:
     from blocks.checkpoint import store
 
     with contextlib.suppress(Exception):
-        newest = store.newest_valid(checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+        newest = store.newest_valid(job_checkpoint_dir(run_dir, plan))
         if newest is not None:
             return int(newest.manifest.step)
     with contextlib.suppress(Exception), (run_dir / METRICS_FILE).open(newline="") as fh:
