@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -23,7 +24,7 @@ from blocks.checkpoint import store
 from blocks.checkpoint.resume import read_start
 from blocks.launch import driver
 from blocks.launch.lock import LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
-from tests.conftest import blocks_run_until_step, run_cli
+from tests.conftest import blocks_run_until_step, run_cli, spawned
 from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(600)
@@ -114,6 +115,16 @@ def test_a_checkpoint_dir_whose_holder_died_is_taken_over_with_a_warning(
     assert summary.status == "completed"
     assert f"stale lock {shared / LOCK_FILE}" in caplog.text
     assert not (shared / LOCK_FILE).exists()
+
+
+def test_the_checkpoints_of_a_run_dir_held_by_a_live_job_are_refused_to_another_job(tmp_path: Path) -> None:
+    with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as holder:
+        write_lock(tmp_path / "first", pid=holder.pid)  # the first job's run-dir lock
+        with pytest.raises(DirBusy) as refused:
+            driver.run([*TINY, f"checkpoint.dir={tmp_path / 'first' / 'checkpoints'}"], tmp_path / "second")
+    problem = refused.value.problems[0]
+    assert problem.key == "checkpoint.dir" and f"pid {holder.pid}" in problem.message
+    assert not (tmp_path / "first" / "checkpoints").exists()
 
 
 def test_the_default_checkpoint_dir_in_the_run_dir_gets_no_lock_of_its_own(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from blocks.checkpoint.storage import unwritable
+from blocks.core.run_files import CHECKPOINTS_DIR
 from blocks.spec.errors import BlocksError, Problem
 
 LOCK_FILE = ".blocks.lock"
@@ -246,6 +247,12 @@ class DirLock:
         self._thread = threading.Thread(target=self._beat, name="blocks-dir-lock", daemon=True)
         self._thread.start()
 
+    def refuse_if_held(self) -> None:
+        """Raise :class:`DirBusy` when a live job holds the directory; take nothing, write nothing."""
+        holder = self.file.read()
+        if holder is not None and holder_is_alive(holder):
+            raise self._busy(holder)
+
     def _busy(self, holder: dict[str, Any]) -> DirBusy:
         where = (
             f", run dir {holder['run_dir']}" if holder.get("run_dir") not in (None, self.directory) else ""
@@ -303,11 +310,16 @@ def locked(run_dir: Path) -> contextlib.AbstractContextManager[DirLock]:
 def checkpoint_dir_locked(directory: str, run_dir: Path) -> Iterator[DirLock]:
     """Hold the lock on the checkpoint *directory* of the job in *run_dir* for the duration of the block.
 
-    Storage the lock cannot be written to is refused like the storage check refuses it
-    (a :class:`BlocksError` on ``checkpoint.dir``), not with a traceback.
+    A *directory* that is another run's default ``checkpoints/`` is refused while that run dir
+    is held (its job locks only the run dir). Storage the lock cannot be written to is refused
+    like the storage check refuses it (a :class:`BlocksError` on ``checkpoint.dir``), not with
+    a traceback.
     """
     lock = DirLock(directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, run_dir=run_dir)
     try:
+        if isinstance(lock.file, LocalLockFile) and lock.file.path.parent.name == CHECKPOINTS_DIR:
+            # another run's default checkpoints/ is guarded by that run dir's lock alone
+            DirLock(lock.file.path.parent.parent, "checkpoint.dir", CHECKPOINT_DIR_FIX).refuse_if_held()
         lock.acquire()
     except DirBusy:
         raise
