@@ -250,7 +250,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
 def held(
     run_dir: Path, config: DictConfig, choices: dict[str, str], checked: Checked | None = None
 ) -> Iterator[Plan]:
-    """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
+    """Check the job, lock its run dir (and checkpoint dir), write its job files; locked until the block ends.
 
     A plan with errors is refused before the lock is taken; a run dir or checkpoint dir held
     by a live job, or a resume or storage that cannot work, is refused before anything is
@@ -282,11 +282,14 @@ def locks_checkpoint_dir(run_dir: Path, plan: Plan) -> bool:
 
     It does when it saves or resumes checkpoints somewhere another job could too: not inside
     its own run dir (the run dir's lock covers that), nor in ``memory://`` (one process's own).
+    A URL no file system opens (s3:// without s3fs) is left to the storage check to refuse.
     """
     if not plan.checkpoint.enabled:
         return False
-    directory = job_checkpoint_dir(run_dir, plan)
-    fs, root = url_to_fs(directory)
+    try:
+        fs, root = url_to_fs(job_checkpoint_dir(run_dir, plan))
+    except Exception:
+        return False
     if isinstance(fs, LocalFileSystem):
         return not Path(root).resolve().is_relative_to(run_dir.resolve())
     return not isinstance(fs, MemoryFileSystem)
