@@ -15,7 +15,7 @@ import pytest
 from blocks.checkpoint import store
 from blocks.launch import driver
 from blocks.launch.lifeline import WORKER_NAME
-from blocks.launch.lock import LOCK_FILE, RunDirBusy
+from blocks.launch.lock import LOCK_FILE, DirBusy
 from blocks.launch.torchrun import read_failures
 from blocks.spec.errors import BlocksError
 from tests.conftest import (
@@ -230,7 +230,7 @@ def write_lock(run_dir: Path, **holder: object) -> None:
 def test_a_run_dir_held_by_a_live_job_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as holder:
         write_lock(tmp_path / "run", pid=holder.pid)
-        with pytest.raises(RunDirBusy) as refused:
+        with pytest.raises(DirBusy) as refused:
             driver.run(TINY, tmp_path / "run")
     problem = refused.value.problems[0]
     assert problem.key == "hydra.run.dir"

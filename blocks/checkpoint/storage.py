@@ -54,15 +54,20 @@ def preflight_storage(url: str, world_size: int) -> None:
             fh.write(b"blocks checks that checkpoints can be written here\n")
         fs.rm(probe_path)
     except Exception as exc:
-        raise BlocksError(
-            Problem(
-                "checkpoint.dir",
-                f"checkpoints cannot be written to {url}: {_describe(exc)}",
-                "point checkpoint.dir at a writable location (check the path, bucket, credentials and "
-                "free space), or turn saving off with checkpoint.enabled=false",
-                check="checkpoint-storage",
-            )
-        ) from None
+        raise unwritable(url, exc) from None
+
+
+def unwritable(url: str, exc: BaseException) -> BlocksError:
+    """The error for checkpoint storage at *url* that failed a write with *exc*."""
+    return BlocksError(
+        Problem(
+            "checkpoint.dir",
+            f"checkpoints cannot be written to {url}: {_describe(exc)}",
+            "point checkpoint.dir at a writable location (check the path, bucket, credentials and "
+            "free space), or turn saving off with checkpoint.enabled=false",
+            check="checkpoint-storage",
+        )
+    )
 
 
 def out_of_space(exc: BaseException) -> bool:

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.base import CheckpointBlock
@@ -33,7 +36,7 @@ from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
-from blocks.launch.lock import RunDirBusy, locked
+from blocks.launch.lock import RUN_DIR_KEY, DirBusy, checkpoint_dir_locked, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
@@ -87,7 +90,7 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
-            if not isinstance(exc, RunDirBusy):  # that run dir is another live job's
+            if not (isinstance(exc, DirBusy) and exc.problems[0].key == RUN_DIR_KEY):  # another job's run dir
                 _record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems))
             return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
@@ -246,7 +249,7 @@ def _checked(
 
 def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``."""
-    directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+    directory = job_checkpoint_dir(run_dir, plan)
     resume_from = resolve_resume(plan, directory)
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
@@ -263,22 +266,49 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
 def held(
     run_dir: Path, config: DictConfig, choices: dict[str, str], checked: Checked | None = None
 ) -> Iterator[Plan]:
-    """Check the job, lock its run dir, then write its job files; the lock is held until the block ends.
+    """Check the job, lock its run dir (and checkpoint dir), write its job files; locked until the block ends.
 
-    A plan with errors is refused before the lock is taken; a run dir held by a live job, or a
-    resume or storage that cannot work, is refused before anything is written. Multi-node jobs
-    under torchrun share one run dir between the nodes' drivers, so they are not locked (under
-    Ray one driver starts every node's workers, so they are). A *checked* run for this run dir
-    is not planned again.
+    A plan with errors is refused before the lock is taken; a run dir or checkpoint dir held
+    by a live job, or a resume or storage that cannot work, is refused before anything is
+    written. Multi-node jobs under torchrun share one run dir between the nodes' drivers, so
+    they are not locked (under Ray one driver starts every node's workers, so they are). A
+    *checked* run for this run dir is not planned again.
     """
     if checked is not None and checked.run_dir == run_dir:
         frozen, plan = checked.config, checked.plan
     else:
         frozen, plan = _checked(config, choices, run_dir)
     one_driver = plan.derived.nodes == 1 or uses_ray(plan)
-    with locked(run_dir) if one_driver else contextlib.nullcontext():
+    with contextlib.ExitStack() as locks:
+        if one_driver:
+            locks.enter_context(locked(run_dir))
+            if locks_checkpoint_dir(run_dir, plan):
+                locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir))
         _write_job_files(run_dir, frozen, plan)
         yield plan
+
+
+def job_checkpoint_dir(run_dir: Path, plan: Plan) -> str:
+    """Where the job in *run_dir* saves its checkpoints: ``checkpoint.dir``, else ``checkpoints/`` in the run dir."""
+    return checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
+
+
+def locks_checkpoint_dir(run_dir: Path, plan: Plan) -> bool:
+    """Whether the job in *run_dir* locks its checkpoint dir besides its run dir.
+
+    It does when it saves or resumes checkpoints somewhere another job could too: not inside
+    its own run dir (the run dir's lock covers that), nor in ``memory://`` (one process's own).
+    A URL no file system opens (s3:// without s3fs) is left to the storage check to refuse.
+    """
+    if not plan.checkpoint.enabled:
+        return False
+    try:
+        fs, root = url_to_fs(job_checkpoint_dir(run_dir, plan))
+    except Exception:
+        return False
+    if isinstance(fs, LocalFileSystem):
+        return not Path(root).resolve().is_relative_to(run_dir.resolve())
+    return not isinstance(fs, MemoryFileSystem)
 
 
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
@@ -378,7 +408,7 @@ def trained_steps(run_dir: Path, plan: Plan) -> int:
     from blocks.checkpoint import store
 
     with contextlib.suppress(Exception):
-        newest = store.newest_valid(checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR)))
+        newest = store.newest_valid(job_checkpoint_dir(run_dir, plan))
         if newest is not None:
             return int(newest.manifest.step)
     with contextlib.suppress(Exception), (run_dir / METRICS_FILE).open(newline="") as fh:

@@ -1,9 +1,16 @@
-"""One job at a time per run dir: a lock file with the holder's host, pid and a heartbeat.
+"""One job at a time per directory: a lock file with the holder's host, pid and a heartbeat.
 
-``blocks run`` takes the lock before it writes anything into the run dir and gives it back
-at the end. A second job into a held run dir is refused, naming the holder. A lock whose
-holder is gone (a dead pid on this host, or a heartbeat older than :data:`STALE_AFTER_S` from
-another host) is taken over with a warning.
+``blocks run`` locks its run dir before it writes anything there, and its checkpoint dir when
+``checkpoint.dir`` is outside the run dir; it gives both back at the end. A second job into a
+held directory is refused, naming the holder. A lock whose holder is gone (a dead pid on this
+host, or a heartbeat older than :data:`STALE_AFTER_S` from any host) is taken over with a warning.
+
+A local directory is locked by creating its lock file with ``O_EXCL``: of two jobs, exactly one
+gets it. A directory in an object store (``s3://...``, any fsspec URL) has no atomic
+create-if-absent in general, so the lock is a best effort: the object is written when absent
+and read back after :data:`REMOTE_SETTLE_S`; a job that finds another's live lock, there or in
+the read-back, is refused. That refuses every job that starts while another holds the
+directory; two jobs whose attempts fall within the same second can both believe they hold it.
 """
 
 from __future__ import annotations
@@ -15,11 +22,17 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from blocks.checkpoint.storage import unwritable
+from blocks.core.run_files import CHECKPOINTS_DIR
 from blocks.spec.errors import BlocksError, Problem
 
 LOCK_FILE = ".blocks.lock"
@@ -27,12 +40,28 @@ HEARTBEAT_S = 10.0
 """How often the holder refreshes the heartbeat."""
 STALE_AFTER_S = 120.0
 """A lock not refreshed for this long is stale, whatever host holds it."""
+REMOTE_SETTLE_S = 1.0
+"""How long a remote lock waits after writing before reading it back to see whether it won."""
+
+RUN_DIR_FIX = (
+    "wait for that job to end or stop it, or choose another hydra.run.dir; a lock whose holder "
+    "died is taken over automatically (remove {lock} only if you are sure no job uses the dir)"
+)
+CHECKPOINT_DIR_FIX = (
+    "choose another checkpoint.dir, or wait for that job to end or stop it (checkpoint.resume=auto "
+    "then continues from its checkpoints); a lock whose holder died is taken over automatically "
+    "(remove {lock} only if you are sure no job uses the dir)"
+)
 
 log = logging.getLogger(__name__)
 
 
-class RunDirBusy(BlocksError):
-    """Another live job holds the run dir."""
+class DirBusy(BlocksError):
+    """Another live job holds the directory."""
+
+
+RUN_DIR_KEY = "hydra.run.dir"
+"""The key a refusal to lock a run dir names (:func:`locked`)."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -45,16 +74,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _parse(text: str | bytes | None) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(text) if text is not None else None
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
 
 def holder_is_alive(holder: dict[str, Any], now: float | None = None) -> bool:
-    """Whether the job described by a lock file's content still holds its run dir."""
+    """Whether the job described by a lock file's content still holds its directory."""
     now = time.time() if now is None else now
     try:
         heartbeat = float(holder["heartbeat"])
@@ -68,83 +97,238 @@ def holder_is_alive(holder: dict[str, Any], now: float | None = None) -> bool:
     return True
 
 
-class RunDirLock:
-    """The lock on one run dir, held by this process until :meth:`release`."""
+class LockFile(Protocol):
+    """Where a lock's content lives, and the few operations the lock needs on it."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / LOCK_FILE
-        self._content = {
+    location: str
+
+    def create(self, text: str) -> bool:
+        """Write *text* unless a lock is there already; whether this call's lock is the one there now."""
+
+    def read(self) -> dict[str, Any] | None:
+        """The lock's content, None when there is none or it is unreadable."""
+
+    def replace(self, text: str) -> None:
+        """Overwrite the lock with *text* (a heartbeat)."""
+
+    def remove(self) -> None:
+        """Delete the lock (gone already is fine)."""
+
+
+class LocalLockFile:
+    """A lock file on a local file system: created atomically with ``O_EXCL``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.location = str(path)
+
+    def create(self, text: str) -> bool:
+        """Create the file exclusively; False when it exists."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return True
+
+    def read(self) -> dict[str, Any] | None:
+        """The file's JSON content."""
+        try:
+            return _parse(self.path.read_text())
+        except OSError:
+            return None
+
+    def replace(self, text: str) -> None:
+        """Write a temporary file and rename it over the lock: readers never see half of it."""
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(self.path)
+
+    def remove(self) -> None:
+        """Unlink the file."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+class RemoteLockFile:
+    """A lock object in an fsspec store: written when absent, then read back to see who won."""
+
+    def __init__(self, url: str, settle_s: float = REMOTE_SETTLE_S) -> None:
+        self.location = url
+        self.fs, self.path = url_to_fs(url)
+        self.settle_s = settle_s
+
+    def create(self, text: str) -> bool:
+        """Write the object when there is none; after :attr:`settle_s`, whether it still holds *text*.
+
+        A job that wrote its own lock in between (the race no plain object store closes) has
+        replaced ours: the read-back sees it, and this job is the one that backs off.
+        """
+        if self._cat() is not None:
+            return False
+        self.fs.pipe_file(self.path, text.encode())
+        time.sleep(self.settle_s)
+        return self._cat() == text.encode()
+
+    def read(self) -> dict[str, Any] | None:
+        """The object's JSON content (read afresh: no listing cache is consulted)."""
+        return _parse(self._cat())
+
+    def replace(self, text: str) -> None:
+        """Overwrite the object (one PUT: readers see the old or the new content)."""
+        self.fs.pipe_file(self.path, text.encode())
+
+    def remove(self) -> None:
+        """Delete the object."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path)
+
+    def _cat(self) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(self.path))
+        except FileNotFoundError:
+            return None
+
+
+def lock_file_at(directory: str | Path) -> LockFile:
+    """The lock file of *directory*: a local path or any fsspec URL."""
+    fs, root = url_to_fs(str(directory))
+    if isinstance(fs, LocalFileSystem):
+        return LocalLockFile(Path(root) / LOCK_FILE)
+    return RemoteLockFile(f"{str(directory).rstrip('/')}/{LOCK_FILE}")
+
+
+class DirLock:
+    """The lock on one directory, held by this process until :meth:`release`.
+
+    *key* and *fix* make the refusal's :class:`Problem` (``{lock}`` in *fix* names the lock
+    file); *run_dir*, the holder's run dir, is recorded so a refused job can name it.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        key: str,
+        fix: str,
+        run_dir: Path | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.directory = str(directory)
+        self.file = lock_file_at(directory)
+        self.key = key
+        self.fix = fix
+        self.heartbeat_s = heartbeat_s
+        self._content: dict[str, Any] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "heartbeat": time.time(),
+            "token": uuid.uuid4().hex,
         }
+        if run_dir is not None:
+            self._content["run_dir"] = str(run_dir)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`RunDirBusy` naming the live holder."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Take the lock, or raise :class:`DirBusy` naming the live holder."""
         for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = _read(self.path)
-                if holder is not None and holder_is_alive(holder):
-                    raise RunDirBusy(
-                        Problem(
-                            "hydra.run.dir",
-                            f"{self.path.parent} is in use by another job: pid {holder.get('pid')} on host "
-                            f"{holder.get('host')}, started {holder.get('started')}",
-                            "wait for that job to end or stop it, or choose another hydra.run.dir; a lock "
-                            f"whose holder died is taken over automatically (remove {self.path} only if "
-                            "you are sure no job uses the dir)",
-                        )
-                    ) from None
-                log.warning(
-                    "taking over the stale lock %s (holder %s)",
-                    self.path,
-                    "unreadable" if holder is None else f"pid {holder.get('pid')} on {holder.get('host')}",
-                )
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
-                continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self._content, fh)
-            break
+            if self.file.create(json.dumps(self._content)):
+                break
+            holder = self.file.read()
+            if holder is not None and holder_is_alive(holder):
+                raise self._busy(holder)
+            log.warning(
+                "taking over the stale lock %s (holder %s)",
+                self.file.location,
+                "unreadable" if holder is None else f"pid {holder.get('pid')} on {holder.get('host')}",
+            )
+            self.file.remove()
         else:  # pragma: no cover - three live races in a row
-            raise RunDirBusy(Problem("hydra.run.dir", f"could not lock {self.path}", "retry"))
-        self._thread = threading.Thread(target=self._beat, name="blocks-run-dir-lock", daemon=True)
+            raise DirBusy(Problem(self.key, f"could not lock {self.file.location}", "retry"))
+        self._thread = threading.Thread(target=self._beat, name="blocks-dir-lock", daemon=True)
         self._thread.start()
 
+    def refuse_if_held(self) -> None:
+        """Raise :class:`DirBusy` when a live job holds the directory; take nothing, write nothing."""
+        holder = self.file.read()
+        if holder is not None and holder_is_alive(holder):
+            raise self._busy(holder)
+
+    def _busy(self, holder: dict[str, Any]) -> DirBusy:
+        where = (
+            f", run dir {holder['run_dir']}" if holder.get("run_dir") not in (None, self.directory) else ""
+        )
+        return DirBusy(
+            Problem(
+                self.key,
+                f"{self.directory} is in use by another job: pid {holder.get('pid')} on host "
+                f"{holder.get('host')}, started {holder.get('started')}{where}",
+                self.fix.format(lock=self.file.location),
+            )
+        )
+
+    def _ours(self) -> bool:
+        holder = self.file.read()
+        return holder is not None and holder.get("token") == self._content["token"]
+
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            self._content["heartbeat"] = time.time()
-            tmp = self.path.with_name(f"{LOCK_FILE}.{os.getpid()}.tmp")
-            with contextlib.suppress(OSError):
-                tmp.write_text(json.dumps(self._content))
-                tmp.replace(self.path)
+        while not self._stop.wait(self.heartbeat_s):
+            with contextlib.suppress(Exception):  # a store that fails once is retried at the next beat
+                if not self._ours():
+                    log.warning(
+                        "the lock %s is no longer this job's: another job took it over", self.file.location
+                    )
+                    return
+                self._content["heartbeat"] = time.time()
+                self.file.replace(json.dumps(self._content))
 
     def release(self) -> None:
-        """Stop the heartbeat and remove the lock file (when it is still ours)."""
+        """Stop the heartbeat and remove the lock (when it is still ours)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        holder = _read(self.path)
-        if (
-            holder is not None
-            and holder.get("pid") == os.getpid()
-            and holder.get("host") == socket.gethostname()
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+        with contextlib.suppress(Exception):
+            if self._ours():
+                self.file.remove()
 
 
 @contextlib.contextmanager
-def locked(run_dir: Path) -> Iterator[RunDirLock]:
-    """Hold the lock on *run_dir* for the duration of the block."""
-    lock = RunDirLock(run_dir)
+def held_lock(lock: DirLock) -> Iterator[DirLock]:
+    """Hold *lock* for the duration of the block."""
     lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def locked(run_dir: Path) -> contextlib.AbstractContextManager[DirLock]:
+    """Hold the lock on *run_dir* for the duration of the block."""
+    return held_lock(DirLock(run_dir, RUN_DIR_KEY, RUN_DIR_FIX))
+
+
+@contextlib.contextmanager
+def checkpoint_dir_locked(directory: str, run_dir: Path) -> Iterator[DirLock]:
+    """Hold the lock on the checkpoint *directory* of the job in *run_dir* for the duration of the block.
+
+    A *directory* that is another run's default ``checkpoints/`` is refused while that run dir
+    is held (its job locks only the run dir). Storage the lock cannot be written to is refused
+    like the storage check refuses it (a :class:`BlocksError` on ``checkpoint.dir``), not with
+    a traceback.
+    """
+    lock = DirLock(directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, run_dir=run_dir)
+    try:
+        if isinstance(lock.file, LocalLockFile) and lock.file.path.parent.name == CHECKPOINTS_DIR:
+            # another run's default checkpoints/ is guarded by that run dir's lock alone
+            DirLock(lock.file.path.parent.parent, "checkpoint.dir", CHECKPOINT_DIR_FIX).refuse_if_held()
+        lock.acquire()
+    except DirBusy:
+        raise
+    except Exception as exc:
+        raise unwritable(directory, exc) from None
     try:
         yield lock
     finally:

@@ -1,0 +1,192 @@
+"""One job at a time per checkpoint dir: concurrent jobs sharing ``checkpoint.dir`` do not clobber each other.
+
+Each holder is a real ``blocks run``, stopped with SIGSTOP while a second job tries the same
+checkpoint dir (a stopped process still holds its lock: its pid is alive), then let go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from subprocess import Popen
+
+import pytest
+
+from blocks.checkpoint import store
+from blocks.checkpoint.resume import read_start
+from blocks.launch import driver
+from blocks.launch.lock import LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
+from tests.conftest import blocks_run_until_step, run_cli, spawned
+from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.timeout(600)
+
+LONG = [
+    "recipe=blobs",
+    "data.samples=200000",
+    "trainer.max_steps=100",
+    "checkpoint.every_n_steps=5",
+    "checkpoint.keep_last=3",
+    "monitor.log_every_n_steps=1",
+]
+"""About 100 quick steps with a checkpoint every 5: still training when stopped at step 5."""
+TINY = ["recipe=blobs", "trainer.max_steps=5", "monitor.progress=off"]
+
+
+@contextmanager
+def stopped(proc: Popen) -> Iterator[None]:
+    """*proc*'s process group stopped (SIGSTOP) for the duration of the block, then continued."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with suppress(ProcessLookupError):  # killed meanwhile
+            os.killpg(proc.pid, signal.SIGCONT)
+
+
+def files_under(directory: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(directory)): (p.stat().st_mtime_ns, p.stat().st_size)
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+
+
+def test_a_second_job_into_a_held_checkpoint_dir_is_refused_and_the_first_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    shared, first_dir, second_dir = tmp_path / "shared", tmp_path / "first", tmp_path / "second"
+    first_args = [*LONG, f"hydra.run.dir={first_dir}", f"checkpoint.dir={shared}"]
+    with blocks_run_until_step(first_args, cwd=tmp_path, step=5) as first:
+        with stopped(first):
+            before = files_under(shared)
+            second = run_cli(
+                ["run", *LONG, f"hydra.run.dir={second_dir}", f"checkpoint.dir={shared}"], cwd=tmp_path
+            )
+            after = files_under(shared)
+        out, _ = first.communicate(timeout=240)
+    assert second.returncode == 2, second.output[-3000:]
+    assert "checkpoint.dir" in second.output and "Traceback" not in second.output
+    assert f"pid {first.pid} on host {socket.gethostname()}" in second.output
+    assert str(first_dir) in second.output, "the holder's run dir is named"
+    assert "choose another checkpoint.dir" in second.output
+    assert after == before, "the refused job wrote nothing into the checkpoint dir"
+    assert not (second_dir / "config.yaml").exists() and not (second_dir / "checkpoints").exists()
+
+    assert first.returncode == 0, out[-3000:]
+    committed, uncommitted = store.scan(str(shared))
+    assert [c.manifest.step for c in committed] == [90, 95, 100] and uncommitted == []
+    job = read_start(first_dir).job
+    for checkpoint in committed:
+        assert checkpoint.manifest.job == job
+        store.verify(checkpoint.url)
+    assert not (shared / LOCK_FILE).exists(), "the lock is given back at the end"
+
+    # The normal resume case: a later job continues in the checkpoint dir the first one left.
+    resumed = driver.run(
+        [*LONG, "trainer.max_steps=103", "monitor.progress=off", f"checkpoint.dir={shared}"],
+        tmp_path / "third",
+    )
+    assert resumed.status == "completed" and resumed.resumed_from == store.join(str(shared), "step-000000100")
+    assert not (shared / LOCK_FILE).exists()
+
+
+def write_lock(directory: Path, **holder: object) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    content = {"host": socket.gethostname(), "pid": os.getpid(), "started": "then", "heartbeat": time.time()}
+    (directory / LOCK_FILE).write_text(json.dumps({**content, **holder}))
+
+
+def test_a_checkpoint_dir_whose_holder_died_is_taken_over_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared = tmp_path / "shared"
+    write_lock(shared, pid=2**22 + 12345, run_dir="/gone/run")  # no such process on this host
+    with caplog.at_level(logging.WARNING):
+        summary = driver.run([*TINY, f"checkpoint.dir={shared}"], tmp_path / "run")
+    assert summary.status == "completed"
+    assert f"stale lock {shared / LOCK_FILE}" in caplog.text
+    assert not (shared / LOCK_FILE).exists()
+
+
+def test_the_checkpoints_of_a_run_dir_held_by_a_live_job_are_refused_to_another_job(tmp_path: Path) -> None:
+    with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as holder:
+        write_lock(tmp_path / "first", pid=holder.pid)  # the first job's run-dir lock
+        with pytest.raises(DirBusy) as refused:
+            driver.run([*TINY, f"checkpoint.dir={tmp_path / 'first' / 'checkpoints'}"], tmp_path / "second")
+    problem = refused.value.problems[0]
+    assert problem.key == "checkpoint.dir" and f"pid {holder.pid}" in problem.message
+    assert not (tmp_path / "first" / "checkpoints").exists()
+
+
+def test_the_default_checkpoint_dir_in_the_run_dir_gets_no_lock_of_its_own(tmp_path: Path) -> None:
+    plan = driver.prepare(TINY, tmp_path / "run")
+    assert not driver.locks_checkpoint_dir(tmp_path / "run", plan)
+    elsewhere = driver.prepare([*TINY, f"checkpoint.dir={tmp_path / 'ckpt'}"], tmp_path / "other")
+    assert driver.locks_checkpoint_dir(tmp_path / "other", elsewhere)
+
+
+def stored(fs, key: str) -> bool:
+    """Whether the object *key* is there now (not what an earlier listing cached)."""
+    fs.invalidate_cache()
+    return fs.exists(key)
+
+
+def test_an_s3_checkpoint_dir_held_by_a_live_job_is_refused_and_taken_over_once_it_died(
+    tmp_path: Path,
+    s3_server,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, fs = s3_server
+    url = "s3://blocks-test/shared"
+    holder_args = [*LONG, f"hydra.run.dir={tmp_path / 'first'}", f"checkpoint.dir={url}"]
+    with blocks_run_until_step(holder_args, cwd=tmp_path, step=5) as holder, stopped(holder):
+        before = sorted(fs.find("blocks-test/shared"))
+        with pytest.raises(DirBusy) as refused:
+            driver.run([*TINY, f"checkpoint.dir={url}"], tmp_path / "second")
+        assert sorted(fs.find("blocks-test/shared")) == before, "the refused job wrote nothing"
+        os.killpg(holder.pid, signal.SIGKILL)
+    problem = refused.value.problems[0]
+    assert problem.key == "checkpoint.dir"
+    assert f"pid {holder.pid} on host {socket.gethostname()}" in problem.message
+    assert str(tmp_path / "first") in problem.message
+    assert not (tmp_path / "second" / "config.yaml").exists()
+
+    # The killed holder left its lock object behind: its pid is dead on this host, so it is stale.
+    assert stored(fs, f"blocks-test/shared/{LOCK_FILE}")
+    with caplog.at_level(logging.WARNING), checkpoint_dir_locked(url, tmp_path / "third"):
+        assert f"pid {holder.pid}" in caplog.text and "stale lock" in caplog.text
+    assert not stored(fs, f"blocks-test/shared/{LOCK_FILE}")
+
+
+def test_an_s3_lock_keeps_its_heartbeat_and_one_from_another_host_goes_stale_by_age_only(
+    s3_server,  # noqa: F811
+) -> None:
+    _, fs = s3_server
+    url, key = "s3://blocks-test/beat", f"blocks-test/beat/{LOCK_FILE}"
+    far = {"host": "elsewhere", "pid": 1, "started": "then", "run_dir": "/elsewhere/run"}
+    fs.pipe_file(key, json.dumps({**far, "heartbeat": time.time()}).encode())
+    with pytest.raises(DirBusy, match=r"pid 1 on host elsewhere.*run dir /elsewhere/run"):
+        DirLock(url, "checkpoint.dir", "fix").acquire()  # pid 1 is not looked up on another host
+
+    fs.pipe_file(key, json.dumps({**far, "heartbeat": time.time() - 3600}).encode())
+    lock = DirLock(url, "checkpoint.dir", "fix", heartbeat_s=0.2)
+    lock.acquire()
+    try:
+        first = json.loads(fs.cat_file(key))
+        assert first["pid"] == os.getpid()
+        deadline = time.monotonic() + 30
+        while json.loads(fs.cat_file(key))["heartbeat"] == first["heartbeat"]:
+            assert time.monotonic() < deadline, "the heartbeat was never refreshed"
+            time.sleep(0.1)
+    finally:
+        lock.release()
+    assert not stored(fs, key)
