@@ -127,6 +127,35 @@ def test_a_config_sets_only_variables_that_tune_a_process_or_that_the_user_allow
     assert refused_keys(["+hydra.job.env_set.MY_OTHER=1"]) == ["hydra.job.env_set.MY_OTHER"]
 
 
+def test_slurm_options_of_the_submitit_launcher_neither_run_code_nor_set_what_env_set_may_not(
+    here: Path,
+) -> None:
+    """submitit writes ``additional_parameters`` as ``#SBATCH`` lines and passes ``srun_args`` to srun:
+    ``--export`` set any variable in the jobs (``PYTHONWARNINGS=ignore::this.X`` imports ``this``),
+    and ``--task-prolog``/``--get-user-env`` run programs or a login shell."""
+    slurm = ["hydra/launcher=submitit_slurm"]
+    assert refused_keys(
+        [*slurm, "+hydra.launcher.additional_parameters={export: 'ALL,PYTHONWARNINGS=ignore::this.X'}"]
+    ) == ["hydra.launcher.additional_parameters.export"]
+    assert refused_keys(
+        [*slurm, "+hydra.launcher.srun_args=['--export=ALL,RAY_RUNTIME_ENV_HOOK=this.x']"]
+    ) == ["hydra.launcher.srun_args[0]"]
+    assert refused_keys([*slurm, "+hydra.launcher.srun_args=[--export,'ALL,MY_SETTING=1']"]) == [
+        "hydra.launcher.srun_args[0]"
+    ]
+    assert refused_keys([*slurm, "+hydra.launcher.srun_args=[--task-prolog,/tmp/x]"]) == [
+        "hydra.launcher.srun_args[0]"
+    ]
+    assert refused_keys(
+        [*slurm, "+hydra.launcher.additional_parameters={get_user_env: 1, mail_type: ALL}"]
+    ) == ["hydra.launcher.additional_parameters.get_user_env"]
+    for fine in (
+        "+hydra.launcher.additional_parameters={export: 'ALL,NCCL_DEBUG=INFO', mail_type: ALL}",
+        "+hydra.launcher.srun_args=['--cpu-bind=none', '--export=ALL']",
+    ):
+        assert jobs.plan(["recipe=blobs", *slurm, fine]).ok, fine
+
+
 def test_interpolations_elsewhere_are_not_resolved_by_the_checks(here: Path) -> None:
     """The checks resolve only what builds nodes or sets the environment: ``hydra.overrides`` holds
     each override's interpolation as text, which must stay unresolved (relative ones fail there)."""

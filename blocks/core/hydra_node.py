@@ -77,6 +77,7 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     problems += _env_problems(settled["job.env_set"][0])
     problems += _chdir_problems(settled["job.chdir"][0])
     problems += _launcher_problems(settled["launcher.setup"][0])
+    problems += _submitit_problems(hydra)
     return problems
 
 
@@ -189,6 +190,76 @@ def _launcher_problems(setup: Any) -> list[Problem]:
             check="import-denied",
         )
     ]
+
+
+SLURM_OPTIONS_THAT_RUN = frozenset(
+    {"export-file", "get-user-env", "chdir", "container", "container-id", "wrap", "bb", "bbf"}
+)
+"""``sbatch`` options (submitit's ``additional_parameters``) that set the job's environment from a
+file or a login shell, move it to another directory, or run something other than the job."""
+SRUN_OPTIONS_THAT_RUN = frozenset(
+    {"chdir", "D", "prolog", "epilog", "task-prolog", "task-epilog", "container", "bcast"}
+)
+"""``srun`` options (submitit's ``srun_args``) that run a program around each task, move it, or replace it."""
+
+
+def _submitit_problems(hydra: DictConfig) -> list[Problem]:
+    """The ``#SBATCH`` lines (``additional_parameters``) and ``srun_args`` of submitit's launcher.
+
+    No option that runs code, and ``export`` sets only the variables ``hydra.job.env_set`` may set.
+    """
+    problems: list[Problem] = []
+    additional, problem = _settled_container(hydra, "launcher.additional_parameters")
+    problems += [problem] if problem is not None else []
+    for name, value in additional.items() if isinstance(additional, dict) else ():
+        key, option = f"hydra.launcher.additional_parameters.{name}", str(name).replace("_", "-").lstrip("-")
+        if option == "export":
+            problems += _export_problems(str(value), key)
+        elif option in SLURM_OPTIONS_THAT_RUN:
+            problems.append(_slurm_option_problem(key, f"sbatch's --{option}"))
+    srun_args, problem = _settled_container(hydra, "launcher.srun_args")
+    problems += [problem] if problem is not None else []
+    args = [str(arg) for arg in srun_args] if isinstance(srun_args, list) else []
+    for index, arg in enumerate(args):
+        key = f"hydra.launcher.srun_args[{index}]"
+        option, _, value = arg.lstrip("-").partition("=")
+        if option == "export":
+            problems += _export_problems(value or (args[index + 1] if index + 1 < len(args) else ""), key)
+        elif option in SRUN_OPTIONS_THAT_RUN or (arg.startswith("-D") and not arg.startswith("--")):
+            problems.append(_slurm_option_problem(key, f"srun's {arg.partition('=')[0]}"))
+    return problems
+
+
+def _settled_container(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:
+    """The plain value at *path* of the ``hydra`` node, resolved as Hydra will resolve it."""
+    try:
+        value = OmegaConf.select(hydra, path, throw_on_missing=False)
+        return (OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value), None
+    except Exception as exc:  # resolving may fail in any of OmegaConf's or a resolver's ways
+        return None, _unresolvable(f"hydra.{path}", "its value", exc)
+
+
+def _export_problems(value: str, key: str) -> list[Problem]:
+    """Slurm's ``--export``: ``NAME=value`` only for the variables a config may set.
+
+    ``ALL``, ``NONE`` and names without a value (the submitter's own variables) pass.
+    """
+    names = [item.split("=", 1)[0] for item in value.split(",") if "=" in item]
+    return [
+        Problem(key, f"{problem.message} (through Slurm's --export)", problem.fix, check=problem.check)
+        for problem in env_set_problems(names)
+    ]
+
+
+def _slurm_option_problem(key: str, what: str) -> Problem:
+    return Problem(
+        key,
+        f"{what} would make each job run a program, read its environment from a file or a login "
+        "shell, or run elsewhere; a config may not",
+        f"drop {key}; set the environment before `blocks run` (jobs inherit it) or in your own "
+        "sbatch wrapper",
+        check="import-denied",
+    )
 
 
 def _logging_problems(value: Any, key: str) -> list[Problem]:
