@@ -23,7 +23,7 @@ import pytest
 from blocks.checkpoint import store
 from blocks.checkpoint.resume import read_start
 from blocks.launch import driver
-from blocks.launch.lock import LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
+from blocks.launch.lock import CHECKPOINT_LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
 from tests.conftest import blocks_run_until_step, run_cli, spawned
 from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
 
@@ -88,7 +88,7 @@ def test_a_second_job_into_a_held_checkpoint_dir_is_refused_and_the_first_loses_
     for checkpoint in committed:
         assert checkpoint.manifest.job == job
         store.verify(checkpoint.url)
-    assert not (shared / LOCK_FILE).exists(), "the lock is given back at the end"
+    assert not (shared / CHECKPOINT_LOCK_FILE).exists(), "the lock is given back at the end"
 
     # The normal resume case: a later job continues in the checkpoint dir the first one left.
     resumed = driver.run(
@@ -96,13 +96,14 @@ def test_a_second_job_into_a_held_checkpoint_dir_is_refused_and_the_first_loses_
         tmp_path / "third",
     )
     assert resumed.status == "completed" and resumed.resumed_from == store.join(str(shared), "step-000000100")
-    assert not (shared / LOCK_FILE).exists()
+    assert not (shared / CHECKPOINT_LOCK_FILE).exists()
 
 
 def write_lock(directory: Path, **holder: object) -> None:
+    """A checkpoint-dir lock in *directory* with the given holder fields."""
     directory.mkdir(parents=True, exist_ok=True)
     content = {"host": socket.gethostname(), "pid": os.getpid(), "started": "then", "heartbeat": time.time()}
-    (directory / LOCK_FILE).write_text(json.dumps({**content, **holder}))
+    (directory / CHECKPOINT_LOCK_FILE).write_text(json.dumps({**content, **holder}))
 
 
 def test_a_checkpoint_dir_whose_holder_died_is_taken_over_with_a_warning(
@@ -113,25 +114,41 @@ def test_a_checkpoint_dir_whose_holder_died_is_taken_over_with_a_warning(
     with caplog.at_level(logging.WARNING):
         summary = driver.run([*TINY, f"checkpoint.dir={shared}"], tmp_path / "run")
     assert summary.status == "completed"
-    assert f"stale lock {shared / LOCK_FILE}" in caplog.text
-    assert not (shared / LOCK_FILE).exists()
+    assert f"stale lock {shared / CHECKPOINT_LOCK_FILE}" in caplog.text
+    assert not (shared / CHECKPOINT_LOCK_FILE).exists()
 
 
-def test_the_checkpoints_of_a_run_dir_held_by_a_live_job_are_refused_to_another_job(tmp_path: Path) -> None:
+def test_a_checkpoints_dir_is_one_jobs_whichever_starts_first_and_however_it_is_spelled(
+    tmp_path: Path,
+) -> None:
+    """Every job locks its checkpoint dir, its run dir's default ``checkpoints/`` too: a job whose
+    ``checkpoint.dir`` is another run's ``checkpoints/`` meets that run's lock, and the run meets
+    the job's when the job came first (before, only the first order was refused, and a symlink
+    to the dir was not refused at all)."""
     with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as holder:
-        write_lock(tmp_path / "first", pid=holder.pid)  # the first job's run-dir lock
-        with pytest.raises(DirBusy) as refused:
-            driver.run([*TINY, f"checkpoint.dir={tmp_path / 'first' / 'checkpoints'}"], tmp_path / "second")
-    problem = refused.value.problems[0]
-    assert problem.key == "checkpoint.dir" and f"pid {holder.pid}" in problem.message
-    assert not (tmp_path / "first" / "checkpoints").exists()
+        first = tmp_path / "first"
+        write_lock(first / "checkpoints", pid=holder.pid, run_dir=str(first))  # as the first job holds it
+        (tmp_path / "link").symlink_to(first / "checkpoints")
+        for spelling in (first / "checkpoints", tmp_path / "link"):
+            with pytest.raises(DirBusy) as refused:
+                driver.run([*TINY, f"checkpoint.dir={spelling}"], tmp_path / "second")
+            problem = refused.value.problems[0]
+            assert problem.key == "checkpoint.dir" and f"pid {holder.pid}" in problem.message
+        other = tmp_path / "other"
+        write_lock(other / "checkpoints", pid=holder.pid, run_dir=str(tmp_path / "elsewhere"))
+        with pytest.raises(DirBusy):  # the job that names other/checkpoints came first
+            driver.run(TINY, other)
+    assert not any((first / "checkpoints").glob("step-*")) and not any((other / "checkpoints").glob("step-*"))
+    assert not (other / "config.yaml").exists()
 
 
-def test_the_default_checkpoint_dir_in_the_run_dir_gets_no_lock_of_its_own(tmp_path: Path) -> None:
+def test_every_checkpoint_dir_is_locked_but_one_processs_memory(tmp_path: Path) -> None:
     plan = driver.prepare(TINY, tmp_path / "run")
-    assert not driver.locks_checkpoint_dir(tmp_path / "run", plan)
+    assert driver.locks_checkpoint_dir(tmp_path / "run", plan)
     elsewhere = driver.prepare([*TINY, f"checkpoint.dir={tmp_path / 'ckpt'}"], tmp_path / "other")
     assert driver.locks_checkpoint_dir(tmp_path / "other", elsewhere)
+    memory = driver.prepare([*TINY, "checkpoint.dir=memory://ckpt"], tmp_path / "memory")
+    assert not driver.locks_checkpoint_dir(tmp_path / "memory", memory)
 
 
 def stored(fs, key: str) -> bool:
@@ -161,24 +178,26 @@ def test_an_s3_checkpoint_dir_held_by_a_live_job_is_refused_and_taken_over_once_
     assert not (tmp_path / "second" / "config.yaml").exists()
 
     # The killed holder left its lock object behind: its pid is dead on this host, so it is stale.
-    assert stored(fs, f"blocks-test/shared/{LOCK_FILE}")
+    assert stored(fs, f"blocks-test/shared/{CHECKPOINT_LOCK_FILE}")
     with caplog.at_level(logging.WARNING), checkpoint_dir_locked(url, tmp_path / "third"):
         assert f"pid {holder.pid}" in caplog.text and "stale lock" in caplog.text
-    assert not stored(fs, f"blocks-test/shared/{LOCK_FILE}")
+    assert not stored(fs, f"blocks-test/shared/{CHECKPOINT_LOCK_FILE}")
 
 
 def test_an_s3_lock_keeps_its_heartbeat_and_one_from_another_host_goes_stale_by_age_only(
     s3_server,  # noqa: F811
 ) -> None:
     _, fs = s3_server
-    url, key = "s3://blocks-test/beat", f"blocks-test/beat/{LOCK_FILE}"
+    url, key = "s3://blocks-test/beat", f"blocks-test/beat/{CHECKPOINT_LOCK_FILE}"
     far = {"host": "elsewhere", "pid": 1, "started": "then", "run_dir": "/elsewhere/run"}
     fs.pipe_file(key, json.dumps({**far, "heartbeat": time.time()}).encode())
     with pytest.raises(DirBusy, match=r"pid 1 on host elsewhere.*run dir /elsewhere/run"):
-        DirLock(url, "checkpoint.dir", "fix").acquire()  # pid 1 is not looked up on another host
+        DirLock(
+            url, "checkpoint.dir", "fix", file_name=CHECKPOINT_LOCK_FILE
+        ).acquire()  # pid 1: not looked up
 
     fs.pipe_file(key, json.dumps({**far, "heartbeat": time.time() - 3600}).encode())
-    lock = DirLock(url, "checkpoint.dir", "fix", heartbeat_s=0.2)
+    lock = DirLock(url, "checkpoint.dir", "fix", heartbeat_s=0.2, file_name=CHECKPOINT_LOCK_FILE)
     lock.acquire()
     try:
         first = json.loads(fs.cat_file(key))

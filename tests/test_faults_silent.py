@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,11 @@ def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_pa
     manifest_only.mkdir()
     (manifest_only / MANIFEST).write_bytes((tmp_path / "shards" / MANIFEST).read_bytes())
     sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)  # an earlier sweep into the same dir left its own outcome
+    (sweep / "0" / "summary.json").write_text(
+        json.dumps({"status": "failed", "reason": "an earlier sweep's"})
+    )
+    os.utime(sweep / "0" / "summary.json", (1e9, 1e9))
     result = run_in_process(
         [
             "run",

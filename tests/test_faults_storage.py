@@ -105,3 +105,31 @@ def test_memory_checkpoints_warn_for_one_process(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.WARNING):
         preflight_storage("memory://blocks-preflight", world_size=1)
     assert "lost when the job ends" in caplog.text
+
+
+def test_a_sharded_checkpoint_verifies_beside_an_object_stores_folder_marker(s3_server) -> None:  # noqa: F811
+    """Consoles and sync tools create ``dcp/`` as an empty object; it is not a shard the manifest lacks."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from blocks.checkpoint import store
+    from blocks.checkpoint.io import write_state
+    from blocks.checkpoint.safe_dcp import check_sharded
+    from blocks.compat.dcp_private import FsspecWriter
+
+    _, fs = s3_server
+    url = "s3://blocks-test/sharded"
+    store.begin(url)
+    dcp.save(
+        {"model": {"w": torch.ones(4, 4)}}, storage_writer=FsspecWriter(store.join(url, "dcp")), no_dist=True
+    )
+    write_state(url, {"step": 1})
+    manifest = store.Manifest(step=1, epoch=0, world_size=1, sharded=True, global_batch=1, block_digests={})
+    store.commit(url, manifest)
+    fs.pipe_file("blocks-test/sharded/dcp/", b"")
+    fs.invalidate_cache()
+    check_sharded(url, store.verify(url))
+    fs.pipe_file("blocks-test/sharded/dcp/extra.distcp", b"not listed")
+    fs.invalidate_cache()
+    with pytest.raises(store.CheckpointError, match=r"dcp/extra\.distcp not in the manifest"):
+        store.verify(url)

@@ -113,6 +113,12 @@ def test_a_config_sets_only_variables_that_tune_a_process_or_that_the_user_allow
     for never in ("RAY_RUNTIME_ENV_HOOK=this.x", "NCCL_TUNER_PLUGIN=x", "NVTX_INJECTION64_PATH=/x.so"):
         assert refused_keys([f"+hydra.job.env_set.{never}"]) == [f"hydra.job.env_set.{never.split('=')[0]}"]
     assert refused_keys(["+hydra.job.env_set.MY_SETTING=1"]) == ["hydra.job.env_set.MY_SETTING"]
+    # a family's members that name a location: CUDA_HOME picks the nvcc a JIT extension runs,
+    # NCCL's debug file is overwritten wherever it points
+    for located in ("CUDA_HOME=/x", "NCCL_DEBUG_FILE=/x", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/x"):
+        assert refused_keys([f"+hydra.job.env_set.{located}"]) == [
+            f"hydra.job.env_set.{located.split('=')[0]}"
+        ]
     for tuning in ("NCCL_DEBUG=INFO", "CUDA_DEVICE_MAX_CONNECTIONS=1", "TORCH_NCCL_BLOCKING_WAIT=1"):
         assert jobs.plan(["recipe=blobs", f"+hydra.job.env_set.{tuning}"]).ok, tuning
 
@@ -149,6 +155,21 @@ def test_slurm_options_of_the_submitit_launcher_neither_run_code_nor_set_what_en
     assert refused_keys(
         [*slurm, "+hydra.launcher.additional_parameters={get_user_env: 1, mail_type: ALL}"]
     ) == ["hydra.launcher.additional_parameters.get_user_env"]
+    # Slurm reads any unambiguous prefix of an option as the option (getopt_long)
+    assert refused_keys(
+        [*slurm, "+hydra.launcher.srun_args=['--expo=ALL,LD_PRELOAD=/x.so', '--task-prol=/x']"]
+    ) == [
+        "hydra.launcher.srun_args[0]",
+        "hydra.launcher.srun_args[1]",
+    ]
+    assert refused_keys([*slurm, "+hydra.launcher.additional_parameters={get_user: true}"]) == [
+        "hydra.launcher.additional_parameters.get_user"
+    ]
+    # submitit writes each option on an #SBATCH line: after a line break, the rest is a command
+    assert refused_keys([*slurm, "+hydra.launcher.additional_parameters={comment: 'x\necho PWNED #'}"]) == [
+        "hydra.launcher.additional_parameters.comment"
+    ]
+    assert refused_keys([*slurm, "hydra.job.name='x\necho PWNED'"]) == ["hydra.launcher.name"]
     for fine in (
         "+hydra.launcher.additional_parameters={export: 'ALL,NCCL_DEBUG=INFO', mail_type: ALL}",
         "+hydra.launcher.srun_args=['--cpu-bind=none', '--export=ALL']",

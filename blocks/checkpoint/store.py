@@ -375,7 +375,7 @@ def _refuse_unlisted_shards(url: str, manifest: Manifest) -> None:
     unlisted = sorted(
         relative
         for relative in (f"{SHARDS_DIR}/{path[len(shards) + 1 :]}" for path in fs.find(shards))
-        if relative not in manifest.files
+        if relative not in manifest.files and not relative.endswith("/")  # an object store's folder marker
     )
     if unlisted:
         raise CheckpointError(

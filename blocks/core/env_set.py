@@ -5,8 +5,8 @@ job inherits it. An environment variable can make a process load a library (``LD
 NCCL's plugins, CUDA's and NVTX's injection libraries), import and call a module by path
 (Ray's ``RAY_RUNTIME_ENV_HOOK``), run a command (``BASH_ENV``) or trust another certificate;
 no list of such variables is ever complete. So a config may set only the variables known to
-tune a process (threads, visible devices, the allocator, NCCL's, gloo's and CUDA's settings,
-torch's debug output), plus those the user allows in their *own* settings, never in a config:
+tune a process (threads, visible devices, the allocator, NCCL's and gloo's settings, torch's
+debug output), plus those the user allows in their *own* settings, never in a config:
 
 * the environment variable ``BLOCKS_ALLOW_ENV`` (comma-separated names; ``NAME_*`` allows a
   family), and/or
@@ -37,6 +37,11 @@ TUNING_NAMES = frozenset(
         "PYTORCH_NO_CUDA_MEMORY_CACHING",
         "PYTORCH_NVML_BASED_CUDA_CHECK",
         "CUBLAS_WORKSPACE_CONFIG",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "CUDA_LAUNCH_BLOCKING",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "CUDA_MODULE_LOADING",
         "TORCH_DISTRIBUTED_DEBUG",
         "TORCH_SHOW_CPP_STACKTRACES",
         "TORCH_CPP_LOG_LEVEL",
@@ -56,8 +61,11 @@ TUNING_NAMES = frozenset(
     }
 )
 """Variables a config may set: each only tunes a process (threads, allocator, debug output, offline mode)."""
-TUNING_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "CUDA_")
-"""Families a config may set, but for the members of :data:`NEVER_NAMES` (their plugins)."""
+TUNING_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+"""Families a config may set, but for a member that names a file, a directory, a library or a
+plugin (:data:`LOCATION_SUFFIXES`: a debug file NCCL would overwrite, a topology to read) and
+the members of :data:`NEVER_NAMES`."""
+LOCATION_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_HOME", "_PLUGIN", "_LIB", "_LIBRARY", "_LIBRARIES", "_CONF")
 
 NEVER_PREFIXES = ("BLOCKS_", "PYTHON", "LD_", "DYLD_", "HYDRA_", "GIT_")
 NEVER_NAMES = frozenset(
@@ -114,12 +122,12 @@ def env_set_problems(names: Iterable[str], allowed: Sequence[str] | None = None)
                     check="import-denied",
                 )
             )
-        elif not _matches(name, (*TUNING_NAMES, *(f"{family}*" for family in TUNING_FAMILIES), *allowed)):
+        elif not (name in TUNING_NAMES or _in_tuning_family(name) or _matches(name, allowed)):
             problems.append(
                 Problem(
                     f"hydra.job.env_set.{name}",
                     f"a config may set only environment variables known to tune a process "
-                    f"(threads, devices, the allocator, NCCL_*, GLOO_*, CUDA_*), and those you allow; "
+                    f"(threads, devices, the allocator, NCCL_*, GLOO_*), and those you allow; "
                     f"{name} is neither",
                     f"set {name} in your own environment before `blocks run`; or, if configs may set it, "
                     f"allow it in your own settings: export {ENV_VAR}={name}, or "
@@ -140,6 +148,10 @@ def never_settable(name: str) -> bool:
     if name in TUNING_NAMES:
         return False
     return name.startswith(NEVER_PREFIXES) or name in NEVER_NAMES or "HOOK" in name.upper()
+
+
+def _in_tuning_family(name: str) -> bool:
+    return name.startswith(TUNING_FAMILIES) and not name.endswith(LOCATION_SUFFIXES)
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:

@@ -198,36 +198,68 @@ SLURM_OPTIONS_THAT_RUN = frozenset(
 """``sbatch`` options (submitit's ``additional_parameters``) that set the job's environment from a
 file or a login shell, move it to another directory, or run something other than the job."""
 SRUN_OPTIONS_THAT_RUN = frozenset(
-    {"chdir", "D", "prolog", "epilog", "task-prolog", "task-epilog", "container", "bcast"}
+    {"chdir", "prolog", "epilog", "task-prolog", "task-epilog", "container", "bcast"}
 )
 """``srun`` options (submitit's ``srun_args``) that run a program around each task, move it, or replace it."""
 
 
 def _submitit_problems(hydra: DictConfig) -> list[Problem]:
-    """The ``#SBATCH`` lines (``additional_parameters``) and ``srun_args`` of submitit's launcher.
+    """The launcher's options, as submitit writes them into each job script (``#SBATCH`` lines, ``srun``).
 
-    No option that runs code, and ``export`` sets only the variables ``hydra.job.env_set`` may set.
+    No value holds a line break (the rest of an ``#SBATCH`` line would run as a command); no
+    ``additional_parameters`` or ``srun_args`` option runs code, written out or abbreviated as
+    Slurm accepts it (any unambiguous prefix); ``export`` sets only the variables
+    ``hydra.job.env_set`` may set.
     """
-    problems: list[Problem] = []
-    additional, problem = _settled_container(hydra, "launcher.additional_parameters")
-    problems += [problem] if problem is not None else []
+    launcher, problem = _settled_container(hydra, "launcher")
+    if problem is not None:
+        return [problem]
+    problems = [
+        Problem(
+            f"hydra.launcher.{path}",
+            "holds a line break: a launcher writes its options into each job script, where the "
+            "rest of the line would run as a shell command",
+            f"write hydra.launcher.{path} on one line",
+            check="import-denied",
+        )
+        for path, value in _strings(launcher, "")
+        if any(ord(char) < 32 and char != "\t" for char in value)
+    ]
+    launcher = launcher if isinstance(launcher, dict) else {}
+    additional = launcher.get("additional_parameters")
     for name, value in additional.items() if isinstance(additional, dict) else ():
         key, option = f"hydra.launcher.additional_parameters.{name}", str(name).replace("_", "-").lstrip("-")
-        if option == "export":
+        if _abbreviates(option, {"export"}):
             problems += _export_problems(str(value), key)
-        elif option in SLURM_OPTIONS_THAT_RUN:
+        elif _abbreviates(option, SLURM_OPTIONS_THAT_RUN):
             problems.append(_slurm_option_problem(key, f"sbatch's --{option}"))
-    srun_args, problem = _settled_container(hydra, "launcher.srun_args")
-    problems += [problem] if problem is not None else []
+    srun_args = launcher.get("srun_args")
     args = [str(arg) for arg in srun_args] if isinstance(srun_args, list) else []
     for index, arg in enumerate(args):
         key = f"hydra.launcher.srun_args[{index}]"
         option, _, value = arg.lstrip("-").partition("=")
-        if option == "export":
+        if arg.startswith("--") and _abbreviates(option, {"export"}):
             problems += _export_problems(value or (args[index + 1] if index + 1 < len(args) else ""), key)
-        elif option in SRUN_OPTIONS_THAT_RUN or (arg.startswith("-D") and not arg.startswith("--")):
+        elif (arg.startswith("--") and _abbreviates(option, SRUN_OPTIONS_THAT_RUN)) or arg.startswith("-D"):
             problems.append(_slurm_option_problem(key, f"srun's {arg.partition('=')[0]}"))
     return problems
+
+
+def _abbreviates(option: str, names: Iterable[str]) -> bool:
+    """Whether Slurm may read *option* as one of *names*: the name itself or a prefix of it (getopt_long)."""
+    return len(option) >= 2 and any(name.startswith(option) for name in names)
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """``(dotted path, text)`` of every string in a plain container."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _strings(item, f"{path}.{name}" if path else str(name))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, f"{path}[{index}]")
 
 
 def _settled_container(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:

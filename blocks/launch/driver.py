@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,7 +35,7 @@ from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
-from blocks.launch.lock import RUN_DIR_KEY, DirBusy, checkpoint_dir_locked, locked
+from blocks.launch.lock import RUN_DIR_FIX, RUN_DIR_KEY, DirBusy, DirLock, checkpoint_dir_locked, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
@@ -75,6 +74,7 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
     # In a sweep a failed job is recorded (its summary.json) and the sweep goes on; the sweeper
     # gets the worst value there is. An interrupted job stops the sweep.
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    started = time.time() - 1.0  # some file systems keep modification times to the second
     try:
         if in_sweep and checked is None:
             checked = _planned_by_precheck(cfg, choices, run_dir, list(hydra_cfg.overrides.task))
@@ -90,8 +90,7 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
-            if not (isinstance(exc, DirBusy) and exc.problems[0].key == RUN_DIR_KEY):  # another job's run dir
-                _record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems))
+            _record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems), started)
             return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
     except Exception as exc:
@@ -99,22 +98,30 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
             raise
         print(f"blocks: the job crashed (run dir: {run_dir})", file=sys.stderr)
         traceback.print_exc()
-        _record_failed_start(run_dir, f"{type(exc).__name__}: {exc}")
+        _record_failed_start(run_dir, f"{type(exc).__name__}: {exc}", started)
         return failed_objective(cfg)
     return objective(plan, summary)
 
 
-def _record_failed_start(run_dir: Path, reason: str) -> None:
-    """Make ``summary.json`` of a sweep job that ended without training say ``failed`` (*reason*).
+def _record_failed_start(run_dir: Path, reason: str, started: float) -> None:
+    """Make ``summary.json`` of a sweep job that ended before its run did say ``failed`` (*reason*).
 
     The sweep counts its jobs' outcomes from their summaries (:mod:`blocks.launch.sweep`): a job
-    that could not start must say so, or the sweep would exit 0. A failed summary already there
-    (the run wrote its own) is kept; one an earlier run of the same job dir left is replaced.
+    that could not start must say so, or the sweep would exit 0. A summary this attempt wrote
+    (since *started*, a ``time.time()``) is kept; one an earlier run of the same job dir left is
+    replaced. Nothing is written into a run dir another live job holds, and a write that fails
+    is logged rather than ending the sweep.
     """
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        if Summary.read(run_dir).status == "failed":
+    path = run_dir / SUMMARY_FILE
+    try:
+        if path.exists() and path.stat().st_mtime >= started:
             return
-    Summary(status="failed", reason=reason).write(run_dir)
+        DirLock(run_dir, RUN_DIR_KEY, RUN_DIR_FIX).refuse_if_held()
+        Summary(status="failed", reason=reason).write(run_dir)
+    except DirBusy:
+        return
+    except OSError as exc:
+        print(f"blocks: could not record the failure in {path}: {exc}", file=sys.stderr)
 
 
 PLANNED: dict[tuple[str, ...], Plan] = {}
@@ -296,18 +303,17 @@ def job_checkpoint_dir(run_dir: Path, plan: Plan) -> str:
 def locks_checkpoint_dir(run_dir: Path, plan: Plan) -> bool:
     """Whether the job in *run_dir* locks its checkpoint dir besides its run dir.
 
-    It does when it saves or resumes checkpoints somewhere another job could too: not inside
-    its own run dir (the run dir's lock covers that), nor in ``memory://`` (one process's own).
-    A URL no file system opens (s3:// without s3fs) is left to the storage check to refuse.
+    It does when it saves or resumes checkpoints where another job could too: anywhere but in
+    ``memory://`` (one process's own), the default ``checkpoints/`` of its run dir included
+    (another job's ``checkpoint.dir`` may name it). A URL no file system opens (s3:// without
+    s3fs) is left to the storage check to refuse.
     """
     if not plan.checkpoint.enabled:
         return False
     try:
-        fs, root = url_to_fs(job_checkpoint_dir(run_dir, plan))
+        fs, _ = url_to_fs(job_checkpoint_dir(run_dir, plan))
     except Exception:
         return False
-    if isinstance(fs, LocalFileSystem):
-        return not Path(root).resolve().is_relative_to(run_dir.resolve())
     return not isinstance(fs, MemoryFileSystem)
 
 

@@ -1,7 +1,9 @@
 """One job at a time per directory: a lock file with the holder's host, pid and a heartbeat.
 
-``blocks run`` locks its run dir before it writes anything there, and its checkpoint dir when
-``checkpoint.dir`` is outside the run dir; it gives both back at the end. A second job into a
+``blocks run`` locks its run dir before it writes anything there, and its checkpoint dir (its
+own lock file, :data:`CHECKPOINT_LOCK_FILE`, also in the default ``checkpoints/`` of the run dir,
+so that a job whose ``checkpoint.dir`` is another run's ``checkpoints/`` meets that run's lock
+in either order); it gives both back at the end. A second job into a
 held directory is refused, naming the holder. A lock whose holder is gone (a dead pid on this
 host, or a heartbeat older than :data:`STALE_AFTER_S` from any host) is taken over with a warning.
 
@@ -32,10 +34,10 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from blocks.checkpoint.storage import unwritable
-from blocks.core.run_files import CHECKPOINTS_DIR
 from blocks.spec.errors import BlocksError, Problem
 
 LOCK_FILE = ".blocks.lock"
+CHECKPOINT_LOCK_FILE = ".blocks-checkpoints.lock"
 HEARTBEAT_S = 10.0
 """How often the holder refreshes the heartbeat."""
 STALE_AFTER_S = 120.0
@@ -192,19 +194,20 @@ class RemoteLockFile:
             return None
 
 
-def lock_file_at(directory: str | Path) -> LockFile:
-    """The lock file of *directory*: a local path or any fsspec URL."""
+def lock_file_at(directory: str | Path, name: str = LOCK_FILE) -> LockFile:
+    """The lock file *name* of *directory*: a local path or any fsspec URL."""
     fs, root = url_to_fs(str(directory))
     if isinstance(fs, LocalFileSystem):
-        return LocalLockFile(Path(root) / LOCK_FILE)
-    return RemoteLockFile(f"{str(directory).rstrip('/')}/{LOCK_FILE}")
+        return LocalLockFile(Path(root) / name)
+    return RemoteLockFile(f"{str(directory).rstrip('/')}/{name}")
 
 
 class DirLock:
     """The lock on one directory, held by this process until :meth:`release`.
 
     *key* and *fix* make the refusal's :class:`Problem` (``{lock}`` in *fix* names the lock
-    file); *run_dir*, the holder's run dir, is recorded so a refused job can name it.
+    file, *file_name* in *directory*); *run_dir*, the holder's run dir, is recorded so a
+    refused job can name it.
     """
 
     def __init__(
@@ -214,9 +217,10 @@ class DirLock:
         fix: str,
         run_dir: Path | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        file_name: str = LOCK_FILE,
     ) -> None:
         self.directory = str(directory)
-        self.file = lock_file_at(directory)
+        self.file = lock_file_at(directory, file_name)
         self.key = key
         self.fix = fix
         self.heartbeat_s = heartbeat_s
@@ -314,16 +318,13 @@ def locked(run_dir: Path) -> contextlib.AbstractContextManager[DirLock]:
 def checkpoint_dir_locked(directory: str, run_dir: Path) -> Iterator[DirLock]:
     """Hold the lock on the checkpoint *directory* of the job in *run_dir* for the duration of the block.
 
-    A *directory* that is another run's default ``checkpoints/`` is refused while that run dir
-    is held (its job locks only the run dir). Storage the lock cannot be written to is refused
-    like the storage check refuses it (a :class:`BlocksError` on ``checkpoint.dir``), not with
-    a traceback.
+    Storage the lock cannot be written to is refused like the storage check refuses it (a
+    :class:`BlocksError` on ``checkpoint.dir``), not with a traceback.
     """
-    lock = DirLock(directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, run_dir=run_dir)
+    lock = DirLock(
+        directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, run_dir=run_dir, file_name=CHECKPOINT_LOCK_FILE
+    )
     try:
-        if isinstance(lock.file, LocalLockFile) and lock.file.path.parent.name == CHECKPOINTS_DIR:
-            # another run's default checkpoints/ is guarded by that run dir's lock alone
-            DirLock(lock.file.path.parent.parent, "checkpoint.dir", CHECKPOINT_DIR_FIX).refuse_if_held()
         lock.acquire()
     except DirBusy:
         raise
