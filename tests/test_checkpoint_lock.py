@@ -23,7 +23,7 @@ import pytest
 from blocks.checkpoint import store
 from blocks.checkpoint.resume import read_start
 from blocks.launch import driver
-from blocks.launch.lock import CHECKPOINT_LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
+from blocks.launch.lock import CHECKPOINT_LOCK_FILE, LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
 from tests.conftest import blocks_run_until_step, run_cli, spawned
 from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
 
@@ -138,6 +138,13 @@ def test_a_checkpoints_dir_is_one_jobs_whichever_starts_first_and_however_it_is_
         write_lock(other / "checkpoints", pid=holder.pid, run_dir=str(tmp_path / "elsewhere"))
         with pytest.raises(DirBusy):  # the job that names other/checkpoints came first
             driver.run(TINY, other)
+        third = tmp_path / "third"
+        third.mkdir()
+        (third / LOCK_FILE).write_text(
+            json.dumps({"host": socket.gethostname(), "pid": holder.pid, "heartbeat": time.time()})
+        )
+        with pytest.raises(DirBusy):  # a live job's run dir is that job's
+            driver.run([*TINY, f"checkpoint.dir={third}"], tmp_path / "fourth")
     assert not any((first / "checkpoints").glob("step-*")) and not any((other / "checkpoints").glob("step-*"))
     assert not (other / "config.yaml").exists()
 

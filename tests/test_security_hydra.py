@@ -115,10 +115,12 @@ def test_a_config_sets_only_variables_that_tune_a_process_or_that_the_user_allow
     assert refused_keys(["+hydra.job.env_set.MY_SETTING=1"]) == ["hydra.job.env_set.MY_SETTING"]
     # a family's members that name a location: CUDA_HOME picks the nvcc a JIT extension runs,
     # NCCL's debug file is overwritten wherever it points
-    for located in ("CUDA_HOME=/x", "NCCL_DEBUG_FILE=/x", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/x"):
-        assert refused_keys([f"+hydra.job.env_set.{located}"]) == [
-            f"hydra.job.env_set.{located.split('=')[0]}"
-        ]
+    # TORCH_LOGS imports the modules it names (+this.x prints the Zen of Python)
+    assert refused_keys(["+hydra.job.env_set.TORCH_LOGS=+this.x"]) == ["hydra.job.env_set.TORCH_LOGS"]
+    located = ("CUDA_HOME=/x", "NCCL_DEBUG_FILE=/x", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/x")
+    located += ("GLOO_DEVICE_TRANSPORT_TCP_TLS_PKEY=/x", "NCCL_COMM_ID=evil:1234", "NCCL_RAS_ADDR=evil:1")
+    for name in located:
+        assert refused_keys([f"+hydra.job.env_set.{name}"]) == [f"hydra.job.env_set.{name.split('=')[0]}"]
     for tuning in ("NCCL_DEBUG=INFO", "CUDA_DEVICE_MAX_CONNECTIONS=1", "TORCH_NCCL_BLOCKING_WAIT=1"):
         assert jobs.plan(["recipe=blobs", f"+hydra.job.env_set.{tuning}"]).ok, tuning
 
@@ -136,45 +138,36 @@ def test_a_config_sets_only_variables_that_tune_a_process_or_that_the_user_allow
 def test_slurm_options_of_the_submitit_launcher_neither_run_code_nor_set_what_env_set_may_not(
     here: Path,
 ) -> None:
-    """submitit writes ``additional_parameters`` as ``#SBATCH`` lines and passes ``srun_args`` to srun:
-    ``--export`` set any variable in the jobs (``PYTHONWARNINGS=ignore::this.X`` imports ``this``),
-    and ``--task-prolog``/``--get-user-env`` run programs or a login shell."""
+    """submitit writes the launcher's options into a bash script: ``additional_parameters`` as
+    ``#SBATCH --key=value`` lines (``export=ALL,PYTHONWARNINGS=ignore::this.X`` set a variable
+    env_set may not; ``get_user_env`` reads a login shell), any other key it is given is passed on
+    (``teardown`` is shell, ``srun_args`` srun's options), and a line break in a value or a key
+    starts a command. Slurm also reads any unambiguous prefix of an option, and a key with a space
+    carries a second option: so the options are an allow-list."""
     slurm = ["hydra/launcher=submitit_slurm"]
-    assert refused_keys(
-        [*slurm, "+hydra.launcher.additional_parameters={export: 'ALL,PYTHONWARNINGS=ignore::this.X'}"]
-    ) == ["hydra.launcher.additional_parameters.export"]
-    assert refused_keys(
-        [*slurm, "+hydra.launcher.srun_args=['--export=ALL,RAY_RUNTIME_ENV_HOOK=this.x']"]
-    ) == ["hydra.launcher.srun_args[0]"]
-    assert refused_keys([*slurm, "+hydra.launcher.srun_args=[--export,'ALL,MY_SETTING=1']"]) == [
-        "hydra.launcher.srun_args[0]"
-    ]
-    assert refused_keys([*slurm, "+hydra.launcher.srun_args=[--task-prolog,/tmp/x]"]) == [
-        "hydra.launcher.srun_args[0]"
-    ]
-    assert refused_keys(
-        [*slurm, "+hydra.launcher.additional_parameters={get_user_env: 1, mail_type: ALL}"]
-    ) == ["hydra.launcher.additional_parameters.get_user_env"]
-    # Slurm reads any unambiguous prefix of an option as the option (getopt_long)
-    assert refused_keys(
-        [*slurm, "+hydra.launcher.srun_args=['--expo=ALL,LD_PRELOAD=/x.so', '--task-prol=/x']"]
-    ) == [
-        "hydra.launcher.srun_args[0]",
-        "hydra.launcher.srun_args[1]",
-    ]
-    assert refused_keys([*slurm, "+hydra.launcher.additional_parameters={get_user: true}"]) == [
-        "hydra.launcher.additional_parameters.get_user"
-    ]
-    # submitit writes each option on an #SBATCH line: after a line break, the rest is a command
-    assert refused_keys([*slurm, "+hydra.launcher.additional_parameters={comment: 'x\necho PWNED #'}"]) == [
-        "hydra.launcher.additional_parameters.comment"
-    ]
-    assert refused_keys([*slurm, "hydra.job.name='x\necho PWNED'"]) == ["hydra.launcher.name"]
+
+    def refused(override: str) -> list[str]:
+        return refused_keys([*slurm, override])
+
+    params = "hydra.launcher.additional_parameters"
+    assert refused(f"+{params}={{export: 'ALL,PYTHONWARNINGS=ignore::this.X'}}") == [f"{params}.export"]
+    assert refused(f"+{params}={{get_user_env: 1, mail_type: ALL}}") == [f"{params}.get_user_env"]
+    assert refused(f"+{params}={{get_user: true}}") == [f"{params}.get_user"]  # an abbreviation
+    assert refused(f"+{params}={{comment c --chdir: /tmp/evil}}") == [f"{params}.comment c --chdir"]
+    assert refused(f"+{params}={{comment: 'x\necho PWNED #'}}") == [f"{params}.comment"]
+    assert refused("hydra.job.name='x\necho PWNED'") == ["hydra.launcher.name"]
+    assert refused("+hydra.launcher.teardown=['touch /tmp/x']") == ["hydra.launcher.teardown"]
+    assert refused("+hydra.launcher.srun_args=['-lD/tmp/evil']") == ["hydra.launcher.srun_args"]
+    assert refused("+hydra.launcher.srun_args={--chdir: 1}") == ["hydra.launcher.srun_args"]
+    assert refused("hydra.launcher.setup=['echo hi']") == ["hydra.launcher.setup"]
     for fine in (
-        "+hydra.launcher.additional_parameters={export: 'ALL,NCCL_DEBUG=INFO', mail_type: ALL}",
-        "+hydra.launcher.srun_args=['--cpu-bind=none', '--export=ALL']",
+        f"+{params}={{export: 'ALL,NCCL_DEBUG=INFO', mail_type: END, time: '1:00:00', gpus_per_task: 1}}",
+        "hydra.launcher.partition=gpu",
+        "hydra.job.name='with\ta tab'",
     ):
         assert jobs.plan(["recipe=blobs", *slurm, fine]).ok, fine
+    for launcher in ("submitit_local", "joblib", "ray"):
+        assert jobs.plan(["recipe=blobs", f"hydra/launcher={launcher}"]).ok, launcher
 
 
 def test_interpolations_elsewhere_are_not_resolved_by_the_checks(here: Path) -> None:

@@ -45,7 +45,6 @@ TUNING_NAMES = frozenset(
         "TORCH_DISTRIBUTED_DEBUG",
         "TORCH_SHOW_CPP_STACKTRACES",
         "TORCH_CPP_LOG_LEVEL",
-        "TORCH_LOGS",
         "TORCH_USE_CUDA_DSA",
         "HF_HUB_OFFLINE",
         "HF_DATASETS_OFFLINE",
@@ -62,10 +61,26 @@ TUNING_NAMES = frozenset(
 )
 """Variables a config may set: each only tunes a process (threads, allocator, debug output, offline mode)."""
 TUNING_FAMILIES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
-"""Families a config may set, but for a member that names a file, a directory, a library or a
-plugin (:data:`LOCATION_SUFFIXES`: a debug file NCCL would overwrite, a topology to read) and
-the members of :data:`NEVER_NAMES`."""
-LOCATION_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_HOME", "_PLUGIN", "_LIB", "_LIBRARY", "_LIBRARIES", "_CONF")
+"""Families a config may set, but for a member that names a file, a directory, a library, a
+plugin, a key or an address (:data:`LOCATION_SUFFIXES`: a debug file NCCL would overwrite, a
+topology to read, gloo's TLS key, where NCCL listens) and the members of :data:`NEVER_NAMES`."""
+LOCATION_SUFFIXES = (
+    "_FILE",
+    "_PATH",
+    "_DIR",
+    "_HOME",
+    "_PLUGIN",
+    "_LIB",
+    "_LIBRARY",
+    "_LIBRARIES",
+    "_CONF",
+    "_CERT",
+    "_PKEY",
+    "_KEY",
+    "_CA",
+    "_ADDR",
+    "_ADDRESS",
+)
 
 NEVER_PREFIXES = ("BLOCKS_", "PYTHON", "LD_", "DYLD_", "HYDRA_", "GIT_")
 NEVER_NAMES = frozenset(
@@ -83,6 +98,7 @@ NEVER_NAMES = frozenset(
         "NCCL_PROFILER_PLUGIN",
         "NCCL_ENV_PLUGIN",
         "NCCL_CONF_FILE",
+        "NCCL_COMM_ID",
         "CUDA_INJECTION64_PATH",
         "CUDA_INJECTION32_PATH",
         "NVTX_INJECTION64_PATH",

@@ -18,6 +18,7 @@ from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 
 from blocks.compat.hydra_private import config_child, unresolved
 from blocks.core.env_set import env_set_problems
+from blocks.core.launcher_options import launcher_problems
 from blocks.spec.errors import ConfigError, Problem
 from blocks.spec.imports import (
     ANY_CLASS,
@@ -72,12 +73,11 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     problems = _path_problems(plain, "hydra")
     for parent, built in _built_nodes(hydra, "hydra"):
         problems += [built] if isinstance(built, Problem) else _path_problems(built, parent)
-    settled = {path: _settled(hydra, path) for path in ("job.env_set", "job.chdir", "launcher.setup")}
+    settled = {path: _settled(hydra, path) for path in ("job.env_set", "job.chdir")}
     problems += [problem for _, problem in settled.values() if problem is not None]
     problems += _env_problems(settled["job.env_set"][0])
     problems += _chdir_problems(settled["job.chdir"][0])
-    problems += _launcher_problems(settled["launcher.setup"][0])
-    problems += _submitit_problems(hydra)
+    problems += launcher_problems(hydra)
     return problems
 
 
@@ -174,124 +174,6 @@ def _chdir_problems(chdir: Any) -> list[Problem]:
             check="import-denied",
         )
     ]
-
-
-def _launcher_problems(setup: Any) -> list[Problem]:
-    """``hydra.launcher.setup`` (submitit): shell commands written into the job script."""
-    if not setup:
-        return []
-    return [
-        Problem(
-            "hydra.launcher.setup",
-            "the launcher would run these lines as shell commands in each job script; a config "
-            "may not run commands",
-            "run them before `blocks run` (jobs inherit the environment you submit from), or in "
-            "your shell profile, and drop hydra.launcher.setup",
-            check="import-denied",
-        )
-    ]
-
-
-SLURM_OPTIONS_THAT_RUN = frozenset(
-    {"export-file", "get-user-env", "chdir", "container", "container-id", "wrap", "bb", "bbf"}
-)
-"""``sbatch`` options (submitit's ``additional_parameters``) that set the job's environment from a
-file or a login shell, move it to another directory, or run something other than the job."""
-SRUN_OPTIONS_THAT_RUN = frozenset(
-    {"chdir", "prolog", "epilog", "task-prolog", "task-epilog", "container", "bcast"}
-)
-"""``srun`` options (submitit's ``srun_args``) that run a program around each task, move it, or replace it."""
-
-
-def _submitit_problems(hydra: DictConfig) -> list[Problem]:
-    """The launcher's options, as submitit writes them into each job script (``#SBATCH`` lines, ``srun``).
-
-    No value holds a line break (the rest of an ``#SBATCH`` line would run as a command); no
-    ``additional_parameters`` or ``srun_args`` option runs code, written out or abbreviated as
-    Slurm accepts it (any unambiguous prefix); ``export`` sets only the variables
-    ``hydra.job.env_set`` may set.
-    """
-    launcher, problem = _settled_container(hydra, "launcher")
-    if problem is not None:
-        return [problem]
-    problems = [
-        Problem(
-            f"hydra.launcher.{path}",
-            "holds a line break: a launcher writes its options into each job script, where the "
-            "rest of the line would run as a shell command",
-            f"write hydra.launcher.{path} on one line",
-            check="import-denied",
-        )
-        for path, value in _strings(launcher, "")
-        if any(ord(char) < 32 and char != "\t" for char in value)
-    ]
-    launcher = launcher if isinstance(launcher, dict) else {}
-    additional = launcher.get("additional_parameters")
-    for name, value in additional.items() if isinstance(additional, dict) else ():
-        key, option = f"hydra.launcher.additional_parameters.{name}", str(name).replace("_", "-").lstrip("-")
-        if _abbreviates(option, {"export"}):
-            problems += _export_problems(str(value), key)
-        elif _abbreviates(option, SLURM_OPTIONS_THAT_RUN):
-            problems.append(_slurm_option_problem(key, f"sbatch's --{option}"))
-    srun_args = launcher.get("srun_args")
-    args = [str(arg) for arg in srun_args] if isinstance(srun_args, list) else []
-    for index, arg in enumerate(args):
-        key = f"hydra.launcher.srun_args[{index}]"
-        option, _, value = arg.lstrip("-").partition("=")
-        if arg.startswith("--") and _abbreviates(option, {"export"}):
-            problems += _export_problems(value or (args[index + 1] if index + 1 < len(args) else ""), key)
-        elif (arg.startswith("--") and _abbreviates(option, SRUN_OPTIONS_THAT_RUN)) or arg.startswith("-D"):
-            problems.append(_slurm_option_problem(key, f"srun's {arg.partition('=')[0]}"))
-    return problems
-
-
-def _abbreviates(option: str, names: Iterable[str]) -> bool:
-    """Whether Slurm may read *option* as one of *names*: the name itself or a prefix of it (getopt_long)."""
-    return len(option) >= 2 and any(name.startswith(option) for name in names)
-
-
-def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    """``(dotted path, text)`` of every string in a plain container."""
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for name, item in value.items():
-            yield from _strings(item, f"{path}.{name}" if path else str(name))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _strings(item, f"{path}[{index}]")
-
-
-def _settled_container(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:
-    """The plain value at *path* of the ``hydra`` node, resolved as Hydra will resolve it."""
-    try:
-        value = OmegaConf.select(hydra, path, throw_on_missing=False)
-        return (OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value), None
-    except Exception as exc:  # resolving may fail in any of OmegaConf's or a resolver's ways
-        return None, _unresolvable(f"hydra.{path}", "its value", exc)
-
-
-def _export_problems(value: str, key: str) -> list[Problem]:
-    """Slurm's ``--export``: ``NAME=value`` only for the variables a config may set.
-
-    ``ALL``, ``NONE`` and names without a value (the submitter's own variables) pass.
-    """
-    names = [item.split("=", 1)[0] for item in value.split(",") if "=" in item]
-    return [
-        Problem(key, f"{problem.message} (through Slurm's --export)", problem.fix, check=problem.check)
-        for problem in env_set_problems(names)
-    ]
-
-
-def _slurm_option_problem(key: str, what: str) -> Problem:
-    return Problem(
-        key,
-        f"{what} would make each job run a program, read its environment from a file or a login "
-        "shell, or run elsewhere; a config may not",
-        f"drop {key}; set the environment before `blocks run` (jobs inherit it) or in your own "
-        "sbatch wrapper",
-        check="import-denied",
-    )
 
 
 def _logging_problems(value: Any, key: str) -> list[Problem]:

@@ -318,13 +318,19 @@ def locked(run_dir: Path) -> contextlib.AbstractContextManager[DirLock]:
 def checkpoint_dir_locked(directory: str, run_dir: Path) -> Iterator[DirLock]:
     """Hold the lock on the checkpoint *directory* of the job in *run_dir* for the duration of the block.
 
-    Storage the lock cannot be written to is refused like the storage check refuses it (a
-    :class:`BlocksError` on ``checkpoint.dir``), not with a traceback.
+    A *directory* that is another live job's run dir is refused too. Storage the lock cannot
+    be written to is refused like the storage check refuses it (a :class:`BlocksError` on
+    ``checkpoint.dir``), not with a traceback.
     """
     lock = DirLock(
         directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, run_dir=run_dir, file_name=CHECKPOINT_LOCK_FILE
     )
     try:
+        if not (
+            isinstance(lock.file, LocalLockFile) and lock.file.path.parent.resolve() == run_dir.resolve()
+        ):
+            # another live job's run dir is that job's, whatever it holds
+            DirLock(directory, "checkpoint.dir", CHECKPOINT_DIR_FIX).refuse_if_held()
         lock.acquire()
     except DirBusy:
         raise
