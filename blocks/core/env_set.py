@@ -17,7 +17,7 @@ Variables that load or run code, or change what blocks trusts, are refused whate
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from blocks.spec.errors import Problem
 from blocks.spec.imports import user_list
@@ -120,12 +120,9 @@ NCCL's, CUDA's, NVTX's and OpenMP's plugins and configuration files, the user si
 also every variable whose name says it names a hook (Ray imports and calls ``RAY_*_HOOK`` by path)."""
 
 
-def env_set_problems(names: Iterable[str], allowed: Sequence[str] | None = None) -> list[Problem]:
-    """A problem for each variable of ``hydra.job.env_set`` a config may not set.
-
-    *allowed* are the user's own names and ``NAME_*`` families (default: :func:`allowed_env`).
-    """
-    allowed = allowed_env() if allowed is None else allowed
+def env_set_problems(names: Iterable[str]) -> list[Problem]:
+    """A problem for each variable of ``hydra.job.env_set`` a config may not set (the user's allowance: :func:`allowed_env`)."""
+    allowed = allowed_env()
     problems = []
     for name in names:
         if never_settable(name):

@@ -142,13 +142,10 @@ def _unresolvable(key: str, what: str, exc: Exception) -> Problem:
 def _settled(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:
     """The value at *path* of the ``hydra`` node as Hydra will see it, and a problem when that cannot be had now.
 
-    Interpolations are resolved down to the value's entries (a mapping's own values stay as
-    they are: only its keys are checked).
+    An interpolation is resolved; a mapping's own values stay as they are (only its keys are checked).
     """
     try:
         value = OmegaConf.select(hydra, path, throw_on_missing=False)
-        if isinstance(value, ListConfig):
-            value = OmegaConf.to_container(value, resolve=True)
     except Exception as exc:  # resolving may fail in any of OmegaConf's or a resolver's ways
         return None, _unresolvable(f"hydra.{path}", "its value", exc)
     return value, None

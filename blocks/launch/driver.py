@@ -35,7 +35,7 @@ from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job
 from blocks.core.plan import Plan
-from blocks.launch.lock import RUN_DIR_FIX, RUN_DIR_KEY, DirBusy, DirLock, checkpoint_dir_locked, locked
+from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
@@ -114,12 +114,9 @@ def _record_failed_start(run_dir: Path, reason: str, started: float) -> None:
     """
     path = run_dir / SUMMARY_FILE
     try:
-        if path.exists() and path.stat().st_mtime >= started:
+        if (path.exists() and path.stat().st_mtime >= started) or is_held(run_dir):
             return
-        DirLock(run_dir, RUN_DIR_KEY, RUN_DIR_FIX).refuse_if_held()
         Summary(status="failed", reason=reason).write(run_dir)
-    except DirBusy:
-        return
     except OSError as exc:
         print(f"blocks: could not record the failure in {path}: {exc}", file=sys.stderr)
 

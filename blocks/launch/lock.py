@@ -62,10 +62,6 @@ class DirBusy(BlocksError):
     """Another live job holds the directory."""
 
 
-RUN_DIR_KEY = "hydra.run.dir"
-"""The key a refusal to lock a run dir names (:func:`locked`)."""
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -311,7 +307,13 @@ def held_lock(lock: DirLock) -> Iterator[DirLock]:
 
 def locked(run_dir: Path) -> contextlib.AbstractContextManager[DirLock]:
     """Hold the lock on *run_dir* for the duration of the block."""
-    return held_lock(DirLock(run_dir, RUN_DIR_KEY, RUN_DIR_FIX))
+    return held_lock(DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX))
+
+
+def is_held(directory: str | Path) -> bool:
+    """Whether a live job holds *directory*'s lock (the run-dir lock); reads it, takes nothing."""
+    holder = lock_file_at(directory).read()
+    return holder is not None and holder_is_alive(holder)
 
 
 @contextlib.contextmanager
