@@ -125,3 +125,26 @@ def test_a_required_field_without_a_value_names_the_key_and_the_fix() -> None:
     assert problem.fix == "model.width=<value>"
     given = jobs.blocks_for(["recipe=blobs", "model=mlp_with_required_width", "model.width=3"])
     assert given["model"] == MLPWithRequiredWidth(width=3)
+
+
+def test_a_composed_config_becomes_blocks_without_validating_its_nodes_a_second_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Composition types each block's node by its dataclass; turning it into blocks re-validates nothing."""
+    from omegaconf import OmegaConf
+
+    composed = jobs.compose(["recipe=charlm", "optim.lr=0.5", "model.dropout=0.25"])
+    plain = OmegaConf.to_container(composed.config, resolve=False)
+    real_structured = OmegaConf.structured
+    structured = []
+
+    def counting(obj: object, *args: object, **kwargs: object) -> object:
+        structured.append(obj)
+        return real_structured(obj, *args, **kwargs)
+
+    monkeypatch.setattr(OmegaConf, "structured", counting)
+    typed = config_to_blocks(composed.config)
+    assert structured == []
+    assert typed["optim"].lr == 0.5 and typed["model"].dropout == 0.25
+    assert config_to_blocks(plain) == typed  # a saved (untyped) config gives the same blocks, validated
+    assert len(structured) == len(typed)

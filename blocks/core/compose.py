@@ -28,7 +28,7 @@ from blocks.compat.hydra_private import (
     hydra_message,
     structured_type,
 )
-from blocks.core.secrets import resolve_keeping_env
+from blocks.core.secrets import resolve_in_place_keeping_env
 from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.spec.kinds import CROSS_KIND_GROUPS, KIND_TABLE, BlockKind
@@ -186,16 +186,20 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
             )
     if problems:
         raise ConfigError(problems)
-    base = OmegaConf.structured(cls)
-    OmegaConf.set_readonly(base, False)
     try:
-        merged = OmegaConf.merge(base, OmegaConf.create({k: node[k] for k in keys}))
-        container = OmegaConf.to_container(merged, resolve=True)
+        if structured_type(node) is cls and len(keys) == len(fields):
+            # Composed from the block's typed node: every value was validated when it was set.
+            typed = node
+        else:  # a saved or hand-written config: validate each value against the dataclass
+            typed = OmegaConf.structured(cls)
+            OmegaConf.set_readonly(typed, False)
+            typed = OmegaConf.merge(typed, OmegaConf.create({k: node[k] for k in keys}))
+        container = OmegaConf.to_container(typed, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc, prefix=kind)) from None
     assert isinstance(container, dict)
     hints = typing.get_type_hints(cls)
-    kwargs = {str(k): _coerce(hints.get(str(k)), v) for k, v in container.items()}
+    kwargs = {str(k): _coerce(hints.get(str(k)), v) for k, v in container.items() if k != BLOCK_KEY}
     return cls(**kwargs)
 
 
@@ -516,9 +520,9 @@ def split_hydra(cfg: DictConfig) -> Composed:
         for k, v in cfg.hydra.runtime.choices.items()
         if not str(k).startswith("hydra/") and v is not None
     }
-    job = OmegaConf.create({k: v for k, v in cfg.items() if k != "hydra"})
+    job = OmegaConf.create({k: v for k, v in cfg.items() if k != "hydra"})  # a copy of each node
     try:
-        job = resolve_keeping_env(job)  # environment values (secrets) stay interpolations
+        resolve_in_place_keeping_env(job)  # environment values (secrets) stay interpolations
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc)) from None
     return Composed(config=job, choices=choices)

@@ -10,9 +10,10 @@ same interpolations back into the JSON view of a plan in place of the resolved v
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 
 ENV_RESOLVER = "${oc.env:"
 
@@ -38,16 +39,26 @@ def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
 
 
 def resolve_keeping_env(cfg: DictConfig) -> DictConfig:
-    """A resolved copy of *cfg* in which values read from the environment keep their ``${oc.env:...}``."""
-    kept = env_interpolations(cfg)
-    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    assert isinstance(resolved, DictConfig)
-    for path, raw in kept.items():
-        parent: Any = resolved
-        for key in path[:-1]:
-            parent = parent[key]
-        parent[path[-1]] = raw
+    """A resolved copy of *cfg* in which values read from the environment keep their ``${oc.env:...}``.
+
+    The copy keeps *cfg*'s node types: a block's node stays typed by its dataclass, so turning
+    it back into the block (:func:`blocks.core.compose.node_to_block`) needs no second validation.
+    """
+    resolved = copy.deepcopy(cfg)
+    resolve_in_place_keeping_env(resolved)
     return resolved
+
+
+def resolve_in_place_keeping_env(cfg: DictConfig) -> None:
+    """:func:`resolve_keeping_env` on *cfg* itself, for a config the caller has just copied."""
+    kept = env_interpolations(cfg)
+    with read_write(cfg):
+        OmegaConf.resolve(cfg)
+        for path, raw in kept.items():
+            parent: Any = cfg
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = raw
 
 
 def keep_env_in_plan(plan_json: dict[str, Any], config: DictConfig) -> dict[str, Any]:
