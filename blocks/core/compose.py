@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from blocks.compat.hydra_private import (
@@ -187,13 +187,13 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
     if problems:
         raise ConfigError(problems)
     try:
-        if structured_type(node) is cls and len(keys) == len(fields):
-            # Composed from the block's typed node: every value was validated when it was set.
-            typed = node
-        else:  # a saved or hand-written config: validate each value against the dataclass
-            typed = OmegaConf.structured(cls)
-            OmegaConf.set_readonly(typed, False)
-            typed = OmegaConf.merge(typed, OmegaConf.create({k: node[k] for k in keys}))
+        typed: DictConfig | ListConfig = node
+        if structured_type(node) is not cls or len(keys) != len(fields):
+            # A saved or hand-written config; a composed node typed by its own block class had
+            # every value validated when it was set.
+            base = OmegaConf.structured(cls)
+            OmegaConf.set_readonly(base, False)
+            typed = OmegaConf.merge(base, OmegaConf.create({k: node[k] for k in keys}))
         container = OmegaConf.to_container(typed, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc, prefix=kind)) from None
