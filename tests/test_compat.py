@@ -300,6 +300,23 @@ def test_a_batch_reaches_the_step_through_the_batch_hooks_only_when_one_is_overr
     assert len(dispatched) == (0 if owner == "nobody" else 3 * len(torch_private.BATCH_HOOKS)), dispatched
 
 
+def test_a_dict_of_tensors_moves_as_lightnings_move_data_to_device_moves_it() -> None:
+    """The short path for blocks' batches gives what Lightning's walk gives; anything else takes the walk."""
+    import torch
+    from lightning_fabric.utilities.apply_func import move_data_to_device
+
+    from blocks.compat.torch_private import tensors_to_device
+
+    batch = {"inputs": torch.randn(4, 3), "targets": torch.arange(4)}
+    for device in (torch.device("cpu"), "cpu"):
+        moved, expected = tensors_to_device(batch, device), move_data_to_device(batch, device)
+        assert type(moved) is dict and moved is not batch and moved.keys() == expected.keys()
+        assert all(moved[k] is expected[k] for k in moved), "a tensor already there is the same tensor"
+    nested = {"inputs": [torch.ones(2)], "meta": "kept"}
+    moved_nested = tensors_to_device(nested, torch.device("cpu"))
+    assert moved_nested["meta"] == "kept" and torch.equal(moved_nested["inputs"][0], torch.ones(2))
+
+
 def test_hydra_completion_answers_a_group_and_its_options() -> None:
     from hydra import initialize
     from hydra.core.global_hydra import GlobalHydra

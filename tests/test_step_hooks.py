@@ -34,13 +34,30 @@ class CountingProfiler(PassThroughProfiler):
         self.actions[action_name] += 1
 
 
-def _built(tmp_path: Path) -> Any:
+def _built(tmp_path: Path, *overrides: str) -> Any:
     """The ``blobs`` recipe built for :data:`STEPS` steps, not yet fitted."""
     plan = driver.prepare(
-        ["recipe=blobs", f"trainer.max_steps={STEPS}", "trainer.max_epochs=null", "monitor.progress=off"],
+        [
+            "recipe=blobs",
+            f"trainer.max_steps={STEPS}",
+            "trainer.max_epochs=null",
+            "monitor.progress=off",
+            *overrides,
+        ],
         tmp_path,
     )
     return build_run(plan, tmp_path, console=False)
+
+
+def _fitted_counting(built: Any) -> Counter[str]:
+    """Fit *built* and count each hook dispatch (``[Callback]Owner.hook`` → calls)."""
+    profiler = CountingProfiler()
+    built.trainer.profiler = profiler
+    try:
+        built.trainer.fit(built.module, datamodule=built.datamodule)
+    finally:
+        built.recorder.close()
+    return profiler.actions
 
 
 def test_a_step_dispatches_only_the_hooks_blocks_implements(tmp_path: Path) -> None:
@@ -133,3 +150,48 @@ def test_training_step_signature_is_read_once_not_every_step(
     built.recorder.close()
     assert seen == list(range(len(seen))) and len(seen) == STEPS, "training_step gets each batch_idx"
     assert sum(name in ("training_step", "recording") for name in readings) < STEPS, readings
+
+
+def test_callbacks_are_not_called_at_steps_where_they_have_nothing_to_do(tmp_path: Path) -> None:
+    """Under the defaults (``on_nonfinite=stop``, one process) health and preemption skip their step hooks.
+
+    ``stop`` judges logged rows, not steps; the divergence check needs the first step's loss only;
+    one process has no stop to agree on until a signal comes. What they do still happens.
+    """
+    built = _built(tmp_path, "monitor.log_every_n_steps=5")
+    actions = _fitted_counting(built)
+    assert actions["[Callback]HealthGuard.on_before_optimizer_step"] == 0
+    assert actions["[Callback]HealthGuard.on_train_batch_end"] == 1, "the first step's loss only"
+    assert actions["[Callback]Preemption.on_train_batch_start"] == 0
+    assert actions["[Callback]MetricsRecorder.on_train_batch_end"] == STEPS
+    assert built.health.state_dict()["first_loss"] > 0, "the divergence baseline is recorded"
+    logged = [int(line.split(",")[0]) for line in (tmp_path / "metrics.csv").read_text().splitlines()[1:]]
+    assert logged == [5, 10, 15, 20]
+
+
+def test_a_policy_that_checks_every_step_is_called_every_step(tmp_path: Path) -> None:
+    actions = _fitted_counting(_built(tmp_path, "monitor.on_nonfinite=skip"))
+    assert actions["[Callback]HealthGuard.on_before_optimizer_step"] == STEPS
+
+
+def test_a_signal_in_one_process_stops_training_at_the_next_step(tmp_path: Path) -> None:
+    """The skipped preemption check comes back with the signal: training stops at the next step boundary."""
+    import signal
+
+    from blocks.runtime.preemption import Preempted
+
+    built = _built(tmp_path)
+
+    class SignalAtStep5(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 5:
+                built.preemption.notice(signal.SIGTERM, None)
+
+    built.trainer.callbacks.insert(0, SignalAtStep5())
+    try:
+        with pytest.raises(Preempted, match="SIGTERM stopped training at step 5"):
+            _fitted_counting(built)
+    finally:
+        built.preemption.disarm()  # no grace timer left to end the test process
+    assert built.trainer.global_step == 5
+    assert built.preemption.stopped_by == "SIGTERM"

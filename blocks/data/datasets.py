@@ -67,9 +67,13 @@ class TensorPairs(Dataset[Sample]):
         return {"inputs": self.inputs[index], "targets": self.targets[index]}
 
     def gather(self, indices: list[int]) -> Sample:
-        """The samples at *indices* as one batch, in one indexing operation."""
+        """The samples at *indices* as one batch, one ``index_select`` per tensor.
+
+        The same rows as ``tensor[rows]``, without advanced indexing's parsing of the index: about
+        half the time of a small batch's gather, which runs every step.
+        """
         rows = torch.tensor(indices, dtype=torch.long)
-        return {"inputs": self.inputs[rows], "targets": self.targets[rows]}
+        return {"inputs": self.inputs.index_select(0, rows), "targets": self.targets.index_select(0, rows)}
 
 
 def blobs_dataset(block: Blobs, split: str) -> TensorPairs:

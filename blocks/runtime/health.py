@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from blocks.checkpoint import store
-from blocks.compat.torch_private import set_found_inf
+from blocks.compat.torch_private import dispatch_hook, set_found_inf
 from blocks.core.environment import restart_count
 from blocks.monitor.sinks import Row
 
@@ -147,6 +147,15 @@ class HealthGuard(pl.Callback):
         """Whether each step is checked before the optimizer applies it."""
         return self.policy in ("skip", "rollback") and not self.grad_scaler
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Have Lightning call the per-step hooks only while they have work to do in this run.
+
+        After a resume's checkpoint is loaded: ``on_before_optimizer_step`` when each step is
+        checked, ``on_train_batch_end`` until the first loss is recorded.
+        """
+        dispatch_hook(self, "on_before_optimizer_step", self.checks_every_step)
+        dispatch_hook(self, "on_train_batch_end", self._wants_first_loss())
+
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
@@ -229,11 +238,7 @@ class HealthGuard(pl.Callback):
         It stays on the device until the first logged row is checked (no sync in the step). A
         resumed run keeps the first step's loss its checkpoint saved.
         """
-        if (
-            not self.divergence_factor
-            or self._first_loss is not None
-            or self._first_loss_on_device is not None
-        ):
+        if not self._wants_first_loss():
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
@@ -242,6 +247,13 @@ class HealthGuard(pl.Callback):
             loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean"
         )
         self._first_loss_on_device = mean.detach()
+        dispatch_hook(self, "on_train_batch_end", False)  # recorded for the rest of the run
+
+    def _wants_first_loss(self) -> bool:
+        """Whether the divergence check still needs the first step's loss."""
+        return (
+            bool(self.divergence_factor) and self._first_loss is None and self._first_loss_on_device is None
+        )
 
     def _rollback(self, trainer: pl.Trainer) -> bool:
         """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.

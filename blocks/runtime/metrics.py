@@ -145,11 +145,12 @@ class MetricsRecorder(pl.Callback):
             if self.health is not None and self.health.checks_every_step:
                 loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)  # skipped steps do not count
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-        if trainer.global_step == self._seen_step:
+        step = trainer.global_step  # a chain of Lightning properties: read once
+        if step == self._seen_step:
             return
-        self._steps += trainer.global_step - self._seen_step
-        self._seen_step = trainer.global_step
-        if trainer.global_step % self.every == 0:
+        self._steps += step - self._seen_step
+        self._seen_step = step
+        if step % self.every == 0:
             self._flush(trainer)
 
     def _flush(self, trainer: pl.Trainer) -> None:

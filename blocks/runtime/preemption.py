@@ -24,7 +24,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from blocks.compat.torch_private import processed_micro_batches, replace_signal_handlers
+from blocks.compat.torch_private import dispatch_hook, processed_micro_batches, replace_signal_handlers
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -60,6 +60,7 @@ class Preemption(pl.Callback):
             raise KeyboardInterrupt
         if not self.received:
             self.received = signum
+            dispatch_hook(self, "on_train_batch_start", True)  # a single process checks from the next step on
             sys.stderr.write(
                 f"blocks: {signal.Signals(signum).name} received; stopping after this step and saving a checkpoint\n"
             )
@@ -73,6 +74,10 @@ class Preemption(pl.Callback):
         """The run is over: a process that goes on (``blocks.launch.driver.run`` in a notebook) is not ended."""
         if self._deadline is not None:
             self._deadline.cancel()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A single process with no signal yet has nothing to check at a step: Lightning skips the check until one comes."""
+        dispatch_hook(self, "on_train_batch_start", trainer.world_size > 1 or bool(self.received))
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
