@@ -78,3 +78,32 @@ def test_summary_reports_the_whole_run_and_the_steady_state_throughput(trained: 
     assert summary.samples_per_s > 0
     assert summary.steady_samples_per_s is not None and summary.steady_samples_per_s > 0
     assert summary.steady_tokens_per_s is None  # blobs are not token data
+
+
+@pytest.mark.parametrize("algorithm", sorted(store.DIGEST_HEX_LENGTHS))
+def test_a_local_file_hashes_through_its_memory_map_as_any_reader_hashes_it(
+    tmp_path: Path, algorithm: str
+) -> None:
+    """Local files are hashed from a memory map; the digest is the one every other file system gives."""
+    import os
+
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    memory = fsspec.filesystem("memory")
+    for size in (0, 1, store._MAPPED_CHUNK, store._MAPPED_CHUNK + 3):
+        data = os.urandom(size)
+        (tmp_path / f"f{size}").write_bytes(data)
+        memory.pipe_file(f"/hashing/f{size}", data)
+        local = store.file_digest(LocalFileSystem(), str(tmp_path / f"f{size}"), algorithm)
+        assert (
+            local
+            == store.file_digest(memory, f"/hashing/f{size}", algorithm)
+            == (size, _digest(data, algorithm))
+        )
+
+
+def _digest(data: bytes, algorithm: str) -> str:
+    hasher = store.new_hasher(algorithm)
+    hasher.update(data)
+    return hasher.hexdigest()

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -70,6 +71,7 @@ ALGORITHMS_BY_FORMAT = {
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
+_MAPPED_CHUNK = 1 << 23  # bytes hashed per call: the GIL comes back between calls
 _HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Files hashed at once: xxhash, hashlib and file reads release the GIL, so each thread uses a core
 (and an object store's latency overlaps).
@@ -103,8 +105,21 @@ def new_hasher(algorithm: str = HASH) -> Hasher:
 
 
 def file_digest(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = HASH) -> tuple[int, str]:
-    """Size and *algorithm* hex digest of one file, read in chunks into one reused buffer."""
+    """Size and *algorithm* hex digest of one file, read in chunks into one reused buffer.
+
+    A local file is hashed through a read-only memory map instead: the hash reads the page
+    cache where it is, with no copy into a buffer, about half the time and memory traffic of
+    a read (a resume hashes ``state.pt`` beside ``torch.load`` reading the same file).
+    """
     digest = new_hasher(algorithm)
+    if isinstance(fs, LocalFileSystem):
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size:
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+                    for start in range(0, size, _MAPPED_CHUNK):
+                        digest.update(view[start : start + _MAPPED_CHUNK])
+        return size, digest.hexdigest()
     buffer = bytearray(_CHUNK)
     view = memoryview(buffer)
     size = 0
