@@ -59,7 +59,9 @@ def block_node(block: Block) -> DictConfig:
         )
     typed = OmegaConf.structured(block)
     OmegaConf.set_readonly(typed, False)
-    node = OmegaConf.merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
+    # ``_block_`` first, so config.yaml says which block before its fields; both inputs are
+    # this function's own, so the merge need not copy them.
+    node = OmegaConf.unsafe_merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
     assert isinstance(node, DictConfig)
     OmegaConf.set_struct(node, True)
     for key in node:
