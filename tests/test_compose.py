@@ -148,3 +148,35 @@ def test_a_composed_config_becomes_blocks_without_validating_its_nodes_a_second_
     assert typed["optim"].lr == 0.5 and typed["model"].dropout == 0.25
     assert config_to_blocks(plain) == typed  # a saved (untyped) config gives the same blocks, validated
     assert len(structured) == len(typed)
+
+
+def test_an_unresolvable_interpolation_is_named_by_its_own_key_and_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unset variable names its key; a valid interpolation given beside it is not blamed."""
+    monkeypatch.delenv("BLOCKS_TEST_UNSET", raising=False)
+    with pytest.raises(ConfigError) as info:
+        jobs.compose(
+            ["recipe=blobs", "model.dropout=${optim.lr}", "trainer.max_epochs=${oc.env:BLOCKS_TEST_UNSET}"]
+        )
+    (problem,) = info.value.problems
+    assert problem.key == "trainer.max_epochs" and "BLOCKS_TEST_UNSET" in problem.message
+
+
+def test_an_interpolation_of_a_value_nobody_gave_is_refused_at_the_interpolation() -> None:
+    with pytest.raises(ConfigError) as info:
+        jobs.compose(["recipe=blobs", "model=mlp_with_required_width", "trainer.seed=${model.width}"])
+    (problem,) = info.value.problems
+    assert problem.key == "trainer.seed" and "model.width" in problem.message
+
+
+def test_an_environment_value_of_the_wrong_type_names_the_key_and_the_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BLOCKS_TEST_HIDDEN", "[8,8]")
+    with pytest.raises(ConfigError) as info:
+        jobs.blocks_for(["recipe=blobs", "model.hidden=${oc.env:BLOCKS_TEST_HIDDEN}"])
+    (problem,) = info.value.problems
+    assert (
+        problem.key == "model.hidden" and problem.fix == "give model.hidden a list, e.g. model.hidden=[64,64]"
+    )

@@ -107,3 +107,21 @@ def _digest(data: bytes, algorithm: str) -> str:
     hasher = store.new_hasher(algorithm)
     hasher.update(data)
     return hasher.hexdigest()
+
+
+def test_a_local_file_that_cannot_be_mapped_is_read_instead(tmp_path: Path) -> None:
+    """A pipe has no size to map: its bytes are read and hashed as any file system's."""
+    import os
+    import threading
+
+    from fsspec.implementations.local import LocalFileSystem
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    data = os.urandom(3 * 2**20 + 5)
+    writer = threading.Thread(target=pipe.write_bytes, args=(data,))
+    writer.start()
+    try:
+        assert store.file_digest(LocalFileSystem(), str(pipe)) == (len(data), _digest(data, store.HASH))
+    finally:
+        writer.join()

@@ -79,6 +79,12 @@ _HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 _T = TypeVar("_T")
 
 
+class _ReadsInto(Protocol):
+    """A binary file: the built-in one or fsspec's."""
+
+    def readinto(self, buffer: bytearray, /) -> int: ...
+
+
 class Hasher(Protocol):
     """What :func:`new_hasher` returns (hashlib's, blake3's and xxhash's objects all fit)."""
 
@@ -109,24 +115,43 @@ def file_digest(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = HASH)
 
     A local file is hashed through a read-only memory map instead: the hash reads the page
     cache where it is, with no copy into a buffer, about half the time and memory traffic of
-    a read (a resume hashes ``state.pt`` beside ``torch.load`` reading the same file).
+    a read (a resume hashes ``state.pt`` beside ``torch.load`` reading the same file). A file
+    that cannot be mapped is read as any other. As with every memory-mapped load, a file
+    truncated by another process while it is hashed ends this one with ``SIGBUS``; ``blocks``
+    never rewrites a committed file, and one job at a time writes a checkpoint dir.
     """
-    digest = new_hasher(algorithm)
     if isinstance(fs, LocalFileSystem):
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size:
-                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
-                    for start in range(0, size, _MAPPED_CHUNK):
-                        digest.update(view[start : start + _MAPPED_CHUNK])
-        return size, digest.hexdigest()
+            return _mapped_digest(fh.fileno(), algorithm) or _read_digest(fh, algorithm)
+    with fs.open(path, "rb") as fh:
+        return _read_digest(fh, algorithm)
+
+
+def _read_digest(fh: _ReadsInto, algorithm: str) -> tuple[int, str]:
+    """Size and digest of what is left to read in *fh*."""
+    digest = new_hasher(algorithm)
     buffer = bytearray(_CHUNK)
     view = memoryview(buffer)
     size = 0
-    with fs.open(path, "rb") as fh:
-        while count := fh.readinto(buffer):
-            digest.update(view[:count])
-            size += count
+    while count := fh.readinto(buffer):
+        digest.update(view[:count])
+        size += count
+    return size, digest.hexdigest()
+
+
+def _mapped_digest(fileno: int, algorithm: str) -> tuple[int, str] | None:
+    """Size and digest of the open file *fileno* hashed through a memory map; None where it cannot be mapped."""
+    size = os.fstat(fileno).st_size
+    if not size:  # empty, or a pipe or /proc file whose size says nothing: read it
+        return None
+    try:
+        mapped = mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # a FUSE or 9p mount without shared mappings
+        return None
+    digest = new_hasher(algorithm)
+    with mapped, memoryview(mapped) as view:
+        for start in range(0, size, _MAPPED_CHUNK):
+            digest.update(view[start : start + _MAPPED_CHUNK])
     return size, digest.hexdigest()
 
 

@@ -28,7 +28,7 @@ from blocks.compat.hydra_private import (
     hydra_message,
     structured_type,
 )
-from blocks.core.secrets import resolve_in_place_keeping_env
+from blocks.core.secrets import resolve_keeping_env
 from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import ConfigError, Problem, RegistryError, did_you_mean
 from blocks.spec.kinds import CROSS_KIND_GROUPS, KIND_TABLE, BlockKind
@@ -524,7 +524,7 @@ def split_hydra(cfg: DictConfig) -> Composed:
     }
     job = OmegaConf.create({k: v for k, v in cfg.items() if k != "hydra"})  # a copy of each node
     try:
-        resolve_in_place_keeping_env(job)  # environment values (secrets) stay interpolations
+        job = resolve_keeping_env(job, in_place=True)  # environment values (secrets) stay interpolations
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc)) from None
     return Composed(config=job, choices=choices)

@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 ENV_RESOLVER = "${oc.env:"
 
@@ -38,27 +39,36 @@ def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
     return found
 
 
-def resolve_keeping_env(cfg: DictConfig) -> DictConfig:
+def resolve_keeping_env(cfg: DictConfig, *, in_place: bool = False) -> DictConfig:
     """A resolved copy of *cfg* in which values read from the environment keep their ``${oc.env:...}``.
 
     The copy keeps *cfg*'s node types: a block's node stays typed by its dataclass, so turning
-    it back into the block (:func:`blocks.core.compose.node_to_block`) needs no second validation.
+    it back into the block (:func:`blocks.core.compose.node_to_block`) needs no second
+    validation. *in_place* resolves *cfg* itself, for a config the caller has just copied.
+    Every interpolation is first resolved into a plain container, which raises OmegaConf's
+    error naming the key for a value that cannot be resolved (an unset variable, a missing
+    key, an interpolation of a ``???`` value); ``OmegaConf.resolve`` names no key, and turns an
+    interpolated ``???`` into ``???`` silently. A resolved value that does not fit its typed
+    node (``"[8,8]"`` from the environment for a list) leaves the result untyped, so that
+    building the block names the key and the fix.
     """
-    resolved = copy.deepcopy(cfg)
-    resolve_in_place_keeping_env(resolved)
-    return resolved
-
-
-def resolve_in_place_keeping_env(cfg: DictConfig) -> None:
-    """:func:`resolve_keeping_env` on *cfg* itself, for a config the caller has just copied."""
     kept = env_interpolations(cfg)
-    with read_write(cfg):
-        OmegaConf.resolve(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    resolved = cfg if in_place else copy.deepcopy(cfg)
+    try:
+        with read_write(resolved):
+            OmegaConf.resolve(resolved)
+    except OmegaConfBaseException:
+        untyped = OmegaConf.create(plain)
+        assert isinstance(untyped, DictConfig)
+        resolved = untyped
+    with read_write(resolved):
         for path, raw in kept.items():
-            parent: Any = cfg
+            parent: Any = resolved
             for key in path[:-1]:
                 parent = parent[key]
             parent[path[-1]] = raw
+    return resolved
 
 
 def keep_env_in_plan(plan_json: dict[str, Any], config: DictConfig) -> dict[str, Any]:
