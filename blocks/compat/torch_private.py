@@ -224,23 +224,23 @@ def drop_inherited_step_hooks(obj: pl.Callback | pl.LightningModule) -> list[str
     dropped = []
     for name in STEP_HOOKS:
         if getattr(type(obj), name, None) is getattr(base, name):
-            setattr(obj, name, None)
+            dispatch_hook(obj, name, wanted=False)
             dropped.append(name)
     return dropped
 
 
-def dispatch_hook(callback: pl.Callback, name: str, wanted: bool) -> None:
-    """Have Lightning call *callback*'s hook *name* from now on (*wanted*), or skip it until wanted again.
+def dispatch_hook(obj: pl.Callback | pl.LightningModule, name: str, wanted: bool) -> None:
+    """Have Lightning call *obj*'s hook *name* from now on (*wanted*), or skip it until wanted again.
 
-    For a hook that has no work to do for a while (a check the run's settings turn off, a value
-    recorded once): skipped, it costs the dispatcher one ``getattr`` a step instead of a
-    profiler context and two hook-name writes. As in :func:`drop_inherited_step_hooks`, an
-    instance attribute of ``None`` shadows the method; removing it brings the method back.
+    For a hook that has no work to do (an inherited no-op, a check the run's settings turn off,
+    a value recorded once): skipped, it costs the dispatcher one ``getattr`` a step instead of a
+    profiler context and two hook-name writes. An instance attribute of ``None`` shadows the
+    method, which the dispatcher skips; removing it brings the method back.
     """
     if wanted:
-        callback.__dict__.pop(name, None)
+        obj.__dict__.pop(name, None)
     else:
-        setattr(callback, name, None)
+        setattr(obj, name, None)
 
 
 def read_step_signature_once(trainer: pl.Trainer, module: pl.LightningModule) -> None:
