@@ -11,12 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from blocks.core import jobs
 from blocks.core.environment import Environment
 from blocks.core.plan import make_plan, preflight
 from blocks.launch import driver
-from blocks.launch.run_dir import PLAN_FILE, load_plan
+from blocks.launch.run_dir import CONFIG_FILE, PLAN_FILE, load_plan
 
 TINY = ["recipe=blobs", "data.samples=256", "trainer.max_steps=2", "monitor.progress=off"]
 EIGHT_GPUS = Environment(gpus=8, gpu_memory_bytes=80 * 2**30, host_memory_bytes=512 * 2**30)
@@ -52,6 +53,22 @@ def test_the_worker_trains_with_the_frozen_accelerator(gpu_planned: Path) -> Non
         driver.launch(gpu_planned)
     summary = json.loads((gpu_planned / "summary.json").read_text())
     assert summary["status"] == "failed"
+
+
+def test_a_worker_reads_config_yaml_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker rebuilds its blocks and its loggers' hyperparameters from one read of ``config.yaml``."""
+    run_dir = tmp_path / "run"
+    plan = driver.prepare(TINY, run_dir)  # as `blocks run` hands its plan to the launch
+    read = OmegaConf.load
+    names: list[str] = []
+
+    def counted(file_: str | Path, *args: object, **kwargs: object) -> object:
+        names.append(Path(file_).name)
+        return read(file_, *args, **kwargs)
+
+    monkeypatch.setattr(OmegaConf, "load", counted)
+    assert driver.launch(run_dir, plan).status == "completed"
+    assert names.count(CONFIG_FILE) == 1
 
 
 def test_a_run_dir_without_a_frozen_plan_is_refused(tmp_path: Path) -> None:

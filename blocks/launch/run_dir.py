@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -38,8 +39,21 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     (run_dir / PLAN_FILE).write_text(json.dumps(keep_env_in_plan(plan.to_json(), config), indent=2) + "\n")
 
 
-def load_plan(run_dir: Path) -> Plan:
-    """The plan the driver froze into *run_dir*: blocks from ``config.yaml``, everything else from ``plan.json``.
+@dataclass(frozen=True)
+class FrozenRun:
+    """What a run dir holds for its workers: the config as written and the plan rebuilt from it.
+
+    Attributes:
+        config: ``config.yaml``, values from the environment still ``${oc.env:...}``.
+        plan: its blocks, with everything else from ``plan.json``.
+    """
+
+    config: DictConfig
+    plan: Plan
+
+
+def load_run(run_dir: Path) -> FrozenRun:
+    """The config and plan the driver froze into *run_dir* (``config.yaml`` read once).
 
     Nothing is planned again and no hardware is detected: a worker trains with the derived
     numbers and the environment the driver planned against, even when its own machine differs.
@@ -56,4 +70,9 @@ def load_plan(run_dir: Path) -> Plan:
             )
         )
     frozen = json.loads(plan_file.read_text())
-    return Plan.thawed(config_to_blocks(config), frozen)
+    return FrozenRun(config=config, plan=Plan.thawed(config_to_blocks(config), frozen))
+
+
+def load_plan(run_dir: Path) -> Plan:
+    """The plan the driver froze into *run_dir*: blocks from ``config.yaml``, everything else from ``plan.json``."""
+    return load_run(run_dir).plan

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
-from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_plan
+from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
 from blocks.spec.errors import BlocksError
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     """Train the run in *run_dir* and write its ``summary.json`` (on failure too)."""
     started = time.perf_counter()
     load()
-    plan = load_plan(run_dir)
+    frozen = load_run(run_dir)
+    plan = frozen.plan
     plan.raise_for_errors()
 
     from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -43,7 +44,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     from blocks.runtime.health import stall_detected
     from blocks.runtime.trainer import build_run
 
-    built = build_run(plan, run_dir, console=console)
+    built = build_run(plan, run_dir, console=console, run_config=frozen.config)
     trainer, module = built.trainer, built.module
     summary = Summary(
         status="completed",

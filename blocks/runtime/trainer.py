@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytorch_lightning as pl
 
@@ -34,6 +34,9 @@ from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
 from blocks.runtime.metrics import MetricsRecorder
 from blocks.runtime.module import BlocksModule
 from blocks.runtime.preemption import Preemption
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 _QUIET_LOGGERS = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda")
 
@@ -60,8 +63,14 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
 
 
-def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
-    """Build the module, data module and trainer for *plan*, writing metrics into *run_dir*."""
+def build_run(
+    plan: Plan, run_dir: Path, *, console: bool = True, run_config: DictConfig | None = None
+) -> BuiltRun:
+    """Build the module, data module and trainer for *plan*, writing metrics into *run_dir*.
+
+    *run_config* is the run dir's ``config.yaml`` when the caller has read it already (a
+    worker has, to rebuild the plan); otherwise it is read again for the loggers.
+    """
     quiet_lightning()
     derived = plan.derived
     trainer_block = plan.trainer
@@ -86,7 +95,10 @@ def build_run(plan: Plan, run_dir: Path, *, console: bool = True) -> BuiltRun:
         overfit_batches=trainer_block.overfit_batches,
     )
     loggers = build_loggers(
-        monitor, run_dir, resumed_step=resumed_step, hyperparameters=run_hyperparameters(plan, run_dir)
+        monitor,
+        run_dir,
+        resumed_step=resumed_step,
+        hyperparameters=run_hyperparameters(plan, run_dir, run_config),
     )
     sinks = metric_sinks(run_dir, resumed_step, loggers)
     if console and monitor.progress != "off":
@@ -230,18 +242,21 @@ def metric_sinks(run_dir: Path, resumed_step: int | None, loggers: list[LoggerSi
     return [CsvSink(run_dir / "metrics.csv", keep_until_step=resumed_step), *loggers]
 
 
-def run_hyperparameters(plan: Plan, run_dir: Path) -> dict[str, Any]:
+def run_hyperparameters(plan: Plan, run_dir: Path, run_config: DictConfig | None = None) -> dict[str, Any]:
     """What every logger gets as hyperparameters: the frozen ``config.yaml`` flattened, and the derived numbers.
 
     ``config.yaml`` is resolved already except ``${oc.env:...}`` values, which stay interpolations
-    here too: a secret in the environment never reaches a logger's server. A run dir without
-    ``config.yaml`` (a plan built in-process) logs its blocks' fields instead.
+    here too: a secret in the environment never reaches a logger's server. *run_config* is that
+    file when the caller has read it. A run dir without ``config.yaml`` (a plan built
+    in-process) logs its blocks' fields instead.
     """
     from omegaconf import OmegaConf
 
     path = run_dir / CONFIG_FILE
-    if path.exists():
-        config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if run_config is not None or path.exists():
+        config = OmegaConf.to_container(
+            OmegaConf.load(path) if run_config is None else run_config, resolve=False
+        )
     else:
         config = {
             kind: {"_block_": block.block_name, **dataclasses.asdict(block)}
