@@ -98,7 +98,10 @@ def run(quick: bool, root: Path) -> list[Figure]:
     ]
     small = workloads(quick)[0]
     script = REPO / "benchmarks" / "scripts" / "lightning_first_step.py"
-    lightning_args = [str(small.features), str(small.hidden[0]), str(small.classes), str(small.batch)]
+    # both sides generate a training set of small.samples (blocks_overrides sets data.samples)
+    lightning_args = [
+        str(n) for n in (small.features, small.hidden[0], small.classes, small.batch, small.samples)
+    ]
 
     def blocks_first_step() -> float:
         run_dir = tempfile.mkdtemp(dir=root)

@@ -1,6 +1,7 @@
 """The hand-written Lightning script that ``blocks run`` is timed against: build, then one training step.
 
-Usage: ``python lightning_first_step.py FEATURES HIDDEN CLASSES BATCH``.
+Usage: ``python lightning_first_step.py FEATURES HIDDEN CLASSES BATCH SAMPLES``. It generates
+SAMPLES random samples, as many as the ``blobs`` data ``blocks run`` is timed with generates.
 """
 
 import sys
@@ -30,9 +31,9 @@ class Classifier(pl.LightningModule):
 
 
 def main() -> None:
-    features, hidden, classes, batch = map(int, sys.argv[1:5])
+    features, hidden, classes, batch, samples = map(int, sys.argv[1:6])
     pl.seed_everything(0, verbose=False)
-    data = TensorDataset(torch.randn(batch * 4, features), torch.randint(0, classes, (batch * 4,)))
+    data = TensorDataset(torch.randn(samples, features), torch.randint(0, classes, (samples,)))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
