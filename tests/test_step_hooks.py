@@ -195,3 +195,33 @@ def test_a_signal_in_one_process_stops_training_at_the_next_step(tmp_path: Path)
         built.preemption.disarm()  # no grace timer left to end the test process
     assert built.trainer.global_step == 5
     assert built.preemption.stopped_by == "SIGTERM"
+
+
+def test_a_signal_while_the_check_is_switched_off_still_stops_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handled while ``on_train_start`` switches the step check off is not lost.
+
+    CPython runs a signal handler between any two bytecodes; this one is delivered just before
+    the check is switched off, after the run found no signal yet.
+    """
+    import signal
+
+    from blocks.runtime import preemption
+    from blocks.runtime.preemption import Preempted
+
+    built = _built(tmp_path)
+    switch = preemption.dispatch_hook
+
+    def signalled_first(obj: Any, name: str, wanted: bool) -> None:
+        if obj is built.preemption and not wanted and not built.preemption.received:
+            built.preemption.notice(signal.SIGTERM, None)
+        switch(obj, name, wanted)
+
+    monkeypatch.setattr(preemption, "dispatch_hook", signalled_first)
+    try:
+        with pytest.raises(Preempted, match="SIGTERM stopped training at step 0"):
+            _fitted_counting(built)
+    finally:
+        built.preemption.disarm()
+    assert built.trainer.global_step == 0

@@ -77,7 +77,11 @@ class Preemption(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A single process with no signal yet has nothing to check at a step: Lightning skips the check until one comes."""
-        dispatch_hook(self, "on_train_batch_start", trainer.world_size > 1 or bool(self.received))
+        # Off first, then read the flag: a signal handled in between switches the check back on
+        # itself (notice sets the flag before it does), one handled before is seen here.
+        dispatch_hook(self, "on_train_batch_start", False)
+        if trainer.world_size > 1 or self.received:
+            dispatch_hook(self, "on_train_batch_start", True)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
