@@ -125,3 +125,31 @@ def test_a_local_file_that_cannot_be_mapped_is_read_instead(tmp_path: Path) -> N
         assert store.file_digest(LocalFileSystem(), str(pipe)) == (len(data), _digest(data, store.HASH))
     finally:
         writer.join()
+
+
+def test_hashing_a_local_file_does_not_keep_it_resident(tmp_path: Path) -> None:
+    """The peak resident memory of a process hashing a file stays far below the file's size.
+
+    Pages of a memory map count as the process's resident memory, which Slurm and Ray's memory
+    monitors act on: a whole checkpoint file mapped at once would look like a copy of it.
+    """
+    import subprocess
+    import sys
+
+    size = 24 * store._MAPPED_CHUNK
+    path = tmp_path / "state.pt"
+    with path.open("wb") as fh:
+        for _ in range(24):
+            fh.write(b"\x5a" * store._MAPPED_CHUNK)
+    measure = (
+        "import resource, sys\n"
+        "from fsspec.implementations.local import LocalFileSystem\n"
+        "from blocks.checkpoint import store\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "assert store.file_digest(LocalFileSystem(), sys.argv[1])[0] == int(sys.argv[2])\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n"
+    )
+    grown = int(subprocess.check_output([sys.executable, "-c", measure, str(path), str(size)], text=True))
+    assert grown < size // 4, (
+        f"hashing a {size >> 20} MiB file raised the peak resident memory by {grown >> 20} MiB"
+    )

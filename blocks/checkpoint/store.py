@@ -71,7 +71,7 @@ ALGORITHMS_BY_FORMAT = {
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
-_MAPPED_CHUNK = 1 << 23  # bytes hashed per call: the GIL comes back between calls
+_MAPPED_CHUNK = 1 << 23  # bytes mapped and hashed per call: the GIL comes back between calls
 _HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Files hashed at once: xxhash, hashlib and file reads release the GIL, so each thread uses a core
 (and an object store's latency overlaps).
@@ -144,14 +144,18 @@ def _mapped_digest(fileno: int, algorithm: str) -> tuple[int, str] | None:
     size = os.fstat(fileno).st_size
     if not size:  # empty, or a pipe or /proc file whose size says nothing: read it
         return None
-    try:
-        mapped = mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # a FUSE or 9p mount without shared mappings
-        return None
     digest = new_hasher(algorithm)
-    with mapped, memoryview(mapped) as view:
-        for start in range(0, size, _MAPPED_CHUNK):
-            digest.update(view[start : start + _MAPPED_CHUNK])
+    for start in range(0, size, _MAPPED_CHUNK):
+        # One window mapped at a time: the pages hashed leave the process with their window, so
+        # its resident memory (what Slurm and Ray's memory monitors count) never holds the file.
+        try:
+            window = mmap.mmap(
+                fileno, min(_MAPPED_CHUNK, size - start), access=mmap.ACCESS_READ, offset=start
+            )
+        except (OSError, ValueError):  # a FUSE or 9p mount without shared mappings
+            return None
+        with window:
+            digest.update(window)
     return size, digest.hexdigest()
 
 
