@@ -154,8 +154,8 @@ def _mapped_digest(fileno: int, algorithm: str) -> tuple[int, str] | None:
             )
         except (OSError, ValueError):  # a FUSE or 9p mount without shared mappings
             return None
-        with window:
-            digest.update(window)
+        with window, memoryview(window) as view:
+            digest.update(view)
     return size, digest.hexdigest()
 
 
