@@ -562,6 +562,39 @@ def test_environment_values_stay_out_of_the_run_dir_and_workers_still_read_them(
     assert load_plan(run_dir).monitor.logger_args["name"] == secret
 
 
+def test_values_passed_on_from_the_environment_by_other_keys_stay_out_of_the_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key that interpolates a key read from the environment holds the secret too: it stays an interpolation."""
+    from blocks.launch.driver import prepare
+    from blocks.launch.run_dir import load_plan
+
+    secret = "s3cr3t-passed-on"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    run_dir = tmp_path / "run"
+    prepare(
+        [
+            "recipe=blobs",
+            "debug=fast",
+            "+monitor.logger_args.name=${oc.env:BLOCKS_TEST_SECRET}",
+            "+monitor.logger_args.copy=${monitor.logger_args.name}",
+            "+monitor.logger_args.header='Bearer ${monitor.logger_args.copy}'",
+            "+monitor.logger_args.nested={inner: '${oc.env:BLOCKS_TEST_SECRET}', plain: 1}",
+            "+monitor.logger_args.tree=${monitor.logger_args.nested}",
+            "+monitor.logger_args.unrelated=${trainer.seed}",
+        ],
+        run_dir,
+    )
+    for name in ("config.yaml", "plan.json"):
+        text = (run_dir / name).read_text()
+        assert secret not in text, name
+        assert "${monitor.logger_args.copy}" in text and "${monitor.logger_args.nested}" in text, name
+    args = load_plan(run_dir).monitor.logger_args
+    assert (args["copy"], args["header"]) == (secret, f"Bearer {secret}")
+    assert args["tree"] == {"inner": secret, "plain": 1}
+    assert "${trainer.seed}" not in (run_dir / "config.yaml").read_text(), "other interpolations are frozen"
+
+
 @pytest.mark.slow
 def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Path) -> None:
     secret = "s3cr3t-run-name"

@@ -195,7 +195,10 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
             # every value validated when it was set.
             base = OmegaConf.structured(cls)
             OmegaConf.set_readonly(base, False)
-            typed = OmegaConf.merge(base, OmegaConf.create({k: node[k] for k in keys}))
+            # resolved where the node sits, so a value may interpolate any key of the config
+            values = OmegaConf.to_container(node, resolve=True)
+            assert isinstance(values, dict)
+            typed = OmegaConf.merge(base, OmegaConf.create({k: values[k] for k in keys}))
         container = OmegaConf.to_container(typed, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_problem(exc, prefix=kind)) from None

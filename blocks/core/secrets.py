@@ -11,6 +11,7 @@ same interpolations back into the JSON view of a plan in place of the resolved v
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
@@ -22,21 +23,68 @@ KeyPath = tuple[str | int, ...]
 
 
 def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
-    """Every value of *cfg* (unresolved) that reads the environment, by path, as its interpolation text."""
-    found: dict[KeyPath, str] = {}
+    """Every value of *cfg* (unresolved) that reads the environment, by path, as its interpolation text.
 
-    def walk(value: Any, path: KeyPath) -> None:
-        if isinstance(value, str) and ENV_RESOLVER in value:
-            found[path] = value
-        elif isinstance(value, dict):
-            for key, child in value.items():
-                walk(child, (*path, key))
-        elif isinstance(value, list):
-            for index, child in enumerate(value):
-                walk(child, (*path, index))
+    Directly (``${oc.env:VAR}``) or through other keys (``${monitor.logger_args.csv.token}``
+    where that key reads the environment): either way the resolved value is the secret.
+    """
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    interpolations = {
+        path: value for path, value in _leaves(raw, ()) if isinstance(value, str) and "${" in value
+    }
+    direct = {path: value for path, value in interpolations.items() if ENV_RESOLVER in value}
+    others = [path for path in interpolations if path not in direct]
+    if not direct or not others:
+        return direct
+    marked = _with_markers(raw, list(direct))
+    return {
+        path: value
+        for path, value in interpolations.items()
+        if path in direct or _carries_marker(_resolved_at(marked, path))
+    }
 
-    walk(OmegaConf.to_container(cfg, resolve=False), ())
-    return found
+
+_MARKER = "\x00blocks-environment-value\x00"
+"""What stands for each environment value while looking for the interpolations that pass one on."""
+
+
+def _leaves(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, Any]]:
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _leaves(child, (*path, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _leaves(child, (*path, index))
+    else:
+        yield path, value
+
+
+def _with_markers(raw: Any, paths: list[KeyPath]) -> DictConfig | ListConfig:
+    """An untyped config of *raw* with :data:`_MARKER` in place of the values at *paths*."""
+    marked = copy.deepcopy(raw)
+    for path in paths:
+        parent = marked
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = _MARKER
+    return OmegaConf.create(marked)
+
+
+def _resolved_at(cfg: DictConfig | ListConfig, path: KeyPath) -> Any:
+    """The value at *path* resolved, or None when it does not resolve (the caller's resolution says why)."""
+    try:
+        node: Any = cfg
+        for key in path:
+            node = node[key]
+        return (
+            OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+        )
+    except OmegaConfBaseException:
+        return None
+
+
+def _carries_marker(value: Any) -> bool:
+    return any(isinstance(leaf, str) and _MARKER in leaf for _, leaf in _leaves(value, ()))
 
 
 def resolve_keeping_env(cfg: DictConfig, *, in_place: bool = False) -> DictConfig:
