@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -335,6 +336,29 @@ def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(t
     outcome = call_in_fresh_process(stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path))
     assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome
     assert f"to resume, run the same command with hydra.run.dir={tmp_path}" in outcome.replace("\n", "")
+
+
+def stop_an_in_process_run_by_sigterm_in_setup(run_dir: str) -> dict[str, Any]:
+    """In a fresh process: ``driver.run`` gets SIGTERM while Lightning sets the run up; what it says after."""
+    os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
+    callback = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalAtSetup}]"
+    try:
+        driver.run(["recipe=blobs", "trainer.max_steps=20", "monitor.progress=off", callback], Path(run_dir))
+        outcome = "not stopped"
+    except driver.JobFailed as stopped:
+        outcome = str(stopped)
+    return {"outcome": outcome, "handler_back": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
+
+
+def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(tmp_path: Path) -> None:
+    """A SIGTERM before Lightning's loop installed its handlers ended the process as signalled, no summary written."""
+    said = call_in_fresh_process(stop_an_in_process_run_by_sigterm_in_setup, str(tmp_path))
+    assert "the job ended with status 'interrupted': SIGTERM stopped training at step 0" in said["outcome"], (
+        said
+    )
+    assert said["handler_back"], "the process that ran it gets its own SIGTERM handling back"
+    summary = read_summary(tmp_path)
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 0)
 
 
 def test_an_interrupted_run_says_the_command_that_resumes_it(tmp_path: Path) -> None:

@@ -45,6 +45,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     from blocks.runtime.trainer import build_run
 
     built = build_run(plan, run_dir, console=console, run_config=frozen.config)
+    if built.preemption is not None:
+        built.preemption.arm()  # a signal while fit sets up the data or restores the checkpoint stops the run too
     trainer, module = built.trainer, built.module
     summary = Summary(
         status="completed",
@@ -69,31 +71,33 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
         raise
     finally:
-        built.recorder.close()
-        summary.global_step = trainer.global_step
-        steps_per_epoch = plan.derived.steps_per_epoch
-        summary.epoch = trainer.global_step // steps_per_epoch if steps_per_epoch else 0
-        summary.metrics = dict(built.recorder.last)
-        summary.samples_per_s = built.recorder.samples_per_s
-        summary.steady_samples_per_s = built.recorder.steady_samples_per_s
-        summary.steady_tokens_per_s = built.recorder.steady_tokens_per_s
-        summary.checkpoint_stall_s = built.checkpointer.stall_s if built.checkpointer else 0.0
-        # Gathering sharded weights is a collective: only safe when every rank got this far.
-        if summary.status == "completed" or not is_sharded(module.model):
-            state = full_state_dict(module.model)
-            if trainer.is_global_zero:
-                summary.state_digest = state_digest(state)
-                if summary.status == "completed" and plan.checkpoint.save_weights:
-                    save_weights(state, run_dir / WEIGHTS_FILE)
-        summary.wall_s = time.perf_counter() - started
-        # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
-        if trainer.is_global_zero and not stall_detected(trainer):
-            summary.write(run_dir)
-            if console and plan.monitor.progress != "off":
-                _print_summary(summary)
-        _shut_down_process_group(wait_for_peers=summary.status == "completed")
-        if built.preemption is not None:
-            built.preemption.disarm()
+        try:
+            built.recorder.close()
+            summary.global_step = trainer.global_step
+            steps_per_epoch = plan.derived.steps_per_epoch
+            summary.epoch = trainer.global_step // steps_per_epoch if steps_per_epoch else 0
+            summary.metrics = dict(built.recorder.last)
+            summary.samples_per_s = built.recorder.samples_per_s
+            summary.steady_samples_per_s = built.recorder.steady_samples_per_s
+            summary.steady_tokens_per_s = built.recorder.steady_tokens_per_s
+            summary.checkpoint_stall_s = built.checkpointer.stall_s if built.checkpointer else 0.0
+            # Gathering sharded weights is a collective: only safe when every rank got this far.
+            if summary.status == "completed" or not is_sharded(module.model):
+                state = full_state_dict(module.model)
+                if trainer.is_global_zero:
+                    summary.state_digest = state_digest(state)
+                    if summary.status == "completed" and plan.checkpoint.save_weights:
+                        save_weights(state, run_dir / WEIGHTS_FILE)
+            summary.wall_s = time.perf_counter() - started
+            # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
+            if trainer.is_global_zero and not stall_detected(trainer):
+                summary.write(run_dir)
+                if console and plan.monitor.progress != "off":
+                    _print_summary(summary)
+            _shut_down_process_group(wait_for_peers=summary.status == "completed")
+        finally:
+            if built.preemption is not None:
+                built.preemption.disarm()  # the grace timer and the signal handlers it armed
     return summary
 
 

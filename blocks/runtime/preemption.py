@@ -49,10 +49,25 @@ class Preemption(pl.Callback):
         self.received: int = 0
         self.stopped_by: str | None = None
         self._deadline: threading.Timer | None = None
+        self._previous: dict[int, Any] = {}
 
     def install(self, trainer: pl.Trainer) -> None:
         """Replace Lightning's signal handling on *trainer* by this flag."""
         replace_signal_handlers(trainer, self.notice, STOP_SIGNALS)
+
+    def arm(self) -> None:
+        """Handle the signals from now on; :meth:`disarm` puts the previous handlers back.
+
+        Lightning installs its handlers (this one, see :meth:`install`) only once its loop
+        starts, after the data is set up and a checkpoint restored: a SIGTERM in between would
+        end the process as signalled, without a ``summary.json``. Noticed from here on, it
+        stops the run at its first step, as any other.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python installs signal handlers from the main thread only
+        self._previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.notice)
 
     def notice(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: remember the signal; act on it at the next step boundary."""
@@ -71,9 +86,15 @@ class Preemption(pl.Callback):
                 self._deadline.start()
 
     def disarm(self) -> None:
-        """The run is over: a process that goes on (``blocks.launch.driver.run`` in a notebook) is not ended."""
+        """The run is over: a process that goes on (``blocks.launch.driver.run`` in a notebook) is not ended.
+
+        The grace timer stops, and the handlers :meth:`arm` replaced are back.
+        """
         if self._deadline is not None:
             self._deadline.cancel()
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A single process with no signal yet has nothing to check at a step: Lightning skips the check until one comes."""
