@@ -35,3 +35,13 @@ class SignalAtSetup(pl.Callback):
         import signal
 
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalAtTrainEnd(pl.Callback):
+    """Sends this process SIGTERM from ``on_train_end``: after the last step boundary, before the run's end."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)

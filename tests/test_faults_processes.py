@@ -20,6 +20,7 @@ from blocks.launch.lock import LOCK_FILE, DirBusy
 from blocks.launch.torchrun import read_failures
 from blocks.spec.errors import BlocksError
 from tests.conftest import (
+    REPO,
     alive,
     blocks_run_until_step,
     call_in_fresh_process,
@@ -353,12 +354,34 @@ def stop_an_in_process_run_by_sigterm_in_setup(run_dir: str) -> dict[str, Any]:
 def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(tmp_path: Path) -> None:
     """A SIGTERM before Lightning's loop installed its handlers ended the process as signalled, no summary written."""
     said = call_in_fresh_process(stop_an_in_process_run_by_sigterm_in_setup, str(tmp_path))
-    assert "the job ended with status 'interrupted': SIGTERM stopped training at step 0" in said["outcome"], (
-        said
+    stopped = (
+        "the job ended with status 'interrupted': SIGTERM stopped training at step 0, before its first step"
     )
+    assert stopped in said["outcome"], said
+    assert "nothing was trained or saved; run the same command to start it" in said["outcome"], said
     assert said["handler_back"], "the process that ran it gets its own SIGTERM handling back"
     summary = read_summary(tmp_path)
     assert (summary["status"], summary["global_step"]) == ("interrupted", 0)
+
+
+def test_a_signal_after_the_last_step_still_ends_the_process_and_its_sweep(tmp_path: Path) -> None:
+    """A SIGTERM that came after training's last step boundary stopped nothing and was swallowed: the sweep went on."""
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        [
+            "run",
+            "-m",
+            *TINY,
+            "trainer.seed=1,2",
+            "trainer.callbacks=[{_target_: tests.lightning_habits.SignalAtTrainEnd}]",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == -signal.SIGTERM, result.output[-3000:]
+    assert read_summary(sweep / "0")["status"] == "completed", "the run itself had finished"
+    assert not (sweep / "1").exists(), "the sweep stopped with its process"
 
 
 def test_an_interrupted_run_says_the_command_that_resumes_it(tmp_path: Path) -> None:

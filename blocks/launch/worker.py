@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
+from blocks.launch.ray_workers import IN_RAY_TASK_ENV
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
 from blocks.spec.errors import BlocksError
 
@@ -45,8 +46,12 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     from blocks.runtime.trainer import build_run
 
     built = build_run(plan, run_dir, console=console, run_config=frozen.config)
-    if built.preemption is not None:
-        built.preemption.arm()  # a signal while fit sets up the data or restores the checkpoint stops the run too
+    if built.preemption is not None and plan.derived.world_size == 1 and not os.environ.get(IN_RAY_TASK_ENV):
+        # A signal while fit sets up the data or restores the checkpoint stops the run too. Not
+        # with several processes: a rank waiting for its peers in C code would never see the
+        # flag, where the signal's default action ends it (torchrun's driver writes the summary);
+        # nor in a Ray task, whose signals Ray handles.
+        built.preemption.arm()
     trainer, module = built.trainer, built.module
     summary = Summary(
         status="completed",
@@ -105,6 +110,8 @@ def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer, plan
     """``summary.json``'s reason for a run a signal stopped, and the command that goes on from its checkpoint."""
     by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
     stopped = f"{by} stopped training at step {trainer.global_step}"
+    if trainer.global_step == 0:
+        return f"{stopped}, before its first step: nothing was trained or saved; run the same command to start it"
     if not plan.checkpoint.enabled:
         return f"{stopped}; checkpointing is off (checkpoint.enabled=false), so it cannot resume"
     sweep_dir = run_dir.parent

@@ -88,13 +88,19 @@ class Preemption(pl.Callback):
     def disarm(self) -> None:
         """The run is over: a process that goes on (``blocks.launch.driver.run`` in a notebook) is not ended.
 
-        The grace timer stops, and the handlers :meth:`arm` replaced are back.
+        The grace timer stops, and the handlers :meth:`arm` replaced are back. A signal that
+        came after the last step boundary (during the final validation or the weights' save)
+        stopped nothing: it is raised again, for the handler it was meant for (the default one
+        ends the process, as the sender wanted; a sweep or a pipeline does not go on).
         """
         if self._deadline is not None:
             self._deadline.cancel()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+        if self.received and not self.stopped_by:
+            unanswered, self.received = self.received, 0
+            signal.raise_signal(unanswered)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A single process with no signal yet has nothing to check at a step: Lightning skips the check until one comes."""
