@@ -595,6 +595,41 @@ def test_values_passed_on_from_the_environment_by_other_keys_stay_out_of_the_run
     assert "${trainer.seed}" not in (run_dir / "config.yaml").read_text(), "other interpolations are frozen"
 
 
+def test_a_worker_rebuilds_the_drivers_blocks_from_values_passed_on_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values passed on stay interpolations, resolved by each worker to what the driver had.
+
+    A typed field's environment value passed on to an untyped one is the field's type (the
+    seed 7, not the string "7"), and a secret decoded by ``oc.decode`` stays out of the files.
+    """
+    from blocks.launch.driver import prepare
+    from blocks.launch.run_dir import load_plan
+
+    monkeypatch.setenv("BLOCKS_TEST_SEED", "7")
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", "s3cr3t-decoded")
+    monkeypatch.setenv("BLOCKS_TEST_SECRETS", "{token: s3cr3t-in-a-dict}")
+    run_dir = tmp_path / "run"
+    plan = prepare(
+        [
+            "recipe=blobs",
+            "debug=fast",
+            "trainer.seed=${oc.env:BLOCKS_TEST_SEED}",
+            "+monitor.logger_args.version=${trainer.seed}",
+            "+monitor.logger_args.token=${oc.env:BLOCKS_TEST_SECRET}",
+            "+monitor.logger_args.decoded='${oc.decode:${monitor.logger_args.token}}'",
+            "+monitor.logger_args.secrets=${oc.env:BLOCKS_TEST_SECRETS}",
+            "+monitor.logger_args.decoded_dict='${oc.decode:${monitor.logger_args.secrets}}'",
+        ],
+        run_dir,
+    )
+    assert plan.monitor.logger_args["version"] == 7
+    assert plan.monitor.logger_args["decoded_dict"] == {"token": "s3cr3t-in-a-dict"}
+    assert load_plan(run_dir).blocks == plan.blocks
+    for name in ("config.yaml", "plan.json"):
+        assert "s3cr3t" not in (run_dir / name).read_text(), name
+
+
 @pytest.mark.slow
 def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Path) -> None:
     secret = "s3cr3t-run-name"

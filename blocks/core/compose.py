@@ -10,6 +10,7 @@ recipe's model settings instead of merging them into the wrong block.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import types
@@ -18,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from blocks.compat.hydra_private import (
@@ -57,11 +58,16 @@ def block_node(block: Block) -> DictConfig:
         raise RegistryError(
             f"{type(block).__qualname__} is not a registered block; decorate it with @register"
         )
+    return _typed_node(block, block.block_name)
+
+
+def _typed_node(block: Block | type[Block], name: str) -> DictConfig:
+    """``_block_: name`` and the fields of *block* (an instance, or a class for its defaults), typed and struct."""
     typed = OmegaConf.structured(block)
     OmegaConf.set_readonly(typed, False)
     # ``_block_`` first, so config.yaml says which block before its fields; both inputs are
     # this function's own, so the merge need not copy them.
-    node = OmegaConf.unsafe_merge(OmegaConf.create({BLOCK_KEY: block.block_name}), typed)
+    node = OmegaConf.unsafe_merge(OmegaConf.create({BLOCK_KEY: name}), typed)
     assert isinstance(node, DictConfig)
     OmegaConf.set_struct(node, True)
     for key in node:
@@ -124,6 +130,7 @@ def primary_node(conf_dirs: Sequence[str], kinds: Sequence[BlockKind] = KIND_TAB
 def config_to_blocks(config: Mapping[str, Any] | DictConfig) -> dict[str, Block]:
     """Rebuild the block of every kind from a composed or saved config, validating each field."""
     cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
+    cfg = _typed_and_resolved(cfg) or cfg
     problems: list[Problem] = []
     out: dict[str, Block] = {}
     for kind in KINDS:
@@ -145,6 +152,45 @@ def config_to_blocks(config: Mapping[str, Any] | DictConfig) -> dict[str, Block]
     if problems:
         raise ConfigError(problems)
     return out
+
+
+def _typed_and_resolved(cfg: DictConfig) -> DictConfig | None:
+    """A saved config as the driver had it: resolved with each block node typed by its class.
+
+    ``config.yaml`` is untyped and keeps the interpolations of values that read the
+    environment. Resolved as it is, a value passed on from a typed field to an untyped one
+    (``${trainer.seed}`` in ``monitor.logger_args``) would be the environment's string where
+    the driver had the field's int. The resolved values are then checked against each block
+    again (a string from the environment for a list field resolves, but does not fit). None
+    for a composed config (typed already) and for one whose nodes do not fit their blocks:
+    converting them node by node names the problem.
+    """
+    classes: dict[str, tuple[str, type[Block]]] = {}
+    for kind in KINDS:
+        node = cfg.get(kind)
+        if not isinstance(node, DictConfig) or BLOCK_KEY not in node:
+            return None
+        try:
+            name = str(node[BLOCK_KEY])
+            classes[kind] = name, active_registry().get(kind, name).cls
+        except (RegistryError, OmegaConfBaseException):
+            return None
+    if all(structured_type(cfg[kind]) is cls for kind, (_, cls) in classes.items()):
+        return None
+    typed = copy.deepcopy(cfg)
+    try:
+        schemas = {kind: _typed_node(cls, name) for kind, (name, cls) in classes.items()}
+        with read_write(typed):
+            for kind, schema in schemas.items():
+                typed[kind] = OmegaConf.merge(schema, cfg[kind])
+        plain = OmegaConf.to_container(typed, resolve=True)
+        assert isinstance(plain, dict)
+        resolved = OmegaConf.create(plain)
+        for kind, schema in schemas.items():
+            resolved[kind] = OmegaConf.merge(schema, plain[kind])
+    except OmegaConfBaseException:
+        return None
+    return resolved
 
 
 def node_to_block(kind: str, node: DictConfig) -> Block:

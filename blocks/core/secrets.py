@@ -25,27 +25,40 @@ KeyPath = tuple[str | int, ...]
 def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
     """Every value of *cfg* (unresolved) that reads the environment, by path, as its interpolation text.
 
-    Directly (``${oc.env:VAR}``) or through other keys (``${monitor.logger_args.csv.token}``
-    where that key reads the environment): either way the resolved value is the secret.
+    Directly (``${oc.env:VAR}``) or through other keys (``${monitor.logger_args.csv.token}``,
+    ``'Bearer ${...}'``, ``${oc.decode:${...}}`` where that key reads the environment): either
+    way the resolved value holds the secret.
     """
     raw = OmegaConf.to_container(cfg, resolve=False)
     interpolations = {
         path: value for path, value in _leaves(raw, ()) if isinstance(value, str) and "${" in value
     }
     direct = {path: value for path, value in interpolations.items() if ENV_RESOLVER in value}
-    others = [path for path in interpolations if path not in direct]
-    if not direct or not others:
+    if not direct or len(direct) == len(interpolations):
         return direct
-    marked = _with_markers(raw, list(direct))
+    marked = [_with_markers(raw, list(direct), prefix) for prefix in _MARKERS]
     return {
-        path: value
-        for path, value in interpolations.items()
-        if path in direct or _carries_marker(_resolved_at(marked, path))
+        path: value for path, value in interpolations.items() if path in direct or _passes_on(marked, path)
     }
 
 
-_MARKER = "\x00blocks-environment-value\x00"
-"""What stands for each environment value while looking for the interpolations that pass one on."""
+_MARKERS = ("blocksenvvalue", "blocksenvironmentvalue")
+"""What stands for each environment value (a plain word, which any resolver takes as a string, and
+of two lengths) while looking for the interpolations that pass one on."""
+_UNRESOLVED = object()
+
+
+def _passes_on(marked: list[DictConfig | ListConfig], path: KeyPath) -> bool:
+    """Whether the interpolation at *path* carries an environment value, judged on two marked copies.
+
+    It does when its value holds the marker, when it does not resolve with markers in place of
+    the environment values (a resolver that wants more than a word), or when it changes with
+    the markers and not by itself (a resolver that transforms the value).
+    """
+    first, second = (_resolved_at(copy_, path) for copy_ in marked)
+    if first is _UNRESOLVED or second is _UNRESOLVED or _holds(first, _MARKERS[0]):
+        return True
+    return first != second and _resolved_at(marked[0], path) == first
 
 
 def _leaves(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, Any]]:
@@ -59,19 +72,19 @@ def _leaves(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, Any]]:
         yield path, value
 
 
-def _with_markers(raw: Any, paths: list[KeyPath]) -> DictConfig | ListConfig:
-    """An untyped config of *raw* with :data:`_MARKER` in place of the values at *paths*."""
+def _with_markers(raw: Any, paths: list[KeyPath], prefix: str) -> DictConfig | ListConfig:
+    """An untyped config of *raw* with a marker (*prefix* and a number) in place of the values at *paths*."""
     marked = copy.deepcopy(raw)
-    for path in paths:
+    for number, path in enumerate(paths):
         parent = marked
         for key in path[:-1]:
             parent = parent[key]
-        parent[path[-1]] = _MARKER
+        parent[path[-1]] = f"{prefix}{number}"
     return OmegaConf.create(marked)
 
 
 def _resolved_at(cfg: DictConfig | ListConfig, path: KeyPath) -> Any:
-    """The value at *path* resolved, or None when it does not resolve (the caller's resolution says why)."""
+    """The value at *path* resolved, or :data:`_UNRESOLVED` (the caller's own resolution says why)."""
     try:
         node: Any = cfg
         for key in path:
@@ -80,11 +93,11 @@ def _resolved_at(cfg: DictConfig | ListConfig, path: KeyPath) -> Any:
             OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
         )
     except OmegaConfBaseException:
-        return None
+        return _UNRESOLVED
 
 
-def _carries_marker(value: Any) -> bool:
-    return any(isinstance(leaf, str) and _MARKER in leaf for _, leaf in _leaves(value, ()))
+def _holds(value: Any, marker: str) -> bool:
+    return any(isinstance(leaf, str) and marker in leaf for _, leaf in _leaves(value, ()))
 
 
 def resolve_keeping_env(cfg: DictConfig, *, in_place: bool = False) -> DictConfig:
