@@ -630,6 +630,23 @@ def test_a_worker_rebuilds_the_drivers_blocks_from_values_passed_on_from_the_env
         assert "s3cr3t" not in (run_dir / name).read_text(), name
 
 
+@pytest.mark.parametrize("passed_on", [False, True])
+def test_the_python_api_refuses_an_import_path_read_from_the_environment(
+    passed_on: bool, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``driver.prepare``/``run`` refuse what ``blocks run`` refuses: a path checked here, imported from another environment."""
+    from blocks.launch.driver import prepare
+
+    monkeypatch.setenv("BLOCKS_TEST_MODEL", "tests.legacy_team.TinyNet")
+    env = "${oc.env:BLOCKS_TEST_MODEL}"
+    given = [f"+monitor.logger_args.model={env}", "model.target=${monitor.logger_args.model}"]
+    run_dir = project / "run"
+    with pytest.raises(ConfigError) as refused:
+        prepare([*base_for(["model.target"]), *(given if passed_on else [f"model.target={env}"])], run_dir)
+    assert [(p.key, p.check) for p in refused.value.problems] == [("model.target", "import-path")]
+    assert not run_dir.exists()
+
+
 @pytest.mark.slow
 def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Path) -> None:
     secret = "s3cr3t-run-name"

@@ -221,13 +221,14 @@ def _blocks_once(
     job = _job_once(overrides, config_dir, known)
     composed = freeze(job) if freeze is not None else job.composed
     blocks = config_to_blocks(composed.config)
-    _refuse_interpolated_paths(composed.config, blocks)
+    refuse_interpolated_paths(composed.config, blocks)
     return job, composed, blocks
 
 
-def _refuse_interpolated_paths(config: DictConfig, blocks: Mapping[str, Block]) -> None:
+def refuse_interpolated_paths(config: DictConfig, blocks: Mapping[str, Block]) -> None:
     """Every import path the blocks name is written out in *config*, not read from the environment.
 
+    Raises :class:`ConfigError` naming each path that is (directly, or passed on by another key).
     A composed config keeps ``${oc.env:...}`` values as interpolations (:mod:`blocks.core.secrets`),
     which each process resolves again when it builds the blocks: a path read from the environment
     would be checked here and imported there, from an environment that may differ.

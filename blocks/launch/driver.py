@@ -33,7 +33,7 @@ from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
 from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
-from blocks.core.jobs import Job, compose, plan_blocks, plan_job
+from blocks.core.jobs import Job, compose, plan_blocks, plan_job, refuse_interpolated_paths
 from blocks.core.plan import Plan
 from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
@@ -246,7 +246,9 @@ def _checked(
     runs the data's own preflight (is its storage reachable?). Writes nothing to the run dir.
     """
     frozen = freeze_config(config, run_dir)
-    plan = plan_blocks(config_to_blocks(frozen), choices, environment or Environment.detect())
+    blocks = config_to_blocks(frozen)
+    refuse_interpolated_paths(frozen, blocks)  # as `blocks run` does before Hydra starts the job
+    plan = plan_blocks(blocks, choices, environment or Environment.detect())
     preflight_job(plan)
     return frozen, plan
 
