@@ -72,12 +72,28 @@ def _ray_node(args: list[str], env: dict[str, str]) -> contextlib.AbstractContex
     return spawned(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _alive_nodes(address: str) -> int:
+def _wait_for_nodes(address: str, count: int, deadline: float) -> int:
+    """How many nodes of the cluster at *address* are alive, once *count* are or at *deadline* (``time.monotonic``).
+
+    One process connects and polls: each connection costs a Python start and Ray's import.
+    """
     script = (
-        f"import ray; ray.init(address={address!r}, logging_level='error'); "
-        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        "import sys, time, ray\n"
+        "address, count, wait_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])\n"
+        "ray.init(address=address, logging_level='error')\n"
+        "deadline = time.monotonic() + wait_s\n"
+        "def alive(): return sum(1 for n in ray.nodes() if n['Alive'])\n"
+        "while alive() < count and time.monotonic() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "print(alive())\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    wait_s = max(deadline - time.monotonic(), 0.0)
+    out = subprocess.run(
+        [sys.executable, "-c", script, address, str(count), str(wait_s)],
+        capture_output=True,
+        text=True,
+        timeout=wait_s + 120,
+    )
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
 
 
@@ -99,12 +115,10 @@ def ray_address() -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_ray_node(head, env))
         deadline = time.monotonic() + 120
-        while _alive_nodes(address) < 1 and time.monotonic() < deadline:
+        while _wait_for_nodes(address, 1, deadline) < 1 and time.monotonic() < deadline:
             time.sleep(1)
         stack.enter_context(_ray_node([f"--address={address}", "--num-cpus=2"], env))
-        while _alive_nodes(address) < 2 and time.monotonic() < deadline:
-            time.sleep(1)
-        assert _alive_nodes(address) == 2, "the local Ray cluster did not start"
+        assert _wait_for_nodes(address, 2, deadline) == 2, "the local Ray cluster did not start"
         yield address
     shutil.rmtree(temp, ignore_errors=True)
 
