@@ -196,33 +196,26 @@ def test_the_ray_sweep_launcher_passes_the_import_seam() -> None:
 
 
 @pytest.mark.slow
-def test_without_ray_address_a_local_ray_instance_runs_the_job(
+def test_without_ray_address_a_local_ray_instance_runs_the_job_as_torchrun_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without ``RAY_ADDRESS`` the job starts a local Ray instance; it writes the same run dir and
+    weights as the job under torchrun, and leaves no process behind. (The jobs below connect to
+    the module's cluster through ``RAY_ADDRESS``; the launcher runs the same code on either.)"""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    assert read_summary(tmp_path)["status"] == "completed"
-    assert job_pids(tmp_path) == []
-
-
-# --- on the module's Ray cluster ---------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_ddp_on_ray_writes_the_same_run_dir_and_weights_as_under_torchrun(
-    on_ray: str, tmp_path: Path
-) -> None:
     reference = driver.run(TINY_DDP, tmp_path / "torchrun")
-    result = run_cli(
-        ["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path / 'ray'}"], cwd=tmp_path
-    )
+    run_dir = tmp_path / "ray"
+    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.output[-3000:]
-    summary = read_summary(tmp_path / "ray")
+    summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["restarts"] == 0
     assert summary["state_digest"] == reference.state_digest
     files = {p.name for p in (tmp_path / "torchrun").iterdir()}
-    assert files <= {p.name for p in (tmp_path / "ray").iterdir()}
+    assert files <= {p.name for p in run_dir.iterdir()}
+    assert job_pids(run_dir) == []
+
+
+# --- on the module's Ray cluster ---------------------------------------------------------------
 
 
 @pytest.mark.slow
