@@ -330,22 +330,49 @@ def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra
     return "not stopped"
 
 
-def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(tmp_path: Path) -> None:
+def stop_two_in_process_runs_by_sigterm(root: str) -> dict[str, str]:
+    """Two runs stopped as :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace`, one after
+    the other in one process (two cells of a notebook): the default's outcome and ``checkpoint.resume=never``'s."""
+    return {
+        "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
+        "never": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
+            str(Path(root) / "never"), "checkpoint.resume=never"
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def stopped_in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The root of :func:`stop_two_in_process_runs_by_sigterm`'s run dirs, and its outcomes, from a fresh process.
+
+    Each run's grace timer must spare the process: one that fired would end it during or
+    after the second run, and the fresh process would fail.
+    """
+    root = tmp_path_factory.mktemp("stopped")
+    return root, call_in_fresh_process(stop_two_in_process_runs_by_sigterm, str(root))
+
+
+def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(
+    stopped_in_process: tuple[Path, dict[str, str]],
+) -> None:
     """Regression: the grace timer of a SIGTERM'd in-process run killed the notebook that ran it, seconds later."""
-    outcome = call_in_fresh_process(stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path))
+    root, outcomes = stopped_in_process
+    outcome = outcomes["default"]
     assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome
-    assert f"to resume, run the same command with hydra.run.dir={tmp_path}" in outcome.replace("\n", "")
+    assert f"to resume, run the same command with hydra.run.dir={root / 'default'}" in outcome.replace(
+        "\n", ""
+    )
 
 
-def test_an_interrupted_run_says_the_command_that_resumes_it(tmp_path: Path) -> None:
+def test_an_interrupted_run_says_the_command_that_resumes_it(
+    stopped_in_process: tuple[Path, dict[str, str]],
+) -> None:
     """Rerun as told ("run the same command again"), a run started with ``checkpoint.resume=never``
     (or a URL) started over and deleted the checkpoint the interruption saved; and under the
     default, timestamped run dir, the same command starts a new run. The reason names both."""
-    outcome = call_in_fresh_process(
-        stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path), "checkpoint.resume=never"
-    )
-    expected = f"run the same command with hydra.run.dir={tmp_path} and checkpoint.resume=auto"
-    assert expected in outcome.replace("\n", ""), outcome
+    root, outcomes = stopped_in_process
+    expected = f"run the same command with hydra.run.dir={root / 'never'} and checkpoint.resume=auto"
+    assert expected in outcomes["never"].replace("\n", ""), outcomes["never"]
 
 
 @pytest.mark.slow
