@@ -562,10 +562,13 @@ def test_environment_values_stay_out_of_the_run_dir_and_workers_still_read_them(
 
 
 @pytest.mark.slow
-def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Path) -> None:
+def test_a_run_reads_environment_values_that_its_files_do_not_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = "s3cr3t-run-name"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
     run_dir = tmp_path / "run"
-    result = blocks_cli(
+    result = run_in_process(
         [
             "run",
             "recipe=blobs",
@@ -575,10 +578,9 @@ def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Pat
             "+monitor.logger_args.name=${oc.env:BLOCKS_TEST_SECRET}",
             f"hydra.run.dir={run_dir}",
         ],
-        tmp_path,
-        env={"BLOCKS_TEST_SECRET": secret},
+        cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     assert (tmp_path / "logs" / secret).is_dir(), "the logger got the value from the environment"
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
