@@ -255,9 +255,10 @@ def test_a_stale_lock_is_taken_over_with_a_warning_and_released_at_the_end(
     assert not (tmp_path / "run" / LOCK_FILE).exists()
 
 
-def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: Path) -> None:
+def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli_in_process, tmp_path: Path) -> None:
+    """Through the CLI entry in this process: Hydra's basic launcher runs the jobs in the sweep's own process."""
     sweep = tmp_path / "sweep"
-    result = cli(
+    result = cli_in_process(
         "run", "-m", "recipe=blobs", "trainer.max_steps=20", "optim.lr=1e12,1e-3", f"hydra.sweep.dir={sweep}"
     )
     assert result.returncode == 1, result.output[-3000:]
@@ -265,15 +266,16 @@ def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: 
     assert read_summary(sweep / "0")["status"] == "failed"  # diverged: NaN loss
     assert read_summary(sweep / "1")["status"] == "completed"  # ran after the failure
     assert f"1 job(s) of the sweep did not complete: {sweep / '0'}" in result.output
-    assert cli("report", str(sweep)).returncode == 0
+    assert cli_in_process("report", str(sweep)).returncode == 0
     report = (sweep / "report" / "report.md").read_text()
     assert "| failed |" in report and "| completed |" in report
 
 
 @pytest.mark.slow
-def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> None:
+def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path: Path) -> None:
+    """Through the CLI entry in this process: the Optuna sweeper runs its trials with the basic launcher."""
     sweep = tmp_path / "optuna"
-    result = cli(
+    result = cli_in_process(
         "run",
         "-m",
         "hparams_search=optuna",
