@@ -154,28 +154,6 @@ def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> 
     assert Path(resumed, store.MANIFEST).exists(), "the checkpoint a run resumed from is never deleted"
 
 
-@pytest.mark.slow
-def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = [
-        "recipe=tiny_lm",
-        "trainer.max_steps=400",
-        "trainer.val_every=null",
-        "monitor.log_every_n_steps=1",
-        f"hydra.run.dir={run_dir}",
-    ]
-    with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-    summary = read_summary(run_dir)
-    assert summary["status"] == "interrupted"
-    committed, _ = store.scan(str(run_dir / "checkpoints"))
-    assert committed and committed[-1].manifest.step == summary["global_step"]
-    result = run_in_process(["run", *args[:1], "trainer.max_steps=20", *args[2:]], cwd=tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    assert read_summary(run_dir)["resumed_from"] == committed[-1].url
-
-
 def test_resume_from_a_missing_url_is_a_plan_error(cli_in_process, tmp_path: Path) -> None:
     result = cli_in_process("run", *LM, f"checkpoint.resume={tmp_path}/nowhere/step-000000003")
     assert result.returncode == 2

@@ -26,6 +26,7 @@ from tests.conftest import (
     job_pids,
     read_summary,
     run_cli,
+    run_in_process,
     spawned,
 )
 
@@ -191,7 +192,11 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_one_process_interrupted_exits_130_without_a_traceback(tmp_path: Path, signum: int) -> None:
+def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_resumes_its_save(
+    tmp_path: Path, signum: int
+) -> None:
+    """The signal ends the run as interrupted, with exit status 130 and a checkpoint of the step it
+    stopped at; a rerun (in this process, as test_checkpoint's reruns) resumes from that checkpoint."""
     run_dir = tmp_path / "run"
     args = ["recipe=blobs", "data.samples=200000", "trainer.max_epochs=5", "monitor.log_every_n_steps=1"]
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=3) as proc:
@@ -204,6 +209,10 @@ def test_one_process_interrupted_exits_130_without_a_traceback(tmp_path: Path, s
     assert signal.Signals(signum).name in summary["reason"]
     committed, _ = store.scan(str(run_dir / "checkpoints"))
     assert committed[-1].manifest.step == summary["global_step"]
+    shorter = ["trainer.max_epochs=null", f"trainer.max_steps={summary['global_step'] + 2}"]
+    rerun = run_in_process(["run", *args, *shorter, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    assert read_summary(run_dir)["resumed_from"] == committed[-1].url
 
 
 @pytest.fixture(scope="module")
