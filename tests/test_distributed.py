@@ -112,7 +112,8 @@ def three_ddp_jobs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path,
     """Three 2-process ``blocks run`` of :data:`FAST_DDP` (losses logged every 2 steps) started at once.
 
     (run dir, exit status, stderr) of each: the collision test reads all three, the logging
-    test the first.
+    test the first, the warnings test the third, whose rank 0 warns at every logged step that
+    the ranks' losses differ (``monitor.rank_spread_tolerance=1e-9``).
     """
     root = tmp_path_factory.mktemp("three")
     args = [
@@ -124,11 +125,12 @@ def three_ddp_jobs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path,
         "monitor.log_every_n_steps=2",
         "monitor.progress=off",
     ]
+    extra = [[], [], ["monitor.rank_spread_tolerance=1e-9"]]
     with contextlib.ExitStack() as stack:
         procs = [
             stack.enter_context(
                 spawned(
-                    [*args, f"hydra.run.dir={root / str(i)}"],
+                    [*args, *extra[i], f"hydra.run.dir={root / str(i)}"],
                     cwd=root,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
@@ -220,6 +222,17 @@ def test_hydra_launcher_plugins_run_the_jobs(cli, tmp_path: Path, launcher: list
     for job in ("0", "1"):
         summary = read_summary(sweep / job)
         assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_warnings_of_multi_process_workers_reach_blocks_log(
+    three_ddp_jobs: list[tuple[Path, int, str]],
+) -> None:
+    run_dir, returncode, err = three_ddp_jobs[2]
+    assert returncode == 0, err[-3000:]
+    assert read_summary(run_dir)["status"] == "completed"
+    log = (run_dir / "blocks.log").read_text()
+    assert "[rank 0]" in log and "differed across ranks" in log
 
 
 @pytest.mark.slow

@@ -301,22 +301,6 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path
     assert "optim.lr: 0.001" in best
 
 
-@pytest.mark.slow
-def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> None:
-    args = [
-        "recipe=blobs",
-        "trainer.max_steps=12",
-        "strategy=ddp",
-        "trainer.devices=2",
-        "monitor.log_every_n_steps=1",
-        "monitor.rank_spread_tolerance=1e-9",  # rank 0 warns that the ranks' losses differ
-        "monitor.progress=off",
-    ]
-    assert driver.run(args, tmp_path / "run").status == "completed"
-    log = (tmp_path / "run" / "blocks.log").read_text()
-    assert "[rank 0]" in log and "differed across ranks" in log
-
-
 def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra: str) -> str:
     """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace."""
     import threading
