@@ -224,6 +224,31 @@ def fsdp_sync_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def fsdp_resumed_on_two(fsdp_sync_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """:func:`fsdp_sync_run`'s checkpoints copied to a checkpoint dir, and FSDP_LM resumed there on two processes.
+
+    The run (``"run"``) resumes the copy's step 8 and trains to step 12, saving a sharded
+    checkpoint at 12 into that dir (``"checkpoints"``). Read by the FSDP save/resume/reshard
+    test, which goes on from step 12 on one process in a copy, and by test_security's
+    honest-checkpoint test (the honest sharded checkpoint loads on resume); both in the
+    ``torchrun`` group.
+    """
+    root = tmp_path_factory.mktemp("fsdp-resumed")
+    checkpoints, run_dir = root / "checkpoints", root / "run"
+    shutil.copytree(fsdp_sync_run / "checkpoints", checkpoints)
+    args = [
+        "run",
+        *FSDP_LM,
+        f"checkpoint.dir={checkpoints}",
+        "trainer.max_steps=12",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_cli(args, cwd=root)
+    assert result.returncode == 0, result.output[-3000:]
+    return {"run": run_dir, "checkpoints": checkpoints}
+
+
 @pytest.fixture
 def cli(tmp_path: Path):
     """``cli(*args)`` runs the CLI in a fresh directory."""

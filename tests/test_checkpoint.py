@@ -236,12 +236,11 @@ def test_a_checkpoint_carrying_pickled_code_is_refused(cli_in_process, tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchrun")  # with the async-save test, which shares fsdp_sync_run
-def test_fsdp_save_on_two_resume_on_two_and_load_on_one(fsdp_sync_run: Path, tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(fsdp_sync_run / "checkpoints", ckpt)  # saved by 2 processes at steps 4 and 8
-    fsdp = [*FSDP_LM, f"checkpoint.dir={ckpt}"]
-    committed, _ = store.scan(str(ckpt))
+@pytest.mark.xdist_group("torchrun")  # with the async-save and security tests, which share fsdp_sync_run
+def test_fsdp_save_on_two_resume_on_two_and_load_on_one(
+    fsdp_sync_run: Path, fsdp_resumed_on_two: dict[str, Path], tmp_path: Path
+) -> None:
+    committed, _ = store.scan(str(fsdp_sync_run / "checkpoints"))  # saved by 2 processes at steps 4 and 8
     assert committed[-1].manifest.sharded and committed[-1].manifest.world_size == 2
     assert any(p.name.endswith(".distcp") for p in Path(committed[-1].url, "dcp").iterdir())
     exported = checkpoint_weights(committed[-1].url)
@@ -249,12 +248,14 @@ def test_fsdp_save_on_two_resume_on_two_and_load_on_one(fsdp_sync_run: Path, tmp
     assert sorted(exported) == sorted(final)
     for name, tensor in final.items():
         torch.testing.assert_close(exported[name], tensor)
-    second = blocks_run([*fsdp, "trainer.max_steps=12", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert read_summary(tmp_path / "b")["resumed_from"].endswith(store.step_dir_name(8))
+    # Resumed on two processes (conftest's fsdp_resumed_on_two: a copy of those checkpoints, to step 12).
+    assert read_summary(fsdp_resumed_on_two["run"])["resumed_from"].endswith(store.step_dir_name(8))
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(fsdp_resumed_on_two["checkpoints"], ckpt)
     single = blocks_run(
         [
-            *fsdp,
+            *FSDP_LM,
+            f"checkpoint.dir={ckpt}",
             "trainer.devices=1",
             "data.batch_size=16",
             "trainer.max_steps=16",
