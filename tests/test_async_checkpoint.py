@@ -16,7 +16,7 @@ from blocks.launch import driver
 from tests.conftest import FSDP_LM, run_in_process
 from tests.test_checkpoint import LM, blocks_run, digest_of_uninterrupted, read_summary, run_and_kill_at
 
-WRITE_DELAY_S = 0.6
+WRITE_DELAY_S = 0.3
 
 
 class SlowFile(LocalFileOpener):
