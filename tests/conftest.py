@@ -214,13 +214,39 @@ FSDP_LM = [
 def fsdp_sync_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run dir of :data:`FSDP_LM` trained 8 steps with synchronous saves (checkpoints at steps 4 and 8).
 
-    Shared by the FSDP async-save and save/resume/reshard tests, both in the ``torchrun`` group
-    (so on one pytest-xdist worker): read it, copy what a test would change.
+    Shared by the FSDP async-save and save/resume/reshard tests and test_security's honest
+    sharded checkpoint, all in the ``torchrun`` group (so on one pytest-xdist worker): read it,
+    copy what a test would change.
     """
     run_dir = tmp_path_factory.mktemp("fsdp-sync") / "run"
     result = run_cli(["run", *FSDP_LM, "trainer.max_steps=8", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
     assert result.returncode == 0, result.output[-3000:]
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def fsdp_resumed_on_two(fsdp_sync_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """:func:`fsdp_sync_run`'s checkpoints copied to a checkpoint dir, and FSDP_LM resumed there on two processes.
+
+    The run (``"run"``) resumes the copy's step 8 and trains to step 12, saving a sharded
+    checkpoint at 12 into that dir (``"checkpoints"``). Read by the FSDP save/resume/reshard
+    test, which goes on from step 12 on one process in a copy, and by test_security's
+    honest-checkpoint test (the honest sharded checkpoint loads on resume); both in the
+    ``torchrun`` group.
+    """
+    root = tmp_path_factory.mktemp("fsdp-resumed")
+    checkpoints, run_dir = root / "checkpoints", root / "run"
+    shutil.copytree(fsdp_sync_run / "checkpoints", checkpoints)
+    args = [
+        "run",
+        *FSDP_LM,
+        f"checkpoint.dir={checkpoints}",
+        "trainer.max_steps=12",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_cli(args, cwd=root)
+    assert result.returncode == 0, result.output[-3000:]
+    return {"run": run_dir, "checkpoints": checkpoints}
 
 
 @pytest.fixture

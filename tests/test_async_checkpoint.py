@@ -13,10 +13,10 @@ from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
 from blocks.checkpoint import store
 from blocks.launch import driver
-from tests.conftest import FSDP_LM
+from tests.conftest import FSDP_LM, run_in_process
 from tests.test_checkpoint import LM, blocks_run, digest_of_uninterrupted, read_summary, run_and_kill_at
 
-WRITE_DELAY_S = 0.6
+WRITE_DELAY_S = 0.3
 
 
 class SlowFile(LocalFileOpener):
@@ -114,8 +114,8 @@ def test_kill_9_during_async_saves_and_rerun_reaches_the_uninterrupted_digest(tm
     expected_digest, _ = digest_of_uninterrupted(args, tmp_path)
     run_dir = tmp_path / "killed"
     run_and_kill_at([*args, f"hydra.run.dir={run_dir}"], tmp_path, step=14)
-    result = blocks_run([*args, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_in_process(["run", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(run_dir)
     assert summary["resumed_from"], "the rerun must resume from a committed checkpoint"
     assert summary["state_digest"] == expected_digest

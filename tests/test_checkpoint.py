@@ -154,28 +154,6 @@ def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> 
     assert Path(resumed, store.MANIFEST).exists(), "the checkpoint a run resumed from is never deleted"
 
 
-@pytest.mark.slow
-def test_sigterm_saves_and_ends_interrupted(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = [
-        "recipe=tiny_lm",
-        "trainer.max_steps=400",
-        "trainer.val_every=null",
-        "monitor.log_every_n_steps=1",
-        f"hydra.run.dir={run_dir}",
-    ]
-    with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-    summary = read_summary(run_dir)
-    assert summary["status"] == "interrupted"
-    committed, _ = store.scan(str(run_dir / "checkpoints"))
-    assert committed and committed[-1].manifest.step == summary["global_step"]
-    result = run_in_process(["run", *args[:1], "trainer.max_steps=20", *args[2:]], cwd=tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    assert read_summary(run_dir)["resumed_from"] == committed[-1].url
-
-
 def test_resume_from_a_missing_url_is_a_plan_error(cli_in_process, tmp_path: Path) -> None:
     result = cli_in_process("run", *LM, f"checkpoint.resume={tmp_path}/nowhere/step-000000003")
     assert result.returncode == 2
@@ -258,12 +236,11 @@ def test_a_checkpoint_carrying_pickled_code_is_refused(cli_in_process, tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchrun")  # with the async-save test, which shares fsdp_sync_run
-def test_fsdp_save_on_two_resume_on_two_and_load_on_one(fsdp_sync_run: Path, tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(fsdp_sync_run / "checkpoints", ckpt)  # saved by 2 processes at steps 4 and 8
-    fsdp = [*FSDP_LM, f"checkpoint.dir={ckpt}"]
-    committed, _ = store.scan(str(ckpt))
+@pytest.mark.xdist_group("torchrun")  # with the async-save and security tests, which share fsdp_sync_run
+def test_fsdp_save_on_two_resume_on_two_and_load_on_one(
+    fsdp_sync_run: Path, fsdp_resumed_on_two: dict[str, Path], tmp_path: Path
+) -> None:
+    committed, _ = store.scan(str(fsdp_sync_run / "checkpoints"))  # saved by 2 processes at steps 4 and 8
     assert committed[-1].manifest.sharded and committed[-1].manifest.world_size == 2
     assert any(p.name.endswith(".distcp") for p in Path(committed[-1].url, "dcp").iterdir())
     exported = checkpoint_weights(committed[-1].url)
@@ -271,12 +248,14 @@ def test_fsdp_save_on_two_resume_on_two_and_load_on_one(fsdp_sync_run: Path, tmp
     assert sorted(exported) == sorted(final)
     for name, tensor in final.items():
         torch.testing.assert_close(exported[name], tensor)
-    second = blocks_run([*fsdp, "trainer.max_steps=12", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert read_summary(tmp_path / "b")["resumed_from"].endswith(store.step_dir_name(8))
+    # Resumed on two processes (conftest's fsdp_resumed_on_two: a copy of those checkpoints, to step 12).
+    assert read_summary(fsdp_resumed_on_two["run"])["resumed_from"].endswith(store.step_dir_name(8))
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(fsdp_resumed_on_two["checkpoints"], ckpt)
     single = blocks_run(
         [
-            *fsdp,
+            *FSDP_LM,
+            f"checkpoint.dir={ckpt}",
             "trainer.devices=1",
             "data.batch_size=16",
             "trainer.max_steps=16",
@@ -316,20 +295,20 @@ def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) 
     env, fs = s3_server
     url = "s3://blocks-test/run1"
     args = [*LM, "trainer.max_steps=9", f"checkpoint.dir={url}", "checkpoint.keep_last=2"]
-    first = blocks_run([*args, f"hydra.run.dir={tmp_path / 'a'}"], tmp_path, env)
-    assert first.returncode == 0, first.stderr[-3000:]
+    # The one-process runs train here, where s3_server pointed fsspec at the server as well.
+    first = run_in_process(["run", *args, f"hydra.run.dir={tmp_path / 'a'}"], cwd=tmp_path)
+    assert first.returncode == 0, first.output[-3000:]
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("blocks-test/run1")) == [
         "step-000000006",
         "step-000000009",
     ]
     manifest = json.loads(fs.cat_file("blocks-test/run1/step-000000009/MANIFEST.json"))
     assert manifest["files"]["state.pt"]["size"] == fs.size("blocks-test/run1/step-000000009/state.pt")
-    second = blocks_run(
-        [*LM, "trainer.max_steps=12", f"checkpoint.dir={url}", f"hydra.run.dir={tmp_path / 'b'}"],
-        tmp_path,
-        env,
+    second = run_in_process(
+        ["run", *LM, "trainer.max_steps=12", f"checkpoint.dir={url}", f"hydra.run.dir={tmp_path / 'b'}"],
+        cwd=tmp_path,
     )
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.returncode == 0, second.output[-3000:]
     assert read_summary(tmp_path / "b")["resumed_from"] == f"{url}/step-000000009"
     sharded = blocks_run(
         [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -48,14 +49,40 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "model.safetensors"))
 
 
+@pytest.fixture(scope="module")
+def strategy_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sweep dir of ``blocks run -m`` over ``strategy=ddp,fsdp``: :data:`LM` on 2 processes, batch 8 each.
+
+    Read by the sweep test (a run dir per job) and the global-batch test (its DDP and FSDP
+    layouts), which then start no 2-process job of their own.
+    """
+    sweep = tmp_path_factory.mktemp("strategies") / "sweep"
+    args = ["run", "-m", *LM, "data.batch_size=8", "strategy=ddp,fsdp", "trainer.devices=2"]
+    result = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent)
+    assert result.returncode == 0, result.output
+    return sweep
+
+
+def strategy_jobs(sweep: Path) -> dict[str, Path]:
+    """The run dir of each job of *sweep*, by the strategy block its plan chose."""
+    jobs_by_strategy = {}
+    for plan in sweep.glob("*/plan.json"):
+        jobs_by_strategy[json.loads(plan.read_text())["blocks"]["strategy"]["block"]] = plan.parent
+    return jobs_by_strategy
+
+
 @pytest.mark.slow
-def test_global_batch_stream_is_independent_of_the_process_layout(tmp_path: Path) -> None:
-    """Batch 16 on one process = 8 × accumulate 2 = DDP 2 × 8 = FSDP 2 × 8 = FSDP 2 × 4 × accumulate 2."""
+@pytest.mark.xdist_group("torchrun")  # with the sweep test, which shares strategy_sweep
+def test_global_batch_stream_is_independent_of_the_process_layout(
+    strategy_sweep: Path, tmp_path: Path
+) -> None:
+    """Batch 16 on one process = 8 × accumulate 2 = DDP 2 × 8 = FSDP 2 × 8 = FSDP 2 × 4 × accumulate 2.
+
+    DDP 2 × 8 and FSDP 2 × 8 are the jobs of :func:`strategy_sweep`.
+    """
     layouts = {
         "single": ["data.batch_size=16"],
         "accumulate": ["data.batch_size=8", "optim.accumulate=2"],
-        "ddp": ["data.batch_size=8", "strategy=ddp", "trainer.devices=2"],
-        "fsdp": ["data.batch_size=8", "strategy=fsdp", "trainer.devices=2"],
         "fsdp_deferred_sync": [
             "data.batch_size=4",
             "optim.accumulate=2",
@@ -64,27 +91,73 @@ def test_global_batch_stream_is_independent_of_the_process_layout(tmp_path: Path
             "strategy.reduce_every_micro_batch=false",
         ],
     }
-    results = {name: driver.run([*LM, *overrides], tmp_path / name) for name, overrides in layouts.items()}
-    reference = weights(tmp_path / "single")
-    for name in layouts:
-        assert results[name].status == "completed"
-        assert results[name].world_size == (2 if "ddp" in name or "fsdp" in name else 1)
-        other = weights(tmp_path / name)
+    run_dirs = {name: tmp_path / name for name in layouts}
+    for name, overrides in layouts.items():
+        driver.run([*LM, *overrides], run_dirs[name])
+    swept = strategy_jobs(strategy_sweep)
+    run_dirs.update(ddp=swept["ddp"], fsdp=swept["fsdp"])
+    reference = weights(run_dirs["single"])
+    for name, run_dir in run_dirs.items():
+        summary = read_summary(run_dir)
+        assert summary["status"] == "completed"
+        assert summary["world_size"] == (2 if "ddp" in name or "fsdp" in name else 1)
+        other = weights(run_dir)
         assert sorted(other) == sorted(reference), name
         for key, tensor in reference.items():
             torch.testing.assert_close(other[key], tensor, rtol=1e-4, atol=2e-5, msg=f"{name}: {key}")
 
 
+@pytest.fixture(scope="module")
+def three_ddp_jobs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, int, str]]:
+    """Three 2-process ``blocks run`` of :data:`FAST_DDP` (losses logged every 2 steps) started at once.
+
+    (run dir, exit status, stderr) of each: the collision test reads all three, the logging
+    test the first, the warnings test the third, whose rank 0 warns at every logged step that
+    the ranks' losses differ (``monitor.rank_spread_tolerance=1e-9``).
+    """
+    root = tmp_path_factory.mktemp("three")
+    args = [
+        sys.executable,
+        "-m",
+        "blocks",
+        "run",
+        *FAST_DDP,
+        "monitor.log_every_n_steps=2",
+        "monitor.progress=off",
+    ]
+    extra = [[], [], ["monitor.rank_spread_tolerance=1e-9"]]
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                spawned(
+                    [*args, *extra[i], f"hydra.run.dir={root / str(i)}"],
+                    cwd=root,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for i in range(3)
+        ]
+        errors = [proc.communicate(timeout=300)[1] for proc in procs]
+    return [
+        (root / str(i), proc.returncode, err) for i, (proc, err) in enumerate(zip(procs, errors, strict=True))
+    ]
+
+
 @pytest.mark.slow
-def test_ddp_logs_every_ranks_loss_and_the_spread(tmp_path: Path) -> None:
-    summary = driver.run([*FAST_DDP, "monitor.log_every_n_steps=2"], tmp_path)
-    assert summary.status == "completed" and summary.world_size == 2
-    header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
+def test_ddp_logs_every_ranks_loss_and_the_spread(three_ddp_jobs: list[tuple[Path, int, str]]) -> None:
+    run_dir, returncode, err = three_ddp_jobs[0]
+    assert returncode == 0, err[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     for column in ("train/loss", "train/loss_spread", "train/loss_rank0", "train/loss_rank1", "val/accuracy"):
         assert column in header
-    assert summary.metrics["val/accuracy"] > 0.9
-    ranks = [summary.metrics["train/loss_rank0"], summary.metrics["train/loss_rank1"]]
-    assert summary.metrics["train/loss"] == pytest.approx(sum(ranks) / 2, rel=1e-5)
+    metrics = summary["metrics"]
+    assert metrics["val/accuracy"] > 0.9
+    ranks = [metrics["train/loss_rank0"], metrics["train/loss_rank1"]]
+    assert metrics["train/loss"] == pytest.approx(sum(ranks) / 2, rel=1e-5)
 
 
 @pytest.mark.slow
@@ -108,16 +181,17 @@ def test_fsdp_with_activation_checkpointing_and_bf16_mixed(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    result = cli("run", "-m", *LM, "strategy=ddp,fsdp", "trainer.devices=2", f"hydra.sweep.dir={sweep}")
-    assert result.returncode == 0, result.output
-    entries = sorted(p.name for p in sweep.iterdir() if not p.name.startswith("."))
+@pytest.mark.xdist_group("torchrun")  # with the global-batch test, which shares strategy_sweep
+def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(strategy_sweep: Path) -> None:
+    entries = sorted(p.name for p in strategy_sweep.iterdir() if not p.name.startswith("."))
     assert entries == ["0", "1", "multirun.yaml"], entries
+    assert sorted(strategy_jobs(strategy_sweep)) == ["ddp", "fsdp"]
     for job in ("0", "1"):
-        summary = read_summary(sweep / job)
+        summary = read_summary(strategy_sweep / job)
         assert summary["status"] == "completed" and summary["world_size"] == 2
-        subdirs = {p.name for p in (sweep / job).iterdir() if p.is_dir() and not p.name.startswith(".")}
+        subdirs = {
+            p.name for p in (strategy_sweep / job).iterdir() if p.is_dir() and not p.name.startswith(".")
+        }
         assert subdirs <= {"checkpoints"}, f"no extra dirs per rank inside a job's run dir: {subdirs}"
 
 
@@ -151,33 +225,21 @@ def test_hydra_launcher_plugins_run_the_jobs(cli, tmp_path: Path, launcher: list
 
 
 @pytest.mark.slow
-def test_three_two_process_jobs_at_once_never_collide(tmp_path: Path) -> None:
-    with contextlib.ExitStack() as stack:
-        procs = [
-            stack.enter_context(
-                spawned(
-                    [
-                        sys.executable,
-                        "-m",
-                        "blocks",
-                        "run",
-                        *FAST_DDP,
-                        "monitor.progress=off",
-                        f"hydra.run.dir={tmp_path / str(i)}",
-                    ],
-                    cwd=tmp_path,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-            for i in range(3)
-        ]
-        for proc in procs:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-    for i in range(3):
-        assert read_summary(tmp_path / str(i))["status"] == "completed"
+def test_warnings_of_multi_process_workers_reach_blocks_log(
+    three_ddp_jobs: list[tuple[Path, int, str]],
+) -> None:
+    run_dir, returncode, err = three_ddp_jobs[2]
+    assert returncode == 0, err[-3000:]
+    assert read_summary(run_dir)["status"] == "completed"
+    log = (run_dir / "blocks.log").read_text()
+    assert "[rank 0]" in log and "differed across ranks" in log
+
+
+@pytest.mark.slow
+def test_three_two_process_jobs_at_once_never_collide(three_ddp_jobs: list[tuple[Path, int, str]]) -> None:
+    for run_dir, returncode, err in three_ddp_jobs:
+        assert returncode == 0, err[-3000:]
+        assert read_summary(run_dir)["status"] == "completed"
 
 
 @pytest.mark.slow
@@ -227,7 +289,7 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     args = [
         "recipe=tiny_lm",
-        "trainer.max_steps=200",
+        "trainer.max_steps=60",  # rank 0 waits in its all-reduce once rank 1 is killed at step 5
         "trainer.val_every=null",
         "strategy=ddp",
         "trainer.devices=2",
@@ -285,19 +347,34 @@ def fsdp_gradients_per_micro_batch(every_micro_batch: bool, run_dir: str) -> lis
     return probe.has_grads
 
 
+def fsdp_gradients_under_both_settings(run_dir: str) -> dict[str, list[bool]]:
+    """:func:`fsdp_gradients_per_micro_batch` with ``strategy.reduce_every_micro_batch`` true, then false."""
+    return {
+        str(every): fsdp_gradients_per_micro_batch(every, str(Path(run_dir) / str(every)))
+        for every in (True, False)
+    }
+
+
+@pytest.fixture(scope="module")
+def fsdp_gradients(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[bool]]:
+    """Whether the sharded parameters held gradients after each micro-batch, by the setting's ``str``.
+
+    Both runs in one process of their own: torch keeps an FSDP run's device mesh, and with it
+    a gloo group's threads and TCPStore server, alive after ``destroy_process_group``; the
+    pytest worker would host them for the rest of the suite.
+    """
+    return call_in_fresh_process(
+        fsdp_gradients_under_both_settings, str(tmp_path_factory.mktemp("fsdp-grads"))
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("every_micro_batch", "expected"), [(True, [True, True]), (False, [False, True])])
 def test_fsdp_gradient_sync_follows_reduce_every_micro_batch(
-    tmp_path: Path, every_micro_batch: bool, expected: list[bool]
+    fsdp_gradients: dict[str, list[bool]], every_micro_batch: bool, expected: list[bool]
 ) -> None:
-    """Deferred sync keeps gradients unsharded (no reduce-scatter) until the step's last micro-batch.
-
-    In a process of its own: torch keeps an FSDP run's device mesh, and with it a gloo group's
-    threads and TCPStore server, alive after ``destroy_process_group``; the pytest worker
-    would host them for the rest of the suite.
-    """
-    has_grads = call_in_fresh_process(fsdp_gradients_per_micro_batch, every_micro_batch, str(tmp_path))
-    assert has_grads == expected
+    """Deferred sync keeps gradients unsharded (no reduce-scatter) until the step's last micro-batch."""
+    assert fsdp_gradients[str(every_micro_batch)] == expected
 
 
 TORCH_DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")

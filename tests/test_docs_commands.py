@@ -7,8 +7,8 @@ are its output, whose first line must appear in the real output. ``text`` blocks
 
 How they run: each block is one test, in its own empty directory, its commands in order
 (so a block can train a run, then evaluate it). Commands of one process (``plan``, ``list``,
-``eval``, ``export``, ``report``, a ``blocks run`` on one device) run in this process through
-the real CLI entry (``run_captured``); the others are ``python -m blocks`` of this checkout,
+``eval``, ``export``, ``report``, a ``blocks run`` on one device or a sweep of such runs) run
+in this process through the real CLI entry (``run_captured``); the others are ``python -m blocks`` of this checkout,
 and so is every command of a block that changes directory or the environment. ``blocks run``
 gets small overrides appended to stay fast (:data:`FAST`, only keys the command does not set
 itself).
@@ -158,12 +158,14 @@ IN_PROCESS = ("plan", "list", "eval", "export", "report")
 def in_process(tokens: list[str]) -> bool:
     """Whether a command runs in the test's process: one of :data:`IN_PROCESS`, or a ``blocks run`` of one process.
 
-    A run on more devices, nodes or another launcher, or a sweep, is a process of its own: its
-    workers print to their own output, which the page may show.
+    A run on more devices, nodes or another launcher (Ray, a Hydra launcher plugin) is a
+    process of its own: its workers print to their own output, which the page may show. A
+    sweep under Hydra's basic launcher (any sweeper: grid, Optuna) runs its jobs one after
+    another in the process that started it, so a sweep of one-device jobs is one process too.
     """
     if tokens[1] in IN_PROCESS:
         return True
-    if tokens[1] != "run" or {"-m", "--multirun"} & set(tokens):
+    if tokens[1] != "run":
         return False
     values = dict(t.split("=", 1) for t in tokens[2:] if "=" in t)
     spread = ("trainer.launcher", "hydra/launcher", "trainer.nodes")

@@ -28,6 +28,7 @@ from tests.conftest import (
     job_pids,
     read_summary,
     run_cli,
+    run_in_process,
     spawned,
 )
 
@@ -193,7 +194,11 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_one_process_interrupted_exits_130_without_a_traceback(tmp_path: Path, signum: int) -> None:
+def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_resumes_its_save(
+    tmp_path: Path, signum: int
+) -> None:
+    """The signal ends the run as interrupted, with exit status 130 and a checkpoint of the step it
+    stopped at; a rerun (in this process, as test_checkpoint's reruns) resumes from that checkpoint."""
     run_dir = tmp_path / "run"
     args = ["recipe=blobs", "data.samples=200000", "trainer.max_epochs=5", "monitor.log_every_n_steps=1"]
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=3) as proc:
@@ -202,10 +207,14 @@ def test_one_process_interrupted_exits_130_without_a_traceback(tmp_path: Path, s
         assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out
     summary = read_summary(run_dir)
-    assert summary["status"] == "interrupted"
+    assert summary["status"] == "interrupted" and summary["global_step"] >= 3
     assert signal.Signals(signum).name in summary["reason"]
     committed, _ = store.scan(str(run_dir / "checkpoints"))
     assert committed[-1].manifest.step == summary["global_step"]
+    shorter = ["trainer.max_epochs=null", f"trainer.max_steps={summary['global_step'] + 2}"]
+    rerun = run_in_process(["run", *args, *shorter, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    assert read_summary(run_dir)["resumed_from"] == committed[-1].url
 
 
 @pytest.fixture(scope="module")
@@ -257,9 +266,10 @@ def test_a_stale_lock_is_taken_over_with_a_warning_and_released_at_the_end(
     assert not (tmp_path / "run" / LOCK_FILE).exists()
 
 
-def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: Path) -> None:
+def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli_in_process, tmp_path: Path) -> None:
+    """Through the CLI entry in this process: Hydra's basic launcher runs the jobs in the sweep's own process."""
     sweep = tmp_path / "sweep"
-    result = cli(
+    result = cli_in_process(
         "run", "-m", "recipe=blobs", "trainer.max_steps=20", "optim.lr=1e12,1e-3", f"hydra.sweep.dir={sweep}"
     )
     assert result.returncode == 1, result.output[-3000:]
@@ -267,15 +277,16 @@ def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli, tmp_path: 
     assert read_summary(sweep / "0")["status"] == "failed"  # diverged: NaN loss
     assert read_summary(sweep / "1")["status"] == "completed"  # ran after the failure
     assert f"1 job(s) of the sweep did not complete: {sweep / '0'}" in result.output
-    assert cli("report", str(sweep)).returncode == 0
+    assert cli_in_process("report", str(sweep)).returncode == 0
     report = (sweep / "report" / "report.md").read_text()
     assert "| failed |" in report and "| completed |" in report
 
 
 @pytest.mark.slow
-def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> None:
+def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path: Path) -> None:
+    """Through the CLI entry in this process: the Optuna sweeper runs its trials with the basic launcher."""
     sweep = tmp_path / "optuna"
-    result = cli(
+    result = cli_in_process(
         "run",
         "-m",
         "hparams_search=optuna",
@@ -290,22 +301,6 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli, tmp_path: Path) -> 
     assert "failed" in statuses and "completed" in statuses
     best = (sweep / "optimization_results.yaml").read_text()
     assert "optim.lr: 0.001" in best
-
-
-@pytest.mark.slow
-def test_warnings_of_multi_process_workers_reach_blocks_log(tmp_path: Path) -> None:
-    args = [
-        "recipe=blobs",
-        "trainer.max_steps=12",
-        "strategy=ddp",
-        "trainer.devices=2",
-        "monitor.log_every_n_steps=1",
-        "monitor.rank_spread_tolerance=1e-9",  # rank 0 warns that the ranks' losses differ
-        "monitor.progress=off",
-    ]
-    assert driver.run(args, tmp_path / "run").status == "completed"
-    log = (tmp_path / "run" / "blocks.log").read_text()
-    assert "[rank 0]" in log and "differed across ranks" in log
 
 
 def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra: str) -> str:
@@ -332,13 +327,6 @@ def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra
     return "not stopped"
 
 
-def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(tmp_path: Path) -> None:
-    """Regression: the grace timer of a SIGTERM'd in-process run killed the notebook that ran it, seconds later."""
-    outcome = call_in_fresh_process(stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path))
-    assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome
-    assert f"to resume, run the same command with hydra.run.dir={tmp_path}" in outcome.replace("\n", "")
-
-
 def stop_an_in_process_run_by_sigterm_in_setup(run_dir: str) -> dict[str, Any]:
     """In a fresh process: ``driver.run`` gets SIGTERM while Lightning sets the run up; what it says after."""
     os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
@@ -351,16 +339,55 @@ def stop_an_in_process_run_by_sigterm_in_setup(run_dir: str) -> dict[str, Any]:
     return {"outcome": outcome, "handler_back": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
 
 
-def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(tmp_path: Path) -> None:
+def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
+    """Three runs stopped by SIGTERM one after the other in one process (cells of a notebook): two as
+    :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
+    ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`."""
+    return {
+        "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
+        "never": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
+            str(Path(root) / "never"), "checkpoint.resume=never"
+        ),
+        "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
+    }
+
+
+@pytest.fixture(scope="module")
+def stopped_in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The root of :func:`stop_in_process_runs_by_sigterm`'s run dirs, and its outcomes, from a fresh process.
+
+    Each run's grace timer must spare the process: one that fired would end it during or
+    after the second run, and the fresh process would fail.
+    """
+    root = tmp_path_factory.mktemp("stopped")
+    return root, call_in_fresh_process(stop_in_process_runs_by_sigterm, str(root))
+
+
+def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
+    """Regression: the grace timer of a SIGTERM'd in-process run killed the notebook that ran it, seconds later."""
+    root, outcomes = stopped_in_process
+    outcome = outcomes["default"]
+    assert "the job ended with status 'interrupted': SIGTERM stopped training" in outcome
+    assert f"to resume, run the same command with hydra.run.dir={root / 'default'}" in outcome.replace(
+        "\n", ""
+    )
+
+
+def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
     """A SIGTERM before Lightning's loop installed its handlers ended the process as signalled, no summary written."""
-    said = call_in_fresh_process(stop_an_in_process_run_by_sigterm_in_setup, str(tmp_path))
+    root, outcomes = stopped_in_process
+    said = outcomes["setup"]
     stopped = (
         "the job ended with status 'interrupted': SIGTERM stopped training at step 0, before its first step"
     )
     assert stopped in said["outcome"], said
     assert "nothing was trained or saved; run the same command to start it" in said["outcome"], said
     assert said["handler_back"], "the process that ran it gets its own SIGTERM handling back"
-    summary = read_summary(tmp_path)
+    summary = read_summary(root / "setup")
     assert (summary["status"], summary["global_step"]) == ("interrupted", 0)
 
 
@@ -384,15 +411,15 @@ def test_a_signal_after_the_last_step_still_ends_the_process_and_its_sweep(tmp_p
     assert not (sweep / "1").exists(), "the sweep stopped with its process"
 
 
-def test_an_interrupted_run_says_the_command_that_resumes_it(tmp_path: Path) -> None:
+def test_an_interrupted_run_says_the_command_that_resumes_it(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
     """Rerun as told ("run the same command again"), a run started with ``checkpoint.resume=never``
     (or a URL) started over and deleted the checkpoint the interruption saved; and under the
     default, timestamped run dir, the same command starts a new run. The reason names both."""
-    outcome = call_in_fresh_process(
-        stop_an_in_process_run_by_sigterm_and_outlive_the_grace, str(tmp_path), "checkpoint.resume=never"
-    )
-    expected = f"run the same command with hydra.run.dir={tmp_path} and checkpoint.resume=auto"
-    assert expected in outcome.replace("\n", ""), outcome
+    root, outcomes = stopped_in_process
+    expected = f"run the same command with hydra.run.dir={root / 'never'} and checkpoint.resume=auto"
+    assert expected in outcomes["never"].replace("\n", ""), outcomes["never"]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blocks.launch import driver
-from tests.conftest import REPO, blocks_run_until_step, read_summary, run_cli, run_in_process
+from tests.conftest import blocks_run_until_step, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,13 +69,12 @@ def test_a_teams_own_callback_runs_with_its_arguments(tmp_path: Path, monkeypatc
     ],
 )
 def test_code_that_is_no_callback_or_logger_is_refused_before_anything_starts(
-    override: str, said: str, tmp_path: Path
+    override: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     run_dir = tmp_path / "run"
-    result = run_cli(
-        ["run", *BLOBS, "trainer.max_steps=2", override, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)},
+    result = run_in_process(
+        ["run", *BLOBS, "trainer.max_steps=2", override, f"hydra.run.dir={run_dir}"], cwd=tmp_path
     )
     assert result.returncode == 2, result.output
     assert not run_dir.exists() and not (tmp_path / "pwned").exists()
@@ -104,10 +103,11 @@ def test_trainer_knobs_reach_lightning(tmp_path: Path) -> None:
 
 
 def test_a_lightning_module_whose_own_steps_would_be_ignored_is_refused_before_anything_starts(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = run_in_process(
         [
             "run",
             *BLOBS,
@@ -116,7 +116,6 @@ def test_a_lightning_module_whose_own_steps_would_be_ignored_is_refused_before_a
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
-        env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)},
     )
     assert result.returncode == 2, result.output
     assert not run_dir.exists()

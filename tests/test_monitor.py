@@ -194,19 +194,6 @@ def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(tmp_path: Path
     ]
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline: no \r, no ANSI escapes
-
-
-def test_without_a_terminal_output_is_plain_lines(cli, tmp_path: Path) -> None:
-    result = cli("run", "recipe=blobs", "trainer.max_steps=4", "monitor.log_every_n_steps=2")
-    assert result.returncode == 0, result.output
-    assert not CONTROL.search(result.output), repr(CONTROL.search(result.output))
-    lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
-    assert [line.split()[1] for line in lines[:2]] == ["2/4", "4/4"]
-    assert "loss=" in lines[0] and "lr=" in lines[0] and "samples/s=" in lines[0] and "eta=" in lines[0]
-    assert "run summary" in result.stdout and "completed" in result.stdout
-
-
 def test_a_gradient_norm_spike_over_the_running_median_is_a_warning(caplog) -> None:
     import pytorch_lightning as pl
 

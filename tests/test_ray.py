@@ -72,12 +72,28 @@ def _ray_node(args: list[str], env: dict[str, str]) -> contextlib.AbstractContex
     return spawned(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _alive_nodes(address: str) -> int:
+def _wait_for_nodes(address: str, count: int, deadline: float) -> int:
+    """How many nodes of the cluster at *address* are alive, once *count* are or at *deadline* (``time.monotonic``).
+
+    One process connects and polls: each connection costs a Python start and Ray's import.
+    """
     script = (
-        f"import ray; ray.init(address={address!r}, logging_level='error'); "
-        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        "import sys, time, ray\n"
+        "address, count, wait_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])\n"
+        "ray.init(address=address, logging_level='error')\n"
+        "deadline = time.monotonic() + wait_s\n"
+        "def alive(): return sum(1 for n in ray.nodes() if n['Alive'])\n"
+        "while alive() < count and time.monotonic() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "print(alive())\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    wait_s = max(deadline - time.monotonic(), 0.0)
+    out = subprocess.run(
+        [sys.executable, "-c", script, address, str(count), str(wait_s)],
+        capture_output=True,
+        text=True,
+        timeout=wait_s + 120,
+    )
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
 
 
@@ -99,12 +115,10 @@ def ray_address() -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_ray_node(head, env))
         deadline = time.monotonic() + 120
-        while _alive_nodes(address) < 1 and time.monotonic() < deadline:
+        while _wait_for_nodes(address, 1, deadline) < 1 and time.monotonic() < deadline:
             time.sleep(1)
         stack.enter_context(_ray_node([f"--address={address}", "--num-cpus=2"], env))
-        while _alive_nodes(address) < 2 and time.monotonic() < deadline:
-            time.sleep(1)
-        assert _alive_nodes(address) == 2, "the local Ray cluster did not start"
+        assert _wait_for_nodes(address, 2, deadline) == 2, "the local Ray cluster did not start"
         yield address
     shutil.rmtree(temp, ignore_errors=True)
 
@@ -182,33 +196,26 @@ def test_the_ray_sweep_launcher_passes_the_import_seam() -> None:
 
 
 @pytest.mark.slow
-def test_without_ray_address_a_local_ray_instance_runs_the_job(
+def test_without_ray_address_a_local_ray_instance_runs_the_job_as_torchrun_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without ``RAY_ADDRESS`` the job starts a local Ray instance; it writes the same run dir and
+    weights as the job under torchrun, and leaves no process behind. (The jobs below connect to
+    the module's cluster through ``RAY_ADDRESS``; the launcher runs the same code on either.)"""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    assert read_summary(tmp_path)["status"] == "completed"
-    assert job_pids(tmp_path) == []
-
-
-# --- on the module's Ray cluster ---------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_ddp_on_ray_writes_the_same_run_dir_and_weights_as_under_torchrun(
-    on_ray: str, tmp_path: Path
-) -> None:
     reference = driver.run(TINY_DDP, tmp_path / "torchrun")
-    result = run_cli(
-        ["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={tmp_path / 'ray'}"], cwd=tmp_path
-    )
+    run_dir = tmp_path / "ray"
+    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.output[-3000:]
-    summary = read_summary(tmp_path / "ray")
+    summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["restarts"] == 0
     assert summary["state_digest"] == reference.state_digest
     files = {p.name for p in (tmp_path / "torchrun").iterdir()}
-    assert files <= {p.name for p in (tmp_path / "ray").iterdir()}
+    assert files <= {p.name for p in run_dir.iterdir()}
+    assert job_pids(run_dir) == []
+
+
+# --- on the module's Ray cluster ---------------------------------------------------------------
 
 
 @pytest.mark.slow

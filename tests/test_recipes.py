@@ -13,7 +13,7 @@ import pytest
 
 from blocks.core import catalog
 from tests.catalog_fixtures import fresh_catalog
-from tests.conftest import blocks_run_until_step, read_summary, run_cli, run_in_process
+from tests.conftest import blocks_run_until_step, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -223,7 +223,7 @@ def test_pipeline_killed_during_finetune_skips_pretrain_and_resumes(tmp_path: Pa
     assert read_summary(root / "pretrain")["status"] == "completed"
     pretrain_summary = (root / "pretrain" / "summary.json").read_text()
     assert not (root / "finetune" / "summary.json").exists()
-    result = run_cli(["run", *args], cwd=tmp_path)
+    result = run_in_process(["run", *args], cwd=tmp_path)  # the rerun: a one-process pipeline
     assert result.returncode == 0, result.output[-3000:]
     assert "stage pretrain: finished earlier, skipped" in result.stdout
     assert (root / "pretrain" / "summary.json").read_text() == pretrain_summary

@@ -1,39 +1,48 @@
-"""``blocks run`` through the real CLI and Hydra: single runs, sweeps, interruption."""
+"""``blocks run`` through the real CLI and Hydra: single runs and sweeps.
+
+Interruption (SIGINT, SIGTERM) of a one-process ``blocks run``: test_faults_processes.
+"""
 
 from __future__ import annotations
 
 import json
-import signal
+import re
 from pathlib import Path
 
-from blocks.checkpoint import store
-from tests.conftest import blocks_run_until_step, read_summary
+from tests.conftest import read_summary
 
 FAST = ["recipe=blobs", "data.samples=512", "trainer.max_epochs=1"]
 
 
-def test_run_writes_one_run_dir(cli, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = cli("run", *FAST, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.output
-    assert "plan: recipe blobs" in result.stdout
-    assert "step " in result.stdout  # plain progress lines without a terminal
-    assert "\x1b[" not in result.stdout
-    summary = read_summary(run_dir)
-    assert summary["status"] == "completed"
-    assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.csv").is_file()
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline: no \r, no ANSI escapes
 
 
-def test_default_run_dir_is_under_outputs_and_printed_before_training(cli, tmp_path: Path) -> None:
-    result = cli("run", *FAST, "monitor.log_every_n_steps=1")
+def test_a_run_without_a_terminal_writes_one_run_dir_and_prints_plain_lines(cli, tmp_path: Path) -> None:
+    """One ``blocks run`` as a user starts it, without a terminal and without ``hydra.run.dir``:
+
+    - one run dir, under ``outputs/<recipe>/``, with config.yaml, metrics.csv and a completed summary;
+    - the plan, then ``run dir: ...``, printed before the first step line;
+    - plain progress lines (no ``\\r``, no ANSI escapes) every ``monitor.log_every_n_steps`` steps,
+      with loss, lr, samples/s and eta, and the run summary at the end.
+
+    (Three tests ran this process before: one here with ``hydra.run.dir``, one here for the
+    default run dir, one in test_monitor for the plain lines.)
+    """
+    result = cli("run", "recipe=blobs", "trainer.max_steps=4", "monitor.log_every_n_steps=2")
     assert result.returncode == 0, result.output
+    assert not CONTROL.search(result.output), repr(CONTROL.search(result.output))
     (run_dir,) = (tmp_path / "outputs" / "blobs").iterdir()
     assert read_summary(run_dir)["status"] == "completed"
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.csv").is_file()
+    assert "plan: recipe blobs" in result.stdout
     lines = result.stdout.splitlines()
     printed = [line for line in lines if line.startswith("run dir: ")]
     assert printed == [f"run dir: {run_dir}"]
-    first_step = next(i for i, line in enumerate(lines) if line.startswith("step "))
-    assert lines.index(printed[0]) < first_step
+    steps = [line for line in lines if line.startswith("step ")]
+    assert lines.index(printed[0]) < lines.index(steps[0])
+    assert [line.split()[1] for line in steps[:2]] == ["2/4", "4/4"]
+    assert "loss=" in steps[0] and "lr=" in steps[0] and "samples/s=" in steps[0] and "eta=" in steps[0]
+    assert "run summary" in result.stdout and "completed" in result.stdout
 
 
 def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
@@ -57,24 +66,3 @@ def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
         seen.add((optim["block"], optim["fields"]["lr"]))
     assert seen == {("adamw", 0.01), ("adamw", 0.003), ("sgd", 0.01), ("sgd", 0.003)}
     assert not (tmp_path / "outputs").exists(), "no stray run dirs outside the sweep dir"
-
-
-def test_sigint_marks_the_run_interrupted_and_saves(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = [
-        "recipe=blobs",
-        "data.samples=200000",
-        "trainer.max_epochs=5",
-        "monitor.log_every_n_steps=1",
-        f"hydra.run.dir={run_dir}",
-    ]
-    with blocks_run_until_step(args, cwd=tmp_path, step=3) as proc:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
-        assert proc.returncode != 0
-    summary = read_summary(run_dir)
-    assert summary["status"] == "interrupted"
-    assert summary["global_step"] >= 3
-    assert summary["reason"]
-    committed, _ = store.scan(str(run_dir / "checkpoints"))
-    assert committed and committed[-1].manifest.step == summary["global_step"]

@@ -24,7 +24,7 @@ import pytest
 from blocks.cli.main import main
 from blocks.spec.errors import ConfigError
 from blocks.spec.imports import resolve
-from tests.conftest import run_in_process
+from tests.conftest import read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -361,35 +361,32 @@ LAYOUTS = {
     "full": ["recipe=blobs", "data.samples=256"],
     "sharded": ["recipe=tiny_lm", "trainer.val_every=null", "strategy=fsdp"],
 }
-"""The job of each checkpoint layout (FSDP needs a model with repeated units)."""
-
-
-def train(tmp_path: Path, layout: str, *extra: str) -> Path:
-    """An honest run of *layout*, through the CLI entry in this process (more devices: torchrun workers)."""
-    run_dir = tmp_path / layout
-    result = run_in_process(
-        [
-            "run",
-            *LAYOUTS[layout],
-            "trainer.max_steps=4",
-            "checkpoint.every_n_steps=2",
-            "monitor.progress=off",
-            *extra,
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.output[-3000:]
-    return run_dir
+"""The job of each checkpoint layout (FSDP needs a model with repeated units; conftest's FSDP_LM is this one
+on two processes)."""
 
 
 @pytest.fixture(scope="module")
-def honest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A full and a sharded (FSDP, two processes) checkpoint that blocks wrote itself."""
+def honest(tmp_path_factory: pytest.TempPathFactory, fsdp_sync_run: Path) -> dict[str, Path]:
+    """A full and a sharded checkpoint that blocks wrote itself: the run dirs that hold them.
+
+    The full one is trained here, through the CLI entry in this process; the sharded one is
+    conftest's :func:`fsdp_sync_run` (two FSDP processes, checkpoints at steps 4 and 8), which
+    the tests only read or copy.
+    """
     root = tmp_path_factory.mktemp("honest")
-    full = train(root, "full")
-    sharded = train(root, "sharded", "trainer.devices=2", "data.batch_size=8")
-    return {"full": full, "sharded": sharded, "root": root}
+    result = run_in_process(
+        [
+            "run",
+            *LAYOUTS["full"],
+            "trainer.max_steps=4",
+            "checkpoint.every_n_steps=2",
+            "monitor.progress=off",
+            f"hydra.run.dir={root / 'full'}",
+        ],
+        cwd=root,
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    return {"full": root / "full", "sharded": fsdp_sync_run}
 
 
 def newest(run_dir: Path) -> Path:
@@ -443,6 +440,7 @@ CASES = [("full", "state"), ("sharded", "metadata"), ("sharded", "shard_entry"),
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")  # with the FSDP checkpoint tests, which share fsdp_sync_run
 @pytest.mark.parametrize(("layout", "where"), CASES)
 def test_a_crafted_checkpoint_is_refused_everywhere(
     layout: str, where: str, honest: dict[str, Path], tmp_path: Path
@@ -467,7 +465,7 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
             "run",
             *job,
             *([f"data.batch_size={16 // devices}"] if layout == "sharded" else []),
-            "trainer.max_steps=8",
+            "trainer.max_steps=12",
             f"trainer.devices={devices}",
             f"checkpoint.resume={url}",
             f"hydra.run.dir={tmp_path / f'resume{devices}'}",
@@ -496,25 +494,19 @@ def test_a_crafted_checkpoint_is_refused_everywhere(
 
 
 @pytest.mark.slow
-def test_honest_checkpoints_still_load(honest: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.xdist_group("torchrun")  # with the FSDP checkpoint tests, which share fsdp_sync_run
+def test_honest_checkpoints_still_load(honest: dict[str, Path], fsdp_resumed_on_two: dict[str, Path]) -> None:
+    from blocks.checkpoint import store
     from blocks.checkpoint.export import checkpoint_weights
     from blocks.checkpoint.io import FsspecCheckpointIO
 
     assert "state_dict" in FsspecCheckpointIO().load_checkpoint(str(newest(honest["full"])))
     assert checkpoint_weights(str(newest(honest["sharded"])))
-    resumed = blocks_cli(
-        [
-            "run",
-            *LAYOUTS["sharded"],
-            "trainer.max_steps=6",
-            "trainer.devices=2",
-            "data.batch_size=8",
-            f"checkpoint.resume={newest(honest['sharded'])}",
-            f"hydra.run.dir={tmp_path / 'resumed'}",
-        ],
-        tmp_path,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # conftest's fsdp_resumed_on_two: a `blocks run` on two processes that resumed a copy of
+    # the honest sharded checkpoint (step 8) and trained on to step 12.
+    resumed = read_summary(fsdp_resumed_on_two["run"])
+    assert resumed["status"] == "completed" and resumed["world_size"] == 2
+    assert resumed["resumed_from"].endswith(store.step_dir_name(8))
 
 
 def test_the_metadata_path_compat_function_matches_torch(tmp_path: Path) -> None:
@@ -648,10 +640,13 @@ def test_the_python_api_refuses_an_import_path_read_from_the_environment(
 
 
 @pytest.mark.slow
-def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Path) -> None:
+def test_a_run_reads_environment_values_that_its_files_do_not_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = "s3cr3t-run-name"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
     run_dir = tmp_path / "run"
-    result = blocks_cli(
+    result = run_in_process(
         [
             "run",
             "recipe=blobs",
@@ -661,10 +656,9 @@ def test_a_run_reads_environment_values_that_its_files_do_not_hold(tmp_path: Pat
             "+monitor.logger_args.name=${oc.env:BLOCKS_TEST_SECRET}",
             f"hydra.run.dir={run_dir}",
         ],
-        tmp_path,
-        env={"BLOCKS_TEST_SECRET": secret},
+        cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     assert (tmp_path / "logs" / secret).is_dir(), "the logger got the value from the environment"
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
