@@ -24,8 +24,6 @@ from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
 from blocks.spec.errors import BlocksError
 
 if TYPE_CHECKING:
-    import pytorch_lightning as pl
-
     from blocks.core.plan import Plan
     from blocks.runtime.preemption import Preemption
 
@@ -70,7 +68,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, SIGTERMException)):
             summary.status, summary.reason = (
                 "interrupted",
-                interruption_reason(built.preemption, trainer, plan, run_dir),
+                interruption_reason(built.preemption, trainer.global_step, plan, run_dir),
             )
         else:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
@@ -106,11 +104,11 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     return summary
 
 
-def interruption_reason(preemption: Preemption | None, trainer: pl.Trainer, plan: Plan, run_dir: Path) -> str:
-    """``summary.json``'s reason for a run a signal stopped, and the command that goes on from its checkpoint."""
+def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, run_dir: Path) -> str:
+    """``summary.json``'s reason for a run a signal stopped at optimizer *step*, and the command that goes on from its checkpoint."""
     by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
-    stopped = f"{by} stopped training at step {trainer.global_step}"
-    if trainer.global_step == 0:
+    stopped = f"{by} stopped training at step {step}"
+    if step == 0:
         return f"{stopped}, before its first step: nothing was trained or saved; run the same command to start it"
     if not plan.checkpoint.enabled:
         return f"{stopped}; checkpointing is off (checkpoint.enabled=false), so it cannot resume"
