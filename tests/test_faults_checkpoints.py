@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -318,3 +320,58 @@ def test_shards_metadata_pointing_outside_the_manifest_is_refused(
         store.CheckpointError, match=r"names dcp/\.\./state\.pt, which the manifest does not list"
     ):
         checkpoint_weights(str(checkpoint))
+
+
+class _Killed(BaseException):
+    """Stands for the SIGKILL that ends a process between two file deletions."""
+
+
+def _remove_cut_short(url: str, allowed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``store.remove(url)``, ended like a killed process before its deletion number *allowed* + 1."""
+    import os
+
+    unlink, remove = os.unlink, os.remove
+    deletions = [0]
+
+    def counted(delete: Any) -> Any:
+        def deleting(path: Any, *args: Any, **kwargs: Any) -> None:
+            if deletions[0] == allowed:
+                raise _Killed
+            deletions[0] += 1
+            delete(path, *args, **kwargs)
+
+        return deleting
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "unlink", counted(unlink))
+        patched.setattr(os, "remove", counted(remove))
+        with contextlib.suppress(_Killed):
+            store.remove(url)
+
+
+def test_a_removal_cut_short_leaves_a_directory_the_next_save_replaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while it replaced a step dir left files without the marker: its restart refused that step.
+
+    The removal is cut short after each number of file deletions in turn: what is left is the
+    whole committed checkpoint (nothing deleted yet) or blocks' own unfinished directory, which
+    the next save of that step replaces.
+    """
+    for allowed in range(7):
+        url = str(tmp_path / str(allowed) / store.step_dir_name(10))
+        store.begin(url)
+        for name in ("state.pt", "extra.pt", "optim.pt"):
+            (Path(url) / name).write_bytes(b"state")
+        manifest = store.Manifest(
+            step=10, epoch=0, world_size=1, sharded=False, global_batch=8, block_digests={}
+        )
+        store.commit(url, manifest)
+        _remove_cut_short(url, allowed, monkeypatch)
+        if not Path(url).exists():
+            continue
+        if (Path(url) / store.MANIFEST).exists():
+            assert allowed == 0, f"cut after {allowed} deletions, the rest still looks committed"
+            store.verify(url)
+        store.replace_ours(url)  # "exists but was not written by blocks" before
+        assert not Path(url).exists()

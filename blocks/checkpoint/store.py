@@ -637,12 +637,24 @@ def scan(directory: str) -> tuple[list[Committed], list[str]]:
 
 
 def remove(url: str) -> None:
-    """Delete a checkpoint directory (manifest first, so a half-deleted one is never taken as committed)."""
+    """Delete a checkpoint directory: its manifest first, its marker last.
+
+    Cut short (a killed process), what is left is never taken as committed (no manifest) and
+    is still blocks' own (the marker): the next save of that step replaces it instead of
+    refusing a directory it cannot tell from a user's.
+    """
     fs, root = url_to_fs(url)
+    if not fs.exists(root):
+        return
+    marker = join(root, MARKER)
+    if not fs.exists(marker):
+        begin(url)
     if fs.exists(join(root, MANIFEST)):
         fs.rm(join(root, MANIFEST))
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
+    others = [path for path in fs.find(root) if path.rstrip("/") != marker]
+    if others:
+        fs.rm(others)
+    fs.rm(root, recursive=True)
 
 
 @dataclass(frozen=True)
