@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -639,6 +640,38 @@ def test_the_python_api_refuses_an_import_path_read_from_the_environment(
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("flags", [[], ["--json"], ["-m"], ["-m", "--json"]])
+def test_blocks_plan_shows_environment_values_as_their_interpolation(
+    flags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan printed on a terminal (a CI or SLURM log) holds no value read from the environment."""
+    secret = "s3cr3t-on-the-terminal"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    result = run_in_process(
+        [
+            "plan",
+            *flags,
+            "recipe=blobs",
+            "+monitor.logger_args.name=${oc.env:BLOCKS_TEST_SECRET}",
+            "+monitor.logger_args.header='Bearer ${monitor.logger_args.name}'",
+            "trainer.seed=1,2" if "-m" in flags else "trainer.seed=1",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    unwrapped = re.sub(r"[\s│]", "", result.output)  # the panel folds long settings over lines
+    assert secret not in unwrapped
+    assert "${oc.env:BLOCKS_TEST_SECRET}" in unwrapped and "${monitor.logger_args.name}" in unwrapped
+    if "--json" in flags:
+        plans = json.loads(result.output)
+        for plan in plans if isinstance(plans, list) else [plans]:
+            shown = plan["blocks"]["monitor"]["fields"]["logger_args"]
+            assert shown == {
+                "name": "${oc.env:BLOCKS_TEST_SECRET}",
+                "header": "Bearer ${monitor.logger_args.name}",
+            }
+
+
 @pytest.mark.slow
 def test_a_run_reads_environment_values_that_its_files_do_not_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -660,6 +693,7 @@ def test_a_run_reads_environment_values_that_its_files_do_not_hold(
     )
     assert result.returncode == 0, result.output[-3000:]
     assert (tmp_path / "logs" / secret).is_dir(), "the logger got the value from the environment"
+    assert secret not in re.sub(r"[\s│]", "", result.output), "the plan printed before the run hides it too"
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
             assert secret not in path.read_text(errors="replace"), path

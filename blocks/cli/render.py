@@ -13,7 +13,7 @@ from rich.text import Text
 
 from blocks.core.packages import API_VERSION, package_of
 from blocks.core.plan import MemoryEstimate, Plan, format_bytes
-from blocks.spec.block import Block, block_fields
+from blocks.spec.block import block_fields
 from blocks.spec.errors import Problem
 from blocks.spec.registry import Entry
 
@@ -36,11 +36,17 @@ _DERIVED_LABELS = {
 }
 
 
-def _changed_fields(block: Block) -> str:
-    """``name=value`` for the fields that differ from the block class's defaults."""
+def _changed_fields(plan: Plan, kind: str) -> str:
+    """``name=value`` for the fields of block *kind* that differ from its class's defaults.
+
+    A field that holds a value from the environment shows its interpolation text instead.
+    """
+    block = plan.blocks[kind]
     default = type(block)()
+    from_environment = {path[1] for path in plan.from_environment if len(path) > 1 and path[0] == kind}
+    shown = plan.shown_fields(kind) if from_environment else {}
     parts = [
-        f"{f.name}={getattr(block, f.name)!r}"
+        f"{f.name}={(shown[f.name] if f.name in from_environment else getattr(block, f.name))!r}"
         for f in dataclasses.fields(block)
         if getattr(block, f.name) != getattr(default, f.name)
     ]
@@ -66,7 +72,12 @@ def plan_panel(plan: Plan) -> Panel:
     blocks.add_column("settings (non-default)", overflow="fold")
     for kind, block in plan.blocks.items():
         option = plan.choices.get(kind, block.block_name)
-        cells = (kind, block.block_name, "" if option == block.block_name else option, _changed_fields(block))
+        cells = (
+            kind,
+            block.block_name,
+            "" if option == block.block_name else option,
+            _changed_fields(plan, kind),
+        )
         blocks.add_row(*(Text(cell) for cell in cells))
     derived = Table(show_header=False, box=None, pad_edge=False)
     derived.add_column(style="cyan")

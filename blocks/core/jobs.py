@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -358,25 +359,31 @@ def plan_blocks(
     environment: Environment | None = None,
     *,
     check_storage: bool = True,
+    config: DictConfig | None = None,
 ) -> Plan:
     """The one way a job is planned, in three explicit steps: prepare, plan, preflight.
 
     Blocks from a package built for another block API are refused; the data prepares its
     inputs (I/O, e.g. ``data.source`` into the cache); :func:`~blocks.core.plan.make_plan`
     checks and derives (pure); then, with *check_storage*, the checks that read storage (the
-    checkpoint to resume) add their problems.
+    checkpoint to resume) add their problems. *config* is the config the blocks were built
+    from: the plan shows the values it reads from the environment as their interpolation.
     """
     packages.refuse_incompatible_blocks(blocks.values())
     data = blocks.get("data")
     if isinstance(data, DataBlock):
         data.prepare()
     plan = make_plan(blocks, choices, environment)
+    if config is not None:
+        plan = dataclasses.replace(plan, from_environment=env_interpolations(config))
     return preflight(plan) if check_storage else plan
 
 
 def plan_config(composed: Composed, environment: Environment | None = None) -> Plan:
     """The plan of a composed config."""
-    return plan_blocks(config_to_blocks(composed.config), composed.choices, environment)
+    return plan_blocks(
+        config_to_blocks(composed.config), composed.choices, environment, config=composed.config
+    )
 
 
 def plan(
@@ -412,7 +419,7 @@ def plan_job(
     if not problems:
         assert built is not None
         job, composed, blocks = built
-        return job, composed, plan_blocks(blocks, composed.choices, environment)
+        return job, composed, plan_blocks(blocks, composed.choices, environment, config=composed.config)
     failed_groups = {p.key for p in problems if p.key and "." not in p.key}
 
     def independent(problem: Problem) -> bool:

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.environment import Environment
@@ -25,6 +25,9 @@ from blocks.spec.kinds import KIND_TABLE, BlockKind
 from blocks.strategy.base import MeshShape, StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock
+
+if TYPE_CHECKING:
+    from blocks.core.secrets import KeyPath
 
 KIND_BASES: dict[str, type[Block]] = {kind.name: kind.base_class() for kind in KIND_TABLE}
 """Each kind's base class (from the kind table); a block of a kind must subclass it."""
@@ -260,6 +263,9 @@ class Plan:
         problems: errors first, then warnings.
         environment: the hardware the plan was made against (frozen into ``plan.json``, so
             workers use the driver's view instead of detecting their own).
+        from_environment: the config values read from the environment or passed on from it
+            (:func:`blocks.core.secrets.env_interpolations`), by key path, as interpolation text:
+            :meth:`to_json` and the plan panel show that text, never the value (a secret).
     """
 
     blocks: Mapping[str, Block]
@@ -267,6 +273,7 @@ class Plan:
     derived: Derived
     problems: tuple[Problem, ...]
     environment: Environment = field(default_factory=Environment)
+    from_environment: Mapping[KeyPath, str] = field(default_factory=dict)
 
     @property
     def data(self) -> DataBlock:
@@ -340,7 +347,7 @@ class Plan:
             "recipe": self.choices.get("recipe"),
             "choices": dict(self.choices),
             "blocks": {
-                kind: {"block": block.block_name, "fields": _plain(dataclasses.asdict(block))}
+                kind: {"block": block.block_name, "fields": self.shown_fields(kind)}
                 for kind, block in self.blocks.items()
             },
             "derived": dataclasses.asdict(self.derived),
@@ -348,8 +355,26 @@ class Plan:
             "environment": self.environment.to_json(),
         }
 
+    def shown_fields(self, kind: str) -> dict[str, Any]:
+        """The fields of block *kind* as JSON values, a value from the environment as its interpolation text."""
+        fields = _plain(dataclasses.asdict(self.blocks[kind]))
+        for path, raw in self.from_environment.items():
+            if len(path) < 2 or path[0] != kind:
+                continue
+            node: Any = fields
+            for key in path[1:-1]:
+                node = _child(node, key)
+            if _child(node, path[-1]) is not None:
+                node[path[-1]] = raw
+        return fields
+
     @classmethod
-    def thawed(cls, blocks: Mapping[str, Block], frozen: Mapping[str, Any]) -> Plan:
+    def thawed(
+        cls,
+        blocks: Mapping[str, Block],
+        frozen: Mapping[str, Any],
+        from_environment: Mapping[KeyPath, str] | None = None,
+    ) -> Plan:
         """The plan a ``plan.json`` (*frozen*, :meth:`to_json`) records, with its *blocks*: nothing is re-checked or re-derived."""
         derived = dict(frozen["derived"])
         if derived.get("memory") is not None:
@@ -373,6 +398,7 @@ class Plan:
             derived=Derived(**derived),
             problems=problems,
             environment=Environment.from_json(frozen.get("environment") or {}),
+            from_environment=dict(from_environment or {}),
         )
 
 
@@ -382,6 +408,14 @@ T = TypeVar("T", bound=Block)
 def _typed(block: Block, cls: type[T]) -> T:
     assert isinstance(block, cls)
     return block
+
+
+def _child(node: Any, key: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(key)
+    if isinstance(node, list) and isinstance(key, int) and key < len(node):
+        return node[key]
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -4,8 +4,8 @@ A token passed as ``monitor.logger_args.api_key='${oc.env:WANDB_API_KEY}'`` must
 ``config.yaml`` or ``plan.json``, which are shared with the run dir. Configs are resolved with
 :func:`resolve_keeping_env`: every other interpolation is frozen, but a value that reads the
 environment keeps its interpolation, and each process (driver and workers, which inherit the
-environment) resolves it again when it builds the blocks. :func:`keep_env_in_plan` puts the
-same interpolations back into the JSON view of a plan in place of the resolved values.
+environment) resolves it again when it builds the blocks. A plan keeps the same interpolations
+(:attr:`blocks.core.plan.Plan.from_environment`) and shows them in place of the resolved values.
 """
 
 from __future__ import annotations
@@ -130,25 +130,3 @@ def resolve_keeping_env(cfg: DictConfig, *, in_place: bool = False) -> DictConfi
                 parent = parent[key]
             parent[path[-1]] = raw
     return resolved
-
-
-def keep_env_in_plan(plan_json: dict[str, Any], config: DictConfig) -> dict[str, Any]:
-    """*plan_json* (a :meth:`Plan.to_json`) with each environment value of *config* shown as its interpolation."""
-    for path, raw in env_interpolations(config).items():
-        if len(path) < 2:
-            continue
-        block = plan_json.get("blocks", {}).get(path[0])
-        node: Any = block.get("fields") if isinstance(block, dict) else None
-        for key in path[1:-1]:
-            node = _child(node, key)
-        if _child(node, path[-1]) is not None:
-            node[path[-1]] = raw
-    return plan_json
-
-
-def _child(node: Any, key: str | int) -> Any:
-    if isinstance(node, dict):
-        return node.get(key)
-    if isinstance(node, list) and isinstance(key, int) and key < len(node):
-        return node[key]
-    return None

@@ -248,7 +248,7 @@ def _checked(
     frozen = freeze_config(config, run_dir)
     blocks = config_to_blocks(frozen)
     refuse_interpolated_paths(frozen, blocks)  # as `blocks run` does before Hydra starts the job
-    plan = plan_blocks(blocks, choices, environment or Environment.detect())
+    plan = plan_blocks(blocks, choices, environment or Environment.detect(), config=frozen)
     preflight_job(plan)
     return frozen, plan
 

@@ -52,7 +52,9 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     config = eval_config(source, overrides)
     if split == "test":
         refuse_moved_test_split(source, config)
-    plan = plan_blocks(config_to_blocks(config), None, check_storage=False)  # evaluation resumes nothing
+    plan = plan_blocks(
+        config_to_blocks(config), None, check_storage=False, config=config
+    )  # evaluation resumes nothing
     plan.raise_for_errors()
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exp
     Status,
     Summary,
 )
-from blocks.core.secrets import keep_env_in_plan, resolve_keeping_env
+from blocks.core.secrets import env_interpolations, resolve_keeping_env
 from blocks.spec.errors import BlocksError, Problem
 
 
@@ -36,7 +37,8 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     """Write ``config.yaml`` and ``plan.json``: enough for any worker to rebuild the run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
-    (run_dir / PLAN_FILE).write_text(json.dumps(keep_env_in_plan(plan.to_json(), config), indent=2) + "\n")
+    shown = dataclasses.replace(plan, from_environment=env_interpolations(config))  # what is written decides
+    (run_dir / PLAN_FILE).write_text(json.dumps(shown.to_json(), indent=2) + "\n")
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ def load_run(run_dir: Path) -> FrozenRun:
             )
         )
     frozen = json.loads(plan_file.read_text())
-    return FrozenRun(config=config, plan=Plan.thawed(config_to_blocks(config), frozen))
+    plan = Plan.thawed(config_to_blocks(config), frozen, from_environment=env_interpolations(config))
+    return FrozenRun(config=config, plan=plan)
 
 
 def load_plan(run_dir: Path) -> Plan:
