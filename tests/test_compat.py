@@ -90,6 +90,14 @@ def test_split_sweep_gives_every_job_in_one_batch() -> None:
     assert hydra_private.split_sweep(parsed) == [[["a=1", "b=x"], ["a=2", "b=x"]]]
 
 
+def test_resolver_calls_are_read_with_omegaconfs_grammar() -> None:
+    calls = hydra_private.resolver_calls
+    assert calls("${ oc.env :X}", "oc.env") == ["${ oc.env :X}"]
+    assert calls("a/${oc.decode:${oc.env:X,d}}/b", "oc.env") == ["${oc.env:X,d}"]
+    assert calls("\\${oc.env:X} ${oc.envy:X} oc.env", "oc.env") == []  # escaped, another resolver, text
+    assert calls("${oc.env:X", "oc.env") is None
+
+
 def test_config_header_reads_the_package_line() -> None:
     assert hydra_private.config_header("# @package _global_\nx: 1\n")["package"] == "_global_"
 

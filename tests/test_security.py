@@ -555,6 +555,23 @@ def test_environment_values_stay_out_of_the_run_dir_and_workers_still_read_them(
     assert load_plan(run_dir).monitor.logger_args["name"] == secret
 
 
+@pytest.mark.parametrize("spelling", ["${ oc.env:BLOCKS_TEST_SECRET}", "${oc.env :BLOCKS_TEST_SECRET,none}"])
+def test_every_spelling_of_an_environment_read_stays_out_of_the_run_dir(
+    spelling: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OmegaConf reads the environment however the interpolation is spaced; so does the secret search."""
+    from blocks.launch.driver import prepare
+    from blocks.launch.run_dir import load_plan
+
+    secret = "s3cr3t-spaced-out"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    run_dir = tmp_path / "run"
+    prepare(["recipe=blobs", "debug=fast", f"+monitor.logger_args.name='{spelling}'"], run_dir)
+    for name in ("config.yaml", "plan.json"):
+        assert secret not in (run_dir / name).read_text(), name
+    assert load_plan(run_dir).monitor.logger_args["name"] == secret
+
+
 def test_values_passed_on_from_the_environment_by_other_keys_stay_out_of_the_run_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -662,8 +679,10 @@ def test_blocks_plan_shows_environment_values_as_their_interpolation(
     unwrapped = re.sub(r"[\s│]", "", result.output)  # the panel folds long settings over lines
     assert secret not in unwrapped
     assert "${oc.env:BLOCKS_TEST_SECRET}" in unwrapped and "${monitor.logger_args.name}" in unwrapped
-    if "--json" in flags:
-        plans = json.loads(result.output)
+    if "--json" in flags:  # the output holds stderr too: a warning may come first
+        start = re.search(r"^[\[{]", result.output, re.MULTILINE)
+        assert start is not None, result.output[-3000:]
+        plans = json.loads(result.output[start.start() :])
         for plan in plans if isinstance(plans, list) else [plans]:
             shown = plan["blocks"]["monitor"]["fields"]["logger_args"]
             assert shown == {

@@ -270,3 +270,30 @@ def initialize_hydra(job_name: str) -> None:
 
     version.setbase("1.3")
     Hydra.create_main_hydra2(task_name=job_name, config_search_path=create_config_search_path(None))
+
+
+def resolver_calls(value: str, resolver: str) -> list[str] | None:
+    """The calls of *resolver* in the text of a config value, each as written; None if it does not parse.
+
+    Walks OmegaConf's own parse tree (its generated ANTLR grammar, an internal module), so
+    spacing (``${ oc.env :X}``), nesting (``${oc.decode:${oc.env:X}}``) and escapes (``\\${...}``)
+    count exactly as they do when OmegaConf resolves the value.
+    """
+    from omegaconf import grammar_parser
+    from omegaconf.errors import GrammarParseError
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
+
+    try:
+        tree = grammar_parser.parse(value)
+    except GrammarParseError:
+        return None
+    calls, pending = [], [tree]
+    while pending:
+        node = pending.pop()
+        if (
+            isinstance(node, OmegaConfGrammarParser.InterpolationResolverContext)
+            and node.resolverName().getText() == resolver
+        ):
+            calls.append(node.getText())
+        pending.extend(node.getChildren() if hasattr(node, "getChildren") else ())
+    return calls

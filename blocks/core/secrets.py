@@ -17,7 +17,9 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-ENV_RESOLVER = "${oc.env:"
+from blocks.compat.hydra_private import resolver_calls
+
+ENV_RESOLVER = "oc.env"
 
 KeyPath = tuple[str | int, ...]
 
@@ -33,13 +35,26 @@ def env_interpolations(cfg: DictConfig | ListConfig) -> dict[KeyPath, str]:
     interpolations = {
         path: value for path, value in _leaves(raw, ()) if isinstance(value, str) and "${" in value
     }
-    direct = {path: value for path, value in interpolations.items() if ENV_RESOLVER in value}
+    direct = {path: value for path, value in interpolations.items() if environment_reads(value)}
     if not direct or len(direct) == len(interpolations):
         return direct
     marked = [_with_markers(raw, list(direct), prefix) for prefix in _MARKERS]
     return {
         path: value for path, value in interpolations.items() if path in direct or _passes_on(marked, path)
     }
+
+
+def environment_reads(value: str) -> list[str]:
+    """The ``oc.env`` calls in the text of a config value, each as written (``${ oc.env :VAR,default}``).
+
+    Read with OmegaConf's own grammar, so that spacing, nesting and escapes count exactly as they
+    do when OmegaConf resolves the value. Text that does not parse counts as one read: it cannot
+    be resolved anyway, and keeping it as text loses nothing.
+    """
+    if ENV_RESOLVER not in value:
+        return []
+    calls = resolver_calls(value, ENV_RESOLVER)
+    return [value] if calls is None else calls
 
 
 _MARKERS = ("blocksenvvalue", "blocksenvironmentvalue")
