@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -11,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.packaging import QUIET_LOCAL, build_wheel
+
+OUTSIDE_CHECKOUT = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+"""The environment of every venv command: a PYTHONPATH naming a checkout would import it instead of the wheel."""
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "hydra_plugins/blocks_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    subprocess.run([venv / "bin" / "pip", "install", *QUIET_LOCAL, str(wheel)], check=True)
+    subprocess.run(
+        [venv / "bin" / "pip", "install", *QUIET_LOCAL, str(wheel)], check=True, env=OUTSIDE_CHECKOUT
+    )
     return venv
 
 
@@ -36,6 +42,7 @@ def test_installed_cli_finds_recipes_and_presets(installed: Path, tmp_path: Path
         text=True,
         cwd=tmp_path,
         check=True,
+        env=OUTSIDE_CHECKOUT,
     )
     assert str(installed) in where.stdout, "the wheel, not the checkout, must be imported"
     for recipe in ("charlm", "blobs", "tiny_lm"):
@@ -44,11 +51,17 @@ def test_installed_cli_finds_recipes_and_presets(installed: Path, tmp_path: Path
             capture_output=True,
             text=True,
             cwd=tmp_path,
+            env=OUTSIDE_CHECKOUT,
         )
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["recipe"] == recipe
     listing = subprocess.run(
-        [blocks, "list", "--json"], capture_output=True, text=True, cwd=tmp_path, check=True
+        [blocks, "list", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+        env=OUTSIDE_CHECKOUT,
     )
     assert {e["name"] for e in json.loads(listing.stdout)} >= {"text", "transformer", "adamw"}
 
@@ -59,5 +72,6 @@ def test_installed_wheel_offers_the_ray_sweep_launcher(installed: Path, tmp_path
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=OUTSIDE_CHECKOUT,
     )
     assert result.returncode == 0, result.stderr
