@@ -273,10 +273,10 @@ def initialize_hydra(job_name: str) -> None:
 
 
 def resolver_calls(value: str, resolver: str) -> list[str] | None:
-    """The calls of *resolver* in the text of a config value, each as written; None if it does not parse.
+    r"""The calls of *resolver* in the text of a config value, each as written; None if it does not parse.
 
     Walks OmegaConf's own parse tree (its generated ANTLR grammar, an internal module), so
-    spacing (``${ oc.env :X}``), nesting (``${oc.decode:${oc.env:X}}``) and escapes (``\\${...}``)
+    spacing (``${ oc.env :X}``), nesting (``${oc.decode:${oc.env:X}}``) and escapes (``\${...}``)
     count exactly as they do when OmegaConf resolves the value.
     """
     from omegaconf import grammar_parser
