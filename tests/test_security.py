@@ -25,7 +25,7 @@ import pytest
 from blocks.cli.main import main
 from blocks.spec.errors import ConfigError
 from blocks.spec.imports import resolve
-from tests.conftest import read_summary, run_in_process
+from tests.conftest import read_summary, run_cli, run_in_process
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -716,6 +716,84 @@ def test_a_run_reads_environment_values_that_its_files_do_not_hold(
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
             assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_a_plan_problem_quoting_an_environment_value_hides_it(
+    flags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A problem's message may quote a field (a path that holds no checkpoint): the value stays hidden."""
+    secret = "s3cr3t-in-a-message"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    result = run_in_process(
+        ["plan", *flags, "recipe=blobs", "checkpoint.resume=/nonexistent/${oc.env:BLOCKS_TEST_SECRET}"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    unwrapped = re.sub(r"[\s│]", "", result.output)
+    assert secret not in unwrapped
+    assert "/nonexistent/${oc.env:BLOCKS_TEST_SECRET}isnotacommittedcheckpoint" in unwrapped
+
+
+def hidden_everywhere(secret: str, output: str, run_dir: Path) -> None:
+    """*secret* is in neither the command's output nor any text file of *run_dir*."""
+    assert secret not in re.sub(r"[\s│]", "", output), output[-3000:]
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log", ".txt"):
+            assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.slow
+def test_a_failing_run_hides_environment_values_in_its_output_log_and_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warning (blocks.log) and the error that ends the run (summary.json) quote paths read from the environment."""
+    secret = "s3cr3t-in-a-path"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    run_dir = tmp_path / "run"
+    result = run_in_process(
+        [
+            "run",
+            "recipe=blobs",
+            "debug=fast",
+            "checkpoint.dir=memory://ck-${oc.env:BLOCKS_TEST_SECRET}",
+            f"model.init_from={tmp_path}/nothing-${{oc.env:BLOCKS_TEST_SECRET}}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    hidden_everywhere(secret, result.output, run_dir)
+    assert (
+        "memory://ck-${oc.env:BLOCKS_TEST_SECRET} keeps checkpoints in memory"
+        in (run_dir / "blocks.log").read_text()
+    )
+    assert "nothing-${oc.env:BLOCKS_TEST_SECRET}: nothing exists there" in read_summary(run_dir)["reason"]
+
+
+@pytest.mark.slow
+def test_torchrun_workers_hide_environment_values_in_what_they_print(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cr3t-in-a-worker"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            "run",
+            "recipe=blobs",
+            "debug=fast",
+            "strategy=ddp",
+            "trainer.devices=2",
+            f"model.init_from={tmp_path}/nothing-${{oc.env:BLOCKS_TEST_SECRET}}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0 and "nothing-${oc.env:BLOCKS_TEST_SECRET}" in result.output, result.output[
+        -3000:
+    ]
+    hidden_everywhere(secret, result.output, run_dir)
 
 
 def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, monkeypatch) -> None:

@@ -639,8 +639,9 @@ def run_captured(argv: Sequence[str]) -> tuple[int, str]:
     global stdout, stderr
     buffer = io.StringIO()
     saved = stdout, stderr
-    stdout = Console(file=buffer, width=200, soft_wrap=False)
-    stderr = Console(file=buffer, width=200)
+    # no file of their own: they write to sys.stdout/sys.stderr, as the real consoles do, where main() hides values
+    stdout = Console(width=200, soft_wrap=False)
+    stderr = Console(stderr=True, width=200)
     code: int = 0
     try:
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), _root_logging_restored():
@@ -722,11 +723,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             dispatch = lambda: cmd_data(args)  # noqa: E731
         else:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
-    try:
-        load_catalog()
-        code = dispatch()
-    except BlocksError as exc:
-        code = _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
+    from blocks.core.masking import hiding_output
+
+    with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
+        try:
+            load_catalog()
+            code = dispatch()
+        except BlocksError as exc:
+            code = _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
     sys.exit(code)
 
 

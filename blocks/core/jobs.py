@@ -28,6 +28,7 @@ from blocks.core.compose import (
 from blocks.core.environment import Environment
 from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
+from blocks.core.masking import hide_environment_values
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
 from blocks.core.secrets import KeyPath, env_interpolations
@@ -367,7 +368,8 @@ def plan_blocks(
     inputs (I/O, e.g. ``data.source`` into the cache); :func:`~blocks.core.plan.make_plan`
     checks and derives (pure); then, with *check_storage*, the checks that read storage (the
     checkpoint to resume) add their problems. *config* is the config the blocks were built
-    from: the plan shows the values it reads from the environment as their interpolation.
+    from: the plan shows the values it reads from the environment as their interpolation, and
+    this process hides them from here on (:mod:`blocks.core.masking`).
     """
     packages.refuse_incompatible_blocks(blocks.values())
     data = blocks.get("data")
@@ -375,6 +377,7 @@ def plan_blocks(
         data.prepare()
     plan = make_plan(blocks, choices, environment)
     if config is not None:
+        hide_environment_values(config)
         plan = dataclasses.replace(plan, from_environment=env_interpolations(config))
     return preflight(plan) if check_storage else plan
 

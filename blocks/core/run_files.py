@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from blocks.core.masking import hidden_values
+
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.csv"
@@ -63,10 +65,10 @@ class Summary:
     checkpoint_stall_s: float = 0.0
 
     def write(self, run_dir: Path) -> None:
-        """Write ``summary.json`` atomically (a reader never sees half a file)."""
+        """Write ``summary.json`` atomically (a reader never sees half a file), environment values hidden."""
         path = run_dir / SUMMARY_FILE
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.write_text(json.dumps(hidden_values(asdict(self)), indent=2) + "\n")
         tmp.replace(path)
 
     @classmethod

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
+from blocks.core.masking import hiding_output
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
@@ -239,7 +240,8 @@ def _run_process(run_dir: Path) -> int:
     _record_rank(run_dir, STARTED)
     try:
         _log_warnings_to_run_dir(run_dir)
-        code = run_worker(run_dir)
+        with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
+            code = run_worker(run_dir)
     finally:
         _record_rank(run_dir, EXITED)
     _finalize_mpi()
