@@ -796,6 +796,25 @@ def test_torchrun_workers_hide_environment_values_in_what_they_print(
     hidden_everywhere(secret, result.output, run_dir)
 
 
+def test_log_records_hide_environment_values_and_logging_still_reports_bad_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from blocks.core.masking import hide_environment_values
+
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", "s3cr3t-logged")
+    hide_environment_values(OmegaConf.create({"token": "${oc.env:BLOCKS_TEST_SECRET}"}))
+    make = logging.getLogRecordFactory()
+    record = make("blocks", logging.WARNING, __file__, 1, "token %s", ("s3cr3t-logged",), None)
+    assert record.getMessage() == "token ${oc.env:BLOCKS_TEST_SECRET}"
+    record = make("blocks", logging.WARNING, __file__, 1, "%s and %s", ("one",), None)  # one argument short
+    with pytest.raises(TypeError):
+        record.getMessage()  # left for the handler to report, as logging does
+
+
 def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, monkeypatch) -> None:
     """Every logger receives the config as hyperparameters; a ``${oc.env:...}`` secret must not reach its server."""
     from blocks.core import jobs

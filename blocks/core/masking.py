@@ -33,6 +33,8 @@ MIN_HIDDEN_LENGTH = 4
 
 _hidden: dict[str, str] = {}
 """This process's environment values, each with what is shown in its place."""
+_longest_first: tuple[str, ...] = ()
+"""The keys of :data:`_hidden`, longest first; replaced whole, so a thread reading it never sees it change."""
 
 
 def hide_environment_values(config: DictConfig) -> None:
@@ -41,9 +43,11 @@ def hide_environment_values(config: DictConfig) -> None:
     Also each string inside a value that holds YAML (read with ``${oc.decode:${oc.env:...}}``).
     Log records made from now on hide them too.
     """
+    global _longest_first
     for raw in env_interpolations(config).values():
         for call in environment_reads(raw):
             _hide_read(call)
+    _longest_first = tuple(sorted(_hidden, key=len, reverse=True))
     factory = logging.getLogRecordFactory()
     if _hidden and not getattr(factory, "hides_environment_values", False):
         logging.setLogRecordFactory(_hiding_record_factory(factory))
@@ -81,7 +85,7 @@ def _strings(value: Any) -> Iterator[str]:
 
 def hidden(text: str) -> str:
     """*text* with every hidden value replaced by ``${oc.env:NAME}`` (longest values first)."""
-    for value in sorted(_hidden, key=len, reverse=True):
+    for value in _longest_first:
         if value in text:
             text = text.replace(value, _hidden[value])
     return text
@@ -109,7 +113,10 @@ def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callabl
         record = factory(*args, **kwargs)
         if not _hidden:
             return record
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # arguments that do not fit the message: the handler reports that, as always
+            return record
         shown = hidden(message)
         if shown != message:
             record.msg, record.args = shown, None
