@@ -815,6 +815,57 @@ def test_log_records_hide_environment_values_and_logging_still_reports_bad_argum
         record.getMessage()  # left for the handler to report, as logging does
 
 
+def test_the_password_of_a_url_read_from_the_environment_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL's password is hidden whatever the variable is called; the rest of the URL is shown."""
+    from omegaconf import OmegaConf
+
+    from blocks.core.masking import hidden, hide_environment_values
+
+    monkeypatch.setenv("BLOCKS_TEST_TRACKING_URI", "http://bob:pa55-in-a-url@tracking.example:5000")
+    hide_environment_values(OmegaConf.create({"monitor": {"uri": "${oc.env:BLOCKS_TEST_TRACKING_URI}"}}))
+    shown = hidden("cannot reach http://bob:pa55-in-a-url@tracking.example:5000/api")
+    assert shown == "cannot reach http://bob:${oc.env:BLOCKS_TEST_TRACKING_URI}@tracking.example:5000/api"
+
+
+def test_an_uncaught_traceback_hides_secrets(tmp_path: Path) -> None:
+    """What the interpreter prints for an exception that ends the process (``HYDRA_FULL_ERROR=1``, a worker)."""
+    script = (
+        "from omegaconf import OmegaConf\n"
+        "from blocks.core.masking import hide_environment_values\n"
+        "hide_environment_values(OmegaConf.create({'key': '${oc.env:BLOCKS_TEST_TOKEN}'}))\n"
+        "raise RuntimeError('cannot reach https://user:s3cr3t-uncaught@example.invalid')\n"
+    )
+    env = {**os.environ, "BLOCKS_TEST_TOKEN": "s3cr3t-uncaught"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert (
+        result.returncode == 1
+        and "RuntimeError: cannot reach https://user:${oc.env:BLOCKS_TEST_TOKEN}@" in result.stderr
+    )
+    assert "s3cr3t-uncaught" not in result.stderr
+
+
+@pytest.mark.slow
+def test_environment_values_that_name_no_secret_are_shown_as_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only secrets are hidden: a word or a number read from the environment may be in any text, file or key."""
+    monkeypatch.setenv("BLOCKS_TEST_WORD", "completed")
+    monkeypatch.setenv("BLOCKS_TEST_BATCH", "16")
+    args = ["recipe=blobs", "debug=fast", "+monitor.logger_args.note=${oc.env:BLOCKS_TEST_WORD}"]
+    args.append("data.batch_size=${oc.env:BLOCKS_TEST_BATCH}")
+    plan = run_in_process(["plan", "--json", *args], cwd=tmp_path)
+    assert plan.returncode == 0, plan.output[-3000:]
+    assert json.loads(plan.output[plan.output.index("{") :])["derived"]["micro_batch"] == 16
+    run_dir = tmp_path / "run"
+    result = run_in_process(["run", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(run_dir)["status"] == "completed"
+    unwrapped = re.sub(r"[\s│]", "", result.output)
+    assert unwrapped.count("${oc.env:BLOCKS_TEST_WORD}") == 1, "the plan's setting, and no other text"
+
+
 def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, monkeypatch) -> None:
     """Every logger receives the config as hyperparameters; a ``${oc.env:...}`` secret must not reach its server."""
     from blocks.core import jobs

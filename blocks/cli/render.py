@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from blocks.core.masking import hidden
 from blocks.core.packages import API_VERSION, package_of
 from blocks.core.plan import MemoryEstimate, Plan, format_bytes
 from blocks.spec.block import block_fields
@@ -127,9 +128,9 @@ def problems_text(problems: Iterable[Problem]) -> Text:
         text.append(f"{problem.severity} ", style=style)
         if problem.key:
             text.append(f"{problem.key}: ", style="bold")
-        text.append(problem.message + "\n")
+        text.append(hidden(problem.message) + "\n")  # before rich wraps it over lines
         if problem.fix:
-            text.append(f"    fix: {problem.fix}\n", style="dim")
+            text.append(f"    fix: {hidden(problem.fix)}\n", style="dim")
     text.rstrip()
     return text
 

@@ -28,7 +28,7 @@ from blocks.core.compose import (
 from blocks.core.environment import Environment
 from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
-from blocks.core.masking import hide_environment_values
+from blocks.core.masking import hidden, hide_environment_values
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
 from blocks.core.secrets import KeyPath, env_interpolations
@@ -369,7 +369,8 @@ def plan_blocks(
     checks and derives (pure); then, with *check_storage*, the checks that read storage (the
     checkpoint to resume) add their problems. *config* is the config the blocks were built
     from: the plan shows the values it reads from the environment as their interpolation, and
-    this process hides them from here on (:mod:`blocks.core.masking`).
+    this process hides the secrets among them from here on, in the plan's problems too
+    (:mod:`blocks.core.masking`).
     """
     packages.refuse_incompatible_blocks(blocks.values())
     data = blocks.get("data")
@@ -378,7 +379,10 @@ def plan_blocks(
     plan = make_plan(blocks, choices, environment)
     if config is not None:
         hide_environment_values(config)
-        plan = dataclasses.replace(plan, from_environment=env_interpolations(config))
+        problems = tuple(
+            dataclasses.replace(p, message=hidden(p.message), fix=hidden(p.fix)) for p in plan.problems
+        )
+        plan = dataclasses.replace(plan, from_environment=env_interpolations(config), problems=problems)
     return preflight(plan) if check_storage else plan
 
 

@@ -1,75 +1,104 @@
-"""Values read from the environment are hidden in what a process prints, logs and writes for people.
+"""Secrets read from the environment are hidden in the text a process shows people.
 
 :mod:`blocks.core.secrets` keeps ``${oc.env:VAR}`` values out of the config fields a run writes.
-A value can still reach a text on its way: an error that quotes a checkpoint path, a logger
-that fails to reach a URL holding a password. Like a CI system's secret masking (or Airflow's
-secrets masker), each process registers the values its config reads from the environment
-(:func:`hide_environment_values`), and every text it shows passes through :func:`hidden`:
-its output streams (:func:`hiding_output`), its log handlers, ``summary.json`` and
-``plan.json``. Each value is replaced by ``${oc.env:NAME}``, which says where it came from.
+A secret can still reach a text on its way: an error that quotes a checkpoint URL, a logger
+that fails to reach a server whose URL holds a password. As Airflow's secrets masker does, each
+process registers the secrets its config reads from the environment
+(:func:`hide_environment_values`) and shows ``${oc.env:NAME}`` in their place in what it prints
+(:func:`hiding_output`), in its log records, in uncaught tracebacks, and in the free-text parts
+of the files it writes (problem messages, ``summary.json``'s reason): :func:`hidden`.
 
-Not hidden: values shorter than :data:`MIN_HIDDEN_LENGTH` (a seed or a flag would hide every
-digit), a default used because the variable is unset, and a value a text shows escaped (JSON
-escapes quotes and backslashes in a string).
+Only secrets are hidden, because hiding replaces text wherever it appears: an environment value
+counts as one when the variable's name or the config key reading it names a secret
+(:data:`SECRET_WORDS`: ``WANDB_API_KEY``, ``monitor.logger_args.token``), and so does the
+password of a URL read from the environment. A batch size, a path or a flag read from the
+environment is shown as it is. Values shorter than :data:`MIN_HIDDEN_LENGTH` are never hidden.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from blocks.core.secrets import env_interpolations, environment_reads
+from blocks.core.secrets import KeyPath, env_interpolations, environment_reads
 
-MIN_HIDDEN_LENGTH = 4
-"""The length from which an environment value is hidden."""
+SECRET_WORDS = (
+    "secret",
+    "token",
+    "password",
+    "passwd",
+    "passphrase",
+    "api_key",
+    "apikey",
+    "access_key",
+    "private_key",
+    "credential",
+    "authorization",
+)
+"""Words (in lower case) that make an environment variable's name, or a config key, name a secret."""
+
+MIN_HIDDEN_LENGTH = 5
+"""The length from which a secret is hidden: a shorter one would hide common words."""
 
 _hidden: dict[str, str] = {}
-"""This process's environment values, each with what is shown in its place."""
+"""This process's secrets, each with what is shown in its place."""
 _longest_first: tuple[str, ...] = ()
 """The keys of :data:`_hidden`, longest first; replaced whole, so a thread reading it never sees it change."""
+_VARIABLE = re.compile(r"oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)\s*[,}]")
 
 
 def hide_environment_values(config: DictConfig) -> None:
-    """From now on in this process, hide each value *config* reads from the environment.
+    """From now on in this process, hide each secret *config* reads from the environment.
 
-    Also each string inside a value that holds YAML (read with ``${oc.decode:${oc.env:...}}``).
-    Log records made from now on hide them too.
+    Also each string inside a secret that holds YAML (read with ``${oc.decode:${oc.env:...}}``).
     """
     global _longest_first
-    for raw in env_interpolations(config).values():
+    for path, raw in env_interpolations(config).items():
         for call in environment_reads(raw):
-            _hide_read(call)
+            _hide_read(call, path)
     _longest_first = tuple(sorted(_hidden, key=len, reverse=True))
-    factory = logging.getLogRecordFactory()
-    if _hidden and not getattr(factory, "hides_environment_values", False):
-        logging.setLogRecordFactory(_hiding_record_factory(factory))
+    if _hidden:
+        _hide_in_log_records_and_tracebacks()
 
 
-def _hide_read(call: str) -> None:
-    try:
-        value = OmegaConf.create({"value": call}).value
-    except OmegaConfBaseException:  # its argument is another key: the whole config resolves it, not this
+def _hide_read(call: str, path: KeyPath) -> None:
+    match = _VARIABLE.search(call)
+    value = os.environ.get(match.group(1)) if match else None
+    if match is None or value is None:  # a default used because the variable is unset is no secret
         return
-    name = next((name for name, env in os.environ.items() if env == value), None)
-    if name is None or not isinstance(value, str) or len(value) < MIN_HIDDEN_LENGTH:
-        return
-    shown = f"${{oc.env:{name}}}"
-    _hidden[value] = shown
-    try:
-        decoded = yaml.safe_load(value)
-    except yaml.YAMLError:
-        return
-    for leaf in _strings(decoded):
-        if len(leaf) >= MIN_HIDDEN_LENGTH:
-            _hidden.setdefault(leaf, shown)
+    shown = f"${{oc.env:{match.group(1)}}}"
+    names = f"{match.group(1)} {'.'.join(map(str, path))}".lower()
+    if any(word in names for word in SECRET_WORDS):
+        _hide(value, shown)
+        try:
+            decoded = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return
+        for leaf in _strings(decoded):
+            _hide(leaf, shown)
+    else:
+        try:
+            password = urlsplit(value).password
+        except ValueError:
+            return
+        if password:
+            _hide(password, shown)
+
+
+def _hide(value: str, shown: str) -> None:
+    if len(value) >= MIN_HIDDEN_LENGTH:
+        _hidden.setdefault(value, shown)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -84,35 +113,32 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 def hidden(text: str) -> str:
-    """*text* with every hidden value replaced by ``${oc.env:NAME}`` (longest values first)."""
+    """*text* with every secret of this process replaced by ``${oc.env:NAME}`` (longest first)."""
     for value in _longest_first:
         if value in text:
             text = text.replace(value, _hidden[value])
     return text
 
 
-def hidden_values(value: Any) -> Any:
-    """A JSON-ready *value* with :func:`hidden` applied to every string in it (keys included)."""
-    if not _hidden:
-        return value
-    if isinstance(value, dict):
-        return {hidden_values(k): hidden_values(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [hidden_values(v) for v in value]
-    return hidden(value) if isinstance(value, str) else value
+def _hide_in_log_records_and_tracebacks() -> None:
+    """Make log records and uncaught tracebacks hide secrets (once per process)."""
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "hides_secrets", False):
+        logging.setLogRecordFactory(_hiding_record_factory(factory))
+    if not getattr(sys.excepthook, "hides_secrets", False):
+        sys.excepthook = _hiding_excepthook(sys.excepthook)
 
 
 def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
-    """*factory* (logging's record factory), making records whose message and traceback hide environment values.
+    """*factory* (logging's record factory), making records whose message and traceback hide secrets.
 
     At the record's making rather than in a handler's filter: Hydra makes its job's log
-    handlers anew for each job, after the values were registered.
+    handlers anew for each job, after the secrets were registered. A record is changed only
+    when it shows a secret.
     """
 
     def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = factory(*args, **kwargs)
-        if not _hidden:
-            return record
         try:
             message = record.getMessage()
         except Exception:  # arguments that do not fit the message: the handler reports that, as always
@@ -120,12 +146,30 @@ def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callabl
         shown = hidden(message)
         if shown != message:
             record.msg, record.args = shown, None
-        if record.exc_info:
-            record.exc_text = hidden(logging.Formatter().formatException(record.exc_info))
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            if hidden(text) != text:
+                record.exc_text = hidden(text)
         return record
 
-    make.hides_environment_values = True  # type: ignore[attr-defined]
+    make.hides_secrets = True  # type: ignore[attr-defined]
     return make
+
+
+def _hiding_excepthook(
+    hook: Callable[[type[BaseException], BaseException, TracebackType | None], Any],
+) -> Callable[[type[BaseException], BaseException, TracebackType | None], Any]:
+    """*hook* (``sys.excepthook``), printing a traceback that shows a secret with the secret hidden."""
+
+    def excepthook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> Any:
+        text = "".join(traceback.format_exception(kind, error, trace))
+        if hidden(text) == text:
+            return hook(kind, error, trace)
+        sys.stderr.write(hidden(text))
+        return None
+
+    excepthook.hides_secrets = True  # type: ignore[attr-defined]
+    return excepthook
 
 
 class _HidingStream:
@@ -135,8 +179,11 @@ class _HidingStream:
         self.wrapped = stream
 
     def write(self, text: str) -> int:
-        self.wrapped.write(hidden(text) if _hidden else text)
+        self.wrapped.write(hidden(text))
         return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        self.wrapped.writelines(hidden(line) for line in lines)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
@@ -144,11 +191,11 @@ class _HidingStream:
 
 @contextmanager
 def hiding_output() -> Iterator[None]:
-    """Hide environment values in everything written to ``sys.stdout`` and ``sys.stderr`` meanwhile.
+    """Hide secrets in everything written to ``sys.stdout`` and ``sys.stderr`` meanwhile.
 
     Rich consoles, ``print``, tracebacks and log handlers made meanwhile write through the
-    wrapped streams. Output written by other processes, or by C code to the file descriptors,
-    is not seen: each blocks process wraps its own.
+    wrapped streams. A secret split over two writes, output written by other processes, and
+    output C code writes to the file descriptors are not seen: each blocks process wraps its own.
     """
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _HidingStream(sys.stdout), _HidingStream(sys.stderr)

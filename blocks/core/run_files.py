@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from blocks.core.masking import hidden_values
+from blocks.core.masking import hidden
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -65,10 +65,14 @@ class Summary:
     checkpoint_stall_s: float = 0.0
 
     def write(self, run_dir: Path) -> None:
-        """Write ``summary.json`` atomically (a reader never sees half a file), environment values hidden."""
+        """Write ``summary.json`` atomically (a reader never sees half a file), secrets hidden in its texts."""
         path = run_dir / SUMMARY_FILE
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(hidden_values(asdict(self)), indent=2) + "\n")
+        data = asdict(self)
+        for text in ("reason", "resumed_from"):  # free text, read back by people only
+            if isinstance(data[text], str):
+                data[text] = hidden(data[text])
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(path)
 
     @classmethod

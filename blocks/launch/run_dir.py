@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import config_to_blocks
-from blocks.core.masking import hidden_values, hide_environment_values
+from blocks.core.masking import hide_environment_values
 from blocks.core.plan import Plan
 from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exported for launch)
     CHECKPOINTS_DIR,
@@ -39,7 +39,7 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
     shown = dataclasses.replace(plan, from_environment=env_interpolations(config))  # what is written decides
-    (run_dir / PLAN_FILE).write_text(json.dumps(hidden_values(shown.to_json()), indent=2) + "\n")
+    (run_dir / PLAN_FILE).write_text(json.dumps(shown.to_json(), indent=2) + "\n")
 
 
 @dataclass(frozen=True)
