@@ -55,7 +55,8 @@ _hidden: dict[str, str] = {}
 """This process's secrets, each with what is shown in its place."""
 _longest_first: tuple[str, ...] = ()
 """The keys of :data:`_hidden`, longest first; replaced whole, so a thread reading it never sees it change."""
-_VARIABLE = re.compile(r"oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)\s*[,}]")
+_VARIABLE = re.compile(r"oc\.env\s*:\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1\s*[,}]")
+"""The variable an ``oc.env`` call reads: ``${oc.env:NAME}``, ``${ oc.env : 'NAME', default}``."""
 
 
 def hide_environment_values(config: DictConfig) -> None:
@@ -74,11 +75,12 @@ def hide_environment_values(config: DictConfig) -> None:
 
 def _hide_read(call: str, path: KeyPath) -> None:
     match = _VARIABLE.search(call)
-    value = os.environ.get(match.group(1)) if match else None
-    if match is None or value is None:  # a default used because the variable is unset is no secret
+    variable = match.group(2) if match else ""
+    value = os.environ.get(variable) if variable else None
+    if value is None:  # a default used because the variable is unset is no secret
         return
-    shown = f"${{oc.env:{match.group(1)}}}"
-    names = f"{match.group(1)} {'.'.join(map(str, path))}".lower()
+    shown = f"${{oc.env:{variable}}}"
+    names = f"{variable} {'.'.join(map(str, path))}".lower()
     if any(word in names for word in SECRET_WORDS):
         _hide(value, shown)
         try:
