@@ -772,12 +772,17 @@ def test_a_failing_run_hides_environment_values_in_its_output_log_and_summary(
 
 
 @pytest.mark.slow
-def test_torchrun_workers_hide_environment_values_in_what_they_print(
+def test_torchrun_workers_and_torchrun_hide_secrets_in_what_they_print(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A worker's uncaught error reaches the worker's output, torchrun's failure account and the summary."""
     secret = "s3cr3t-in-a-worker"
     monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
     run_dir = tmp_path / "run"
+    callback = (
+        "{_target_: pytorch_lightning.callbacks.StochasticWeightAveraging, swa_lrs: 0.01, swa_epoch_start: 1, "
+        "device: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'}"  # Lightning raises quoting the device
+    )
     result = run_cli(
         [
             "run",
@@ -785,15 +790,35 @@ def test_torchrun_workers_hide_environment_values_in_what_they_print(
             "debug=fast",
             "strategy=ddp",
             "trainer.devices=2",
-            f"model.init_from={tmp_path}/nothing-${{oc.env:BLOCKS_TEST_SECRET}}",
+            f"trainer.callbacks=[{callback}]",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
     )
-    assert result.returncode != 0 and "nothing-${oc.env:BLOCKS_TEST_SECRET}" in result.output, result.output[
-        -3000:
-    ]
+    assert result.returncode != 0, result.output[-3000:]
+    assert "Invalid device string: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'" in result.output, result.output[-3000:]
     hidden_everywhere(secret, result.output, run_dir)
+
+
+def test_secrets_in_overrides_are_hidden_in_composition_errors_and_only_whole_secrets_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A composition error quotes the value an override read; a secret that is a word of other text is left alone."""
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", "not-a-number-s3cr3t")
+    failed = run_in_process(
+        ["plan", "recipe=blobs", "trainer.max_steps=${oc.env:BLOCKS_TEST_SECRET}"], cwd=tmp_path
+    )
+    assert failed.returncode == 2 and "trainer.max_steps" in failed.output, failed.output[-3000:]
+    assert "not-a-number-s3cr3t" not in re.sub(r"[\s│]", "", failed.output)
+    monkeypatch.setenv("BLOCKS_TEST_TOKEN", "false")  # shorter than a secret worth hiding
+    monkeypatch.setenv("BLOCKS_TEST_PASSWORD", "2024-13-45")  # YAML reads it as an impossible date
+    args = [
+        "+monitor.logger_args.a=${oc.env:BLOCKS_TEST_TOKEN}",
+        "+monitor.logger_args.b=${oc.env:BLOCKS_TEST_PASSWORD}",
+    ]
+    plan = run_in_process(["plan", "--json", "recipe=blobs", *args], cwd=tmp_path)
+    assert plan.returncode == 0, plan.output[-3000:]
+    assert json.loads(plan.output[plan.output.index("{") :])["valid"] is True
 
 
 def test_log_records_hide_environment_values_and_logging_still_reports_bad_arguments(

@@ -28,7 +28,7 @@ from blocks.core.compose import (
 from blocks.core.environment import Environment
 from blocks.core.hydra_node import hydra_problems
 from blocks.core.launcher import launcher_problems
-from blocks.core.masking import hidden, hide_environment_values
+from blocks.core.masking import hidden, hide_environment_values, hide_environment_values_in_overrides
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
 from blocks.core.secrets import KeyPath, env_interpolations
@@ -139,6 +139,7 @@ def _job_once(
 
     catalogs.current().prepare(overrides)
     packages.refuse_unusable(packages.namespaces_in(overrides))
+    hide_environment_values_in_overrides(overrides)  # a composition error may quote the value
     try:
         try:
             raw = _compose_raw(overrides, config_dir)

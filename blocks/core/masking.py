@@ -21,10 +21,9 @@ import logging
 import os
 import re
 import sys
-import traceback
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
@@ -35,26 +34,32 @@ from blocks.core.secrets import KeyPath, env_interpolations, environment_reads
 
 SECRET_WORDS = (
     "secret",
+    "secrets",
     "token",
+    "tokens",
     "password",
+    "passwords",
     "passwd",
+    "pass",
     "passphrase",
-    "api_key",
+    "key",
     "apikey",
-    "access_key",
-    "private_key",
     "credential",
+    "credentials",
     "authorization",
 )
-"""Words (in lower case) that make an environment variable's name, or a config key, name a secret."""
+"""Words that make an environment variable's name, or a config key, name a secret: ``WANDB_API_KEY``,
+``HF_TOKEN``, ``DB_PASS``, ``monitor.logger_args.token`` (whole words between ``_``, ``.`` or ``-``,
+in any case; ``data.tokenizer`` names none)."""
+_SECRET_NAME = re.compile(rf"(?<![a-z0-9])(?:{'|'.join(SECRET_WORDS)})(?![a-z0-9])")
 
-MIN_HIDDEN_LENGTH = 5
-"""The length from which a secret is hidden: a shorter one would hide common words."""
+MIN_HIDDEN_LENGTH = 8
+"""The length from which a secret is hidden: a shorter one could be a word or a number of any text."""
 
 _hidden: dict[str, str] = {}
 """This process's secrets, each with what is shown in its place."""
-_longest_first: tuple[str, ...] = ()
-"""The keys of :data:`_hidden`, longest first; replaced whole, so a thread reading it never sees it change."""
+_pattern: re.Pattern[str] | None = None
+"""Any of :data:`_hidden`, longest first, as a whole word; replaced whole, so a thread never sees it change."""
 _VARIABLE = re.compile(r"oc\.env\s*:\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1\s*[,}]")
 """The variable an ``oc.env`` call reads: ``${oc.env:NAME}``, ``${ oc.env : 'NAME', default}``."""
 
@@ -64,12 +69,30 @@ def hide_environment_values(config: DictConfig) -> None:
 
     Also each string inside a secret that holds YAML (read with ``${oc.decode:${oc.env:...}}``).
     """
-    global _longest_first
     for path, raw in env_interpolations(config).items():
         for call in environment_reads(raw):
             _hide_read(call, path)
-    _longest_first = tuple(sorted(_hidden, key=len, reverse=True))
+    _compile()
+
+
+def hide_environment_values_in_overrides(overrides: Iterable[str]) -> None:
+    """Hide the secrets command-line *overrides* read from the environment, before they are composed.
+
+    An override whose value does not fit its key is reported by the composition, which may quote
+    the value read.
+    """
+    for override in overrides:
+        key, _, value = override.partition("=")
+        for call in environment_reads(value):
+            _hide_read(call, tuple(key.lstrip("+~").split(".")))
+    _compile()
+
+
+def _compile() -> None:
+    global _pattern
     if _hidden:
+        values = "|".join(re.escape(value) for value in sorted(_hidden, key=len, reverse=True))
+        _pattern = re.compile(rf"(?<![A-Za-z0-9_])(?:{values})(?![A-Za-z0-9_])")
         _hide_in_log_records_and_tracebacks()
 
 
@@ -81,11 +104,11 @@ def _hide_read(call: str, path: KeyPath) -> None:
         return
     shown = f"${{oc.env:{variable}}}"
     names = f"{variable} {'.'.join(map(str, path))}".lower()
-    if any(word in names for word in SECRET_WORDS):
+    if _SECRET_NAME.search(names):
         _hide(value, shown)
         try:
             decoded = yaml.safe_load(value)
-        except yaml.YAMLError:
+        except Exception:  # not YAML (a date out of range raises ValueError, not YAMLError)
             return
         for leaf in _strings(decoded):
             _hide(leaf, shown)
@@ -115,11 +138,13 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 def hidden(text: str) -> str:
-    """*text* with every secret of this process replaced by ``${oc.env:NAME}`` (longest first)."""
-    for value in _longest_first:
-        if value in text:
-            text = text.replace(value, _hidden[value])
-    return text
+    """*text* with every secret of this process, as a whole word, replaced by ``${oc.env:NAME}``.
+
+    A whole word: not inside a longer run of letters, digits and ``_`` (``user:SECRET@host`` and
+    ``Bearer SECRET`` are hidden; a number or a word that merely holds the secret's text is not).
+    """
+    pattern = _pattern
+    return text if pattern is None else pattern.sub(lambda match: _hidden[match.group(0)], text)
 
 
 def _hide_in_log_records_and_tracebacks() -> None:
@@ -129,6 +154,8 @@ def _hide_in_log_records_and_tracebacks() -> None:
         logging.setLogRecordFactory(_hiding_record_factory(factory))
     if not getattr(sys.excepthook, "hides_secrets", False):
         sys.excepthook = _hiding_excepthook(sys.excepthook)
+    if not getattr(threading.excepthook, "hides_secrets", False):
+        threading.excepthook = _hiding_excepthook(threading.excepthook)
 
 
 def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
@@ -158,17 +185,12 @@ def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callabl
     return make
 
 
-def _hiding_excepthook(
-    hook: Callable[[type[BaseException], BaseException, TracebackType | None], Any],
-) -> Callable[[type[BaseException], BaseException, TracebackType | None], Any]:
-    """*hook* (``sys.excepthook``), printing a traceback that shows a secret with the secret hidden."""
+def _hiding_excepthook(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """*hook* (``sys.excepthook`` or ``threading.excepthook``), writing through streams that hide secrets."""
 
-    def excepthook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> Any:
-        text = "".join(traceback.format_exception(kind, error, trace))
-        if hidden(text) == text:
-            return hook(kind, error, trace)
-        sys.stderr.write(hidden(text))
-        return None
+    def excepthook(*args: Any) -> Any:
+        with hiding_output():
+            return hook(*args)
 
     excepthook.hides_secrets = True  # type: ignore[attr-defined]
     return excepthook

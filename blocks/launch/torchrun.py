@@ -134,11 +134,14 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(children_environment({}))
     start_forkserver()
 
+    from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, get_args_parser
 
+    from blocks.core.masking import hide_environment_values, hiding_output
+    from blocks.core.run_files import CONFIG_FILE
     from blocks.launch.worker import forked_worker
 
     args = get_args_parser().parse_args(argv)
@@ -147,15 +150,18 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(args.training_script_args[-1])
     config, _, _ = config_from_args(args)
     logging.getLogger(ELASTIC_PROCESSES_LOGGER).addFilter(_without_traceback)
-    try:
-        elastic_launch(config, entrypoint=forked_worker)(str(run_dir))
-    except SignalException as exc:
-        print(f"blocks: torchrun stopped its workers on {exc.sigval.name}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except ChildFailedError as exc:
-        write_failures(run_dir, exc)
-        print(exc.format_msg(), file=sys.stderr, flush=True)
-        sys.exit(1)
+    # torchrun's failure account quotes the workers' errors
+    hide_environment_values(OmegaConf.load(run_dir / CONFIG_FILE))  # type: ignore[arg-type]
+    with hiding_output():
+        try:
+            elastic_launch(config, entrypoint=forked_worker)(str(run_dir))
+        except SignalException as exc:
+            print(f"blocks: torchrun stopped its workers on {exc.sigval.name}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except ChildFailedError as exc:
+            write_failures(run_dir, exc)
+            print(exc.format_msg(), file=sys.stderr, flush=True)
+            sys.exit(1)
 
 
 def start_forkserver() -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
-from blocks.core.masking import hiding_output
+from blocks.core.masking import hidden, hiding_output
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
@@ -150,7 +150,10 @@ def _print_summary(summary: Summary) -> None:
 
     from blocks.monitor.sinks import summary_table
 
-    Console(soft_wrap=False).print(summary_table(asdict(summary)))
+    shown = asdict(summary)
+    if shown["reason"]:
+        shown["reason"] = hidden(shown["reason"])  # before rich cuts it to fit the table
+    Console(soft_wrap=False).print(summary_table(shown))
 
 
 def _shut_down_process_group(*, wait_for_peers: bool) -> None:
