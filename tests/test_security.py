@@ -871,6 +871,63 @@ def test_an_uncaught_traceback_hides_secrets(tmp_path: Path) -> None:
     assert "s3cr3t-uncaught" not in result.stderr
 
 
+def test_which_names_and_which_parts_of_values_are_secrets(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+
+    from omegaconf import OmegaConf
+
+    from blocks.core.masking import hidden, hide_environment_values, names_a_secret
+
+    secrets = [
+        "HF_TOKEN",
+        "WANDB_API_KEY",
+        "PGPASSWORD",
+        "DB_PASS",
+        "GITHUB_PAT",
+        "clientSecret",
+        "accessToken",
+    ]
+    assert all(names_a_secret(name) for name in secrets)
+    assert not any(
+        names_a_secret(name) for name in ["tokenizer", "monkey", "PWD", "passthrough", "BATCH_SIZE"]
+    )
+    credentials = {
+        "type": "service_account",
+        "private_key": "s3cr3t-pem-body",
+        "client_email": "bot@example.iam",
+    }
+    monkeypatch.setenv("BLOCKS_TEST_CREDENTIALS", json.dumps(credentials))
+    monkeypatch.setenv(
+        "BLOCKS_TEST_SHARED_URL", "https://acct.blob.example/c?sv=2024-11-04&sig=s3cr3t-signature"
+    )
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", 'pa"ss\\word-s3cr3t')
+    config = {
+        name: f"${{oc.env:BLOCKS_TEST_{name.upper()}}}" for name in ("credentials", "shared_url", "secret")
+    }
+    hide_environment_values(OmegaConf.create(config))
+    assert (
+        hidden("service_account key s3cr3t-pem-body")
+        == "service_account key ${oc.env:BLOCKS_TEST_CREDENTIALS}"
+    )
+    shown = hidden("GET https://acct.blob.example/c?sv=2024-11-04&sig=s3cr3t-signature")
+    assert shown == "GET https://acct.blob.example/c?sv=2024-11-04&sig=${oc.env:BLOCKS_TEST_SHARED_URL}"
+    message = json.dumps({"message": 'cannot log in with pa"ss\\word-s3cr3t'})  # escaped in JSON
+    assert json.loads(hidden(message)) == {"message": "cannot log in with ${oc.env:BLOCKS_TEST_SECRET}"}
+
+    def fail() -> None:
+        raise RuntimeError("s3cr3t-pem-body rejected")
+
+    thread = threading.Thread(target=fail)
+    thread.start()
+    thread.join()
+    printed = capsys.readouterr().err
+    assert (
+        "RuntimeError: ${oc.env:BLOCKS_TEST_CREDENTIALS} rejected" in printed and "s3cr3t-pem" not in printed
+    )
+
+
 @pytest.mark.slow
 def test_environment_values_that_name_no_secret_are_shown_as_they_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -639,9 +639,9 @@ def run_captured(argv: Sequence[str]) -> tuple[int, str]:
     global stdout, stderr
     buffer = io.StringIO()
     saved = stdout, stderr
-    # no file of their own: they write to sys.stdout/sys.stderr, as the real consoles do, where main() hides values
-    stdout = Console(width=200, soft_wrap=False)
-    stderr = Console(stderr=True, width=200)
+    # no file of their own: they write to sys.stdout/sys.stderr (the buffer), where main() hides secrets
+    stdout = Console(width=200, soft_wrap=False, force_terminal=False, color_system=None)
+    stderr = Console(stderr=True, width=200, force_terminal=False, color_system=None)
     code: int = 0
     try:
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), _root_logging_restored():

@@ -10,22 +10,25 @@ of the files it writes (problem messages, ``summary.json``'s reason): :func:`hid
 
 Only secrets are hidden, because hiding replaces text wherever it appears: an environment value
 counts as one when the variable's name or the config key reading it names a secret
-(:data:`SECRET_WORDS`: ``WANDB_API_KEY``, ``monitor.logger_args.token``), and so does the
-password of a URL read from the environment. A batch size, a path or a flag read from the
-environment is shown as it is. Values shorter than :data:`MIN_HIDDEN_LENGTH` are never hidden.
+(:func:`names_a_secret`: ``WANDB_API_KEY``, ``monitor.logger_args.token``), and so do the parts
+of a URL that carry credentials. A batch size, a path or a flag read from the environment is
+shown as it is. Secrets shorter than :data:`MIN_HIDDEN_LENGTH` are never hidden, and a secret is
+hidden only as a whole word.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from omegaconf import DictConfig
@@ -34,27 +37,27 @@ from blocks.core.secrets import KeyPath, env_interpolations, environment_reads
 
 SECRET_WORDS = (
     "secret",
-    "secrets",
-    "token",
-    "tokens",
     "password",
-    "passwords",
     "passwd",
-    "pass",
     "passphrase",
-    "key",
-    "apikey",
     "credential",
-    "credentials",
+    "apikey",
     "authorization",
+    "connection_string",
 )
-"""Words that make an environment variable's name, or a config key, name a secret: ``WANDB_API_KEY``,
-``HF_TOKEN``, ``DB_PASS``, ``monitor.logger_args.token`` (whole words between ``_``, ``.`` or ``-``,
-in any case; ``data.tokenizer`` names none)."""
-_SECRET_NAME = re.compile(rf"(?<![a-z0-9])(?:{'|'.join(SECRET_WORDS)})(?![a-z0-9])")
+"""Words that make a name a secret's wherever they stand in it: ``AWS_SECRET_ACCESS_KEY``, ``PGPASSWORD``,
+``clientSecret``."""
+SECRET_WHOLE_WORDS = ("token", "tokens", "key", "keys", "pass", "pat", "sig", "signature")
+"""Words that make a name a secret's as whole words: ``HF_TOKEN``, ``WANDB_API_KEY``, ``DB_PASS``,
+``GITHUB_PAT``, ``monitor.logger_args.token``; not ``data.tokenizer`` or ``monkey``."""
+_SECRET_NAME = re.compile(
+    rf"{'|'.join(SECRET_WORDS)}|(?<![a-z0-9])(?:{'|'.join(SECRET_WHOLE_WORDS)})(?![a-z0-9])"
+)
 
 MIN_HIDDEN_LENGTH = 8
 """The length from which a secret is hidden: a shorter one could be a word or a number of any text."""
+MIN_URL_USER_LENGTH = 20
+"""The length from which a URL's user name without a password is taken for a token (``https://TOKEN@host``)."""
 
 _hidden: dict[str, str] = {}
 """This process's secrets, each with what is shown in its place."""
@@ -64,11 +67,13 @@ _VARIABLE = re.compile(r"oc\.env\s*:\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1\s*[,}]
 """The variable an ``oc.env`` call reads: ``${oc.env:NAME}``, ``${ oc.env : 'NAME', default}``."""
 
 
-def hide_environment_values(config: DictConfig) -> None:
-    """From now on in this process, hide each secret *config* reads from the environment.
+def names_a_secret(name: str) -> bool:
+    """Whether a variable's name or a config key names a secret (:data:`SECRET_WORDS`, :data:`SECRET_WHOLE_WORDS`)."""
+    return bool(_SECRET_NAME.search(re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()))
 
-    Also each string inside a secret that holds YAML (read with ``${oc.decode:${oc.env:...}}``).
-    """
+
+def hide_environment_values(config: DictConfig) -> None:
+    """From now on in this process, hide each secret *config* reads from the environment."""
     for path, raw in env_interpolations(config).items():
         for call in environment_reads(raw):
             _hide_read(call, path)
@@ -103,38 +108,53 @@ def _hide_read(call: str, path: KeyPath) -> None:
     if value is None:  # a default used because the variable is unset is no secret
         return
     shown = f"${{oc.env:{variable}}}"
-    names = f"{variable} {'.'.join(map(str, path))}".lower()
-    if _SECRET_NAME.search(names):
+    if names_a_secret(variable) or any(names_a_secret(str(key)) for key in path):
         _hide(value, shown)
-        try:
-            decoded = yaml.safe_load(value)
-        except Exception:  # not YAML (a date out of range raises ValueError, not YAMLError)
-            return
-        for leaf in _strings(decoded):
+        for leaf in _secret_leaves(value):
             _hide(leaf, shown)
-    else:
-        try:
-            password = urlsplit(value).password
-        except ValueError:
-            return
-        if password:
-            _hide(password, shown)
+    for part in _url_secrets(value):
+        _hide(part, shown)
 
 
 def _hide(value: str, shown: str) -> None:
+    """Hide *value*, also as JSON and Python's ``repr`` write it inside quotes."""
     if len(value) >= MIN_HIDDEN_LENGTH:
-        _hidden.setdefault(value, shown)
+        for form in (value, json.dumps(value)[1:-1], repr(value)[1:-1]):
+            _hidden.setdefault(form, shown)
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, dict):
-        for child in value.values():
-            yield from _strings(child)
-    elif isinstance(value, list):
-        for child in value:
-            yield from _strings(child)
-    elif isinstance(value, str):
-        yield value
+def _secret_leaves(value: str) -> Iterator[str]:
+    """The strings under keys that name a secret, in a secret that holds YAML or JSON (``{token: ..., user: ...}``)."""
+    try:
+        decoded = yaml.safe_load(value)
+    except Exception:  # not YAML (a date out of range raises ValueError, not YAMLError)
+        return
+    pending: list[tuple[bool, Any]] = [(False, decoded)]
+    while pending:
+        secret, node = pending.pop()
+        if isinstance(node, dict):
+            pending += [(secret or names_a_secret(str(key)), child) for key, child in node.items()]
+        elif isinstance(node, list):
+            pending += [(secret, child) for child in node]
+        elif secret and isinstance(node, str):
+            yield node
+
+
+def _url_secrets(value: str) -> list[str]:
+    """The password of a URL (or a long user name without one), and its query values named as secrets."""
+    try:
+        parts = urlsplit(value)
+        query = parse_qsl(parts.query)
+    except ValueError:
+        return []
+    if not parts.scheme or not parts.netloc:
+        return []
+    found = [value for name, value in query if names_a_secret(name)]
+    if parts.password:
+        found.append(parts.password)
+    elif parts.username and len(parts.username) >= MIN_URL_USER_LENGTH:
+        found.append(parts.username)
+    return found
 
 
 def hidden(text: str) -> str:
@@ -155,7 +175,7 @@ def _hide_in_log_records_and_tracebacks() -> None:
     if not getattr(sys.excepthook, "hides_secrets", False):
         sys.excepthook = _hiding_excepthook(sys.excepthook)
     if not getattr(threading.excepthook, "hides_secrets", False):
-        threading.excepthook = _hiding_excepthook(threading.excepthook)
+        threading.excepthook = _hiding_thread_excepthook(threading.excepthook)
 
 
 def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
@@ -186,11 +206,29 @@ def _hiding_record_factory(factory: Callable[..., logging.LogRecord]) -> Callabl
 
 
 def _hiding_excepthook(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """*hook* (``sys.excepthook`` or ``threading.excepthook``), writing through streams that hide secrets."""
+    """*hook* (``sys.excepthook``), run with streams that hide secrets (the process is ending)."""
 
     def excepthook(*args: Any) -> Any:
         with hiding_output():
             return hook(*args)
+
+    excepthook.hides_secrets = True  # type: ignore[attr-defined]
+    return excepthook
+
+
+def _hiding_thread_excepthook(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """*hook* (``threading.excepthook``); a traceback that shows a secret is written hidden instead.
+
+    Without swapping the process's streams, which other threads are using.
+    """
+
+    def excepthook(args: Any) -> Any:
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        if hidden(text) == text:
+            return hook(args)
+        name = args.thread.name if args.thread is not None else threading.get_ident()
+        sys.stderr.write(f"Exception in thread {name}:\n{hidden(text)}")
+        return None
 
     excepthook.hides_secrets = True  # type: ignore[attr-defined]
     return excepthook

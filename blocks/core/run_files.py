@@ -68,12 +68,16 @@ class Summary:
         """Write ``summary.json`` atomically (a reader never sees half a file), secrets hidden in its texts."""
         path = run_dir / SUMMARY_FILE
         tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.shown(), indent=2) + "\n")
+        tmp.replace(path)
+
+    def shown(self) -> dict[str, Any]:
+        """The fields as a dict, secrets hidden in the texts people read (reason, resumed_from)."""
         data = asdict(self)
-        for text in ("reason", "resumed_from"):  # free text, read back by people only
+        for text in ("reason", "resumed_from"):
             if isinstance(data[text], str):
                 data[text] = hidden(data[text])
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
+        return data
 
     @classmethod
     def read(cls, run_dir: Path) -> Summary:

@@ -34,6 +34,7 @@ from blocks.core import catalog
 from blocks.core.compose import Composed, config_to_blocks
 from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job, refuse_interpolated_paths
+from blocks.core.masking import hiding_output
 from blocks.core.plan import Plan
 from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
@@ -64,6 +65,11 @@ def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
     *checked* is the job as ``blocks run`` composed and planned it before Hydra started it
     (:func:`check_run`): its plan is used, not made again.
     """
+    with hiding_output():  # launcher plugins (joblib, submitit, Ray) run jobs in processes of their own
+        return _run_job(cfg, checked)
+
+
+def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

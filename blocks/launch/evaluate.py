@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
 from blocks.core.jobs import plan_blocks
+from blocks.core.masking import hide_environment_values_in_overrides
 from blocks.data.base import SPLITS
 from blocks.spec.errors import BlocksError, Problem
 
@@ -17,6 +18,7 @@ def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
     from blocks.runtime.model_export import run_config
     from blocks.spec.registry import REGISTRY
 
+    hide_environment_values_in_overrides(overrides)  # building the config may quote a value read
     config = run_config(source)
     for override in overrides:
         key, sep, value = override.partition("=")

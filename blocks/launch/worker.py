@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
-from blocks.core.masking import hidden, hiding_output
+from blocks.core.masking import hiding_output
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
 from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
@@ -144,16 +144,11 @@ def failure_reason(exc: BaseException, plan: Plan) -> str:
 
 def _print_summary(summary: Summary) -> None:
     """The end-of-run table on the console (plain text without a terminal)."""
-    from dataclasses import asdict
-
     from rich.console import Console
 
     from blocks.monitor.sinks import summary_table
 
-    shown = asdict(summary)
-    if shown["reason"]:
-        shown["reason"] = hidden(shown["reason"])  # before rich cuts it to fit the table
-    Console(soft_wrap=False).print(summary_table(shown))
+    Console(soft_wrap=False).print(summary_table(summary.shown()))  # hidden before rich cuts a cell
 
 
 def _shut_down_process_group(*, wait_for_peers: bool) -> None:
