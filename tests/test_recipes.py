@@ -127,7 +127,9 @@ def test_freeze_and_init_from_mistakes_name_the_key(cli_in_process, tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_eval_reproduces_the_runs_validation_metrics(cli_in_process, trained: Path) -> None:
+def test_eval_reproduces_the_runs_validation_metrics(
+    cli_in_process, trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     result = cli_in_process("eval", str(trained), "--json")
     assert result.returncode == 0, result.output[-3000:]
     metrics = json.loads(result.stdout)
@@ -140,6 +142,12 @@ def test_eval_reproduces_the_runs_validation_metrics(cli_in_process, trained: Pa
     assert json.loads(result.stdout)["val/accuracy"] > 0.8
     result = cli_in_process("eval", str(trained), "data=text")
     assert result.returncode == 2 and "data=text yields TokenBatch" in result.output
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", "not-a-batch-size-s3cr3t")
+    result = cli_in_process("eval", str(trained), "data.batch_size=${oc.env:BLOCKS_TEST_SECRET}")
+    assert result.returncode == 2 and "data.batch_size" in result.output, result.output[-3000:]
+    assert "not-a-batch-size-s3cr3t" not in result.output, (
+        "a secret read by an override is hidden in the error"
+    )
 
 
 LOAD_BACK = """
