@@ -880,39 +880,29 @@ def test_which_names_and_which_parts_of_values_are_secrets(
 
     from blocks.core.masking import hidden, hide_environment_values, names_a_secret
 
-    secrets = [
-        "HF_TOKEN",
-        "WANDB_API_KEY",
-        "PGPASSWORD",
-        "DB_PASS",
-        "GITHUB_PAT",
-        "clientSecret",
-        "accessToken",
-    ]
+    secrets = ["HF_TOKEN", "WANDB_API_KEY", "PGPASSWORD", "DB_PASS", "GITHUB_PAT", "clientSecret", "HFToken"]
     assert all(names_a_secret(name) for name in secrets)
-    assert not any(
-        names_a_secret(name) for name in ["tokenizer", "monkey", "PWD", "passthrough", "BATCH_SIZE"]
-    )
-    credentials = {
-        "type": "service_account",
-        "private_key": "s3cr3t-pem-body",
-        "client_email": "bot@example.iam",
-    }
+    others = ["tokenizer", "monkey", "PWD", "passthrough", "BATCH_SIZE", "image_keys", "sig_figs"]
+    assert not any(names_a_secret(name) for name in others)
+    credentials = {"type": "service_account", "private_key": "s3cr3t-pem-body", "client_email": "bot@ex.iam"}
     monkeypatch.setenv("BLOCKS_TEST_CREDENTIALS", json.dumps(credentials))
-    monkeypatch.setenv(
-        "BLOCKS_TEST_SHARED_URL", "https://acct.blob.example/c?sv=2024-11-04&sig=s3cr3t-signature"
-    )
+    shared_url = "https://acct.blob.example/c?sv=2024-11-04&sig=s3cr3t%2Bsignature%3D"  # percent-encoded
+    monkeypatch.setenv("BLOCKS_TEST_SHARED_URL", shared_url)
     monkeypatch.setenv("BLOCKS_TEST_SECRET", 'pa"ss\\word-s3cr3t')
-    config = {
-        name: f"${{oc.env:BLOCKS_TEST_{name.upper()}}}" for name in ("credentials", "shared_url", "secret")
-    }
-    hide_environment_values(OmegaConf.create(config))
-    assert (
-        hidden("service_account key s3cr3t-pem-body")
-        == "service_account key ${oc.env:BLOCKS_TEST_CREDENTIALS}"
+    monkeypatch.setenv(
+        "BLOCKS_TEST_PASSWORDS", "{prod: s3cr3t-prod-pw, staging: s3cr3t-staging-pw, loop: &a [*a]}"
     )
-    shown = hidden("GET https://acct.blob.example/c?sv=2024-11-04&sig=s3cr3t-signature")
+    monkeypatch.setenv("BLOCKS_TEST_DATABASE", "postgresql://readonly_analytics_user@db.example/runs")
+    names = ("credentials", "shared_url", "secret", "passwords", "database")
+    hide_environment_values(
+        OmegaConf.create({name: f"${{oc.env:BLOCKS_TEST_{name.upper()}}}" for name in names})
+    )
+    assert hidden("service_account s3cr3t-pem-body") == "service_account ${oc.env:BLOCKS_TEST_CREDENTIALS}"
+    shown = hidden(f"GET {shared_url}")
     assert shown == "GET https://acct.blob.example/c?sv=2024-11-04&sig=${oc.env:BLOCKS_TEST_SHARED_URL}"
+    shown = hidden("s3cr3t-prod-pw, s3cr3t-staging-pw")
+    assert shown == "${oc.env:BLOCKS_TEST_PASSWORDS}, ${oc.env:BLOCKS_TEST_PASSWORDS}"
+    assert hidden("connected as readonly_analytics_user") == "connected as readonly_analytics_user"
     message = json.dumps({"message": 'cannot log in with pa"ss\\word-s3cr3t'})  # escaped in JSON
     assert json.loads(hidden(message)) == {"message": "cannot log in with ${oc.env:BLOCKS_TEST_SECRET}"}
 

@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 import yaml
 from omegaconf import DictConfig
@@ -47,12 +47,16 @@ SECRET_WORDS = (
 )
 """Words that make a name a secret's wherever they stand in it: ``AWS_SECRET_ACCESS_KEY``, ``PGPASSWORD``,
 ``clientSecret``."""
-SECRET_WHOLE_WORDS = ("token", "tokens", "key", "keys", "pass", "pat", "sig", "signature")
+SECRET_WHOLE_WORDS = ("token", "tokens", "key", "pass", "pat")
 """Words that make a name a secret's as whole words: ``HF_TOKEN``, ``WANDB_API_KEY``, ``DB_PASS``,
 ``GITHUB_PAT``, ``monitor.logger_args.token``; not ``data.tokenizer`` or ``monkey``."""
 _SECRET_NAME = re.compile(
     rf"{'|'.join(SECRET_WORDS)}|(?<![a-z0-9])(?:{'|'.join(SECRET_WHOLE_WORDS)})(?![a-z0-9])"
 )
+_SECRET_QUERY_NAMES = ("sig", "signature")
+"""Also secrets in a URL's query: ``?sig=`` (an Azure SAS), ``X-Amz-Signature=``."""
+_WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+"""Where camelCase starts a word: ``clientSecret``, ``HFToken``, ``OpenAIKey``."""
 
 MIN_HIDDEN_LENGTH = 8
 """The length from which a secret is hidden: a shorter one could be a word or a number of any text."""
@@ -69,7 +73,7 @@ _VARIABLE = re.compile(r"oc\.env\s*:\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1\s*[,}]
 
 def names_a_secret(name: str) -> bool:
     """Whether a variable's name or a config key names a secret (:data:`SECRET_WORDS`, :data:`SECRET_WHOLE_WORDS`)."""
-    return bool(_SECRET_NAME.search(re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()))
+    return bool(_SECRET_NAME.search(_WORD_START.sub("_", name).lower()))
 
 
 def hide_environment_values(config: DictConfig) -> None:
@@ -123,36 +127,58 @@ def _hide(value: str, shown: str) -> None:
             _hidden.setdefault(form, shown)
 
 
-def _secret_leaves(value: str) -> Iterator[str]:
-    """The strings under keys that name a secret, in a secret that holds YAML or JSON (``{token: ..., user: ...}``)."""
+def _secret_leaves(value: str) -> list[str]:
+    """The secrets inside a secret that holds YAML or JSON.
+
+    The strings under keys that name a secret (a credentials file: ``private_key`` but not
+    ``type: service_account``), or every string when no key names one (``{prod: ..., staging: ...}``,
+    a list of tokens).
+    """
     try:
         decoded = yaml.safe_load(value)
     except Exception:  # not YAML (a date out of range raises ValueError, not YAMLError)
-        return
+        return []
+    if not isinstance(decoded, (dict, list)):
+        return []
+    named: list[str] = []
+    every: list[str] = []
+    seen: set[int] = set()
     pending: list[tuple[bool, Any]] = [(False, decoded)]
     while pending:
         secret, node = pending.pop()
+        if isinstance(node, (dict, list)):
+            if id(node) in seen:  # a YAML alias that holds itself
+                continue
+            seen.add(id(node))
         if isinstance(node, dict):
             pending += [(secret or names_a_secret(str(key)), child) for key, child in node.items()]
         elif isinstance(node, list):
             pending += [(secret, child) for child in node]
-        elif secret and isinstance(node, str):
-            yield node
+        elif isinstance(node, str):
+            (named if secret else every).append(node)
+    return named or every
 
 
 def _url_secrets(value: str) -> list[str]:
-    """The password of a URL (or a long user name without one), and its query values named as secrets."""
+    """The password of a URL (or a long user name without one over HTTP), and its query values named as secrets.
+
+    A query value both as written (percent-encoded, as the URL is printed) and decoded.
+    """
     try:
         parts = urlsplit(value)
-        query = parse_qsl(parts.query)
     except ValueError:
         return []
     if not parts.scheme or not parts.netloc:
         return []
-    found = [value for name, value in query if names_a_secret(name)]
+    found = []
+    for pair in parts.query.split("&"):
+        name, _, written = pair.partition("=")
+        name = unquote_plus(name)
+        if names_a_secret(name) or name.lower().replace("-", "_").endswith(_SECRET_QUERY_NAMES):
+            found += [written, unquote_plus(written)]
     if parts.password:
         found.append(parts.password)
-    elif parts.username and len(parts.username) >= MIN_URL_USER_LENGTH:
+    elif parts.username and parts.scheme in ("http", "https") and len(parts.username) >= MIN_URL_USER_LENGTH:
         found.append(parts.username)
     return found
 
@@ -224,7 +250,7 @@ def _hiding_thread_excepthook(hook: Callable[[Any], Any]) -> Callable[[Any], Any
 
     def excepthook(args: Any) -> Any:
         text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
-        if hidden(text) == text:
+        if hidden(text) == text or args.exc_type is SystemExit or sys.stderr is None:
             return hook(args)
         name = args.thread.name if args.thread is not None else threading.get_ident()
         sys.stderr.write(f"Exception in thread {name}:\n{hidden(text)}")
@@ -260,7 +286,10 @@ def hiding_output() -> Iterator[None]:
     output C code writes to the file descriptors are not seen: each blocks process wraps its own.
     """
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _HidingStream(sys.stdout), _HidingStream(sys.stderr)
+    if not isinstance(sys.stdout, _HidingStream):  # nested: the streams hide already
+        sys.stdout = _HidingStream(sys.stdout)
+    if not isinstance(sys.stderr, _HidingStream):
+        sys.stderr = _HidingStream(sys.stderr)
     try:
         yield
     finally:
