@@ -657,6 +657,19 @@ def test_the_python_api_refuses_an_import_path_read_from_the_environment(
     assert not run_dir.exists()
 
 
+def unwrapped(output: str) -> str:
+    """*output* without whitespace and panel borders: a rich panel folds long text over lines."""
+    return re.sub(r"[\s│]", "", output)
+
+
+def hidden_everywhere(secret: str, output: str, run_dir: Path) -> None:
+    """*secret* is in neither the command's output nor any text file of *run_dir*."""
+    assert secret not in unwrapped(output), output[-3000:]
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log", ".txt"):
+            assert secret not in path.read_text(errors="replace"), path
+
+
 @pytest.mark.parametrize("flags", [[], ["--json"], ["-m"], ["-m", "--json"]])
 def test_blocks_plan_shows_environment_values_as_their_interpolation(
     flags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -676,9 +689,9 @@ def test_blocks_plan_shows_environment_values_as_their_interpolation(
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.output[-3000:]
-    unwrapped = re.sub(r"[\s│]", "", result.output)  # the panel folds long settings over lines
-    assert secret not in unwrapped
-    assert "${oc.env:BLOCKS_TEST_SECRET}" in unwrapped and "${monitor.logger_args.name}" in unwrapped
+    shown = unwrapped(result.output)
+    assert secret not in shown
+    assert "${oc.env:BLOCKS_TEST_SECRET}" in shown and "${monitor.logger_args.name}" in shown
     if "--json" in flags:  # the output holds stderr too: a warning may come first
         start = re.search(r"^[\[{]", result.output, re.MULTILINE)
         assert start is not None, result.output[-3000:]
@@ -712,10 +725,7 @@ def test_a_run_reads_environment_values_that_its_files_do_not_hold(
     )
     assert result.returncode == 0, result.output[-3000:]
     assert (tmp_path / "logs" / secret).is_dir(), "the logger got the value from the environment"
-    assert secret not in re.sub(r"[\s│]", "", result.output), "the plan printed before the run hides it too"
-    for path in run_dir.rglob("*"):
-        if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log"):
-            assert secret not in path.read_text(errors="replace"), path
+    hidden_everywhere(secret, result.output, run_dir)  # the plan printed before the run hides it too
 
 
 @pytest.mark.parametrize("flags", [[], ["--json"]])
@@ -730,17 +740,9 @@ def test_a_plan_problem_quoting_an_environment_value_hides_it(
         cwd=tmp_path,
     )
     assert result.returncode == 2, result.output[-3000:]
-    unwrapped = re.sub(r"[\s│]", "", result.output)
-    assert secret not in unwrapped
-    assert "/nonexistent/${oc.env:BLOCKS_TEST_SECRET}isnotacommittedcheckpoint" in unwrapped
-
-
-def hidden_everywhere(secret: str, output: str, run_dir: Path) -> None:
-    """*secret* is in neither the command's output nor any text file of *run_dir*."""
-    assert secret not in re.sub(r"[\s│]", "", output), output[-3000:]
-    for path in run_dir.rglob("*"):
-        if path.is_file() and path.suffix in (".yaml", ".json", ".csv", ".log", ".txt"):
-            assert secret not in path.read_text(errors="replace"), path
+    shown = unwrapped(result.output)
+    assert secret not in shown
+    assert "/nonexistent/${oc.env:BLOCKS_TEST_SECRET}isnotacommittedcheckpoint" in shown
 
 
 @pytest.mark.slow
@@ -809,7 +811,7 @@ def test_secrets_in_overrides_are_hidden_in_composition_errors_and_only_whole_se
         ["plan", "recipe=blobs", "trainer.max_steps=${oc.env:BLOCKS_TEST_SECRET}"], cwd=tmp_path
     )
     assert failed.returncode == 2 and "trainer.max_steps" in failed.output, failed.output[-3000:]
-    assert "not-a-number-s3cr3t" not in re.sub(r"[\s│]", "", failed.output)
+    assert "not-a-number-s3cr3t" not in unwrapped(failed.output)
     monkeypatch.setenv("BLOCKS_TEST_TOKEN", "false")  # shorter than a secret worth hiding
     monkeypatch.setenv("BLOCKS_TEST_PASSWORD", "2024-13-45")  # YAML reads it as an impossible date
     args = [
@@ -934,8 +936,9 @@ def test_environment_values_that_name_no_secret_are_shown_as_they_are(
     result = run_in_process(["run", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     assert read_summary(run_dir)["status"] == "completed"
-    unwrapped = re.sub(r"[\s│]", "", result.output)
-    assert unwrapped.count("${oc.env:BLOCKS_TEST_WORD}") == 1, "the plan's setting, and no other text"
+    assert unwrapped(result.output).count("${oc.env:BLOCKS_TEST_WORD}") == 1, (
+        "the plan's setting, and no other text"
+    )
 
 
 def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, monkeypatch) -> None:

@@ -379,11 +379,11 @@ def plan_blocks(
         data.prepare()
     plan = make_plan(blocks, choices, environment)
     if config is not None:
-        hide_environment_values(config)
+        from_environment = hide_environment_values(config)
         problems = tuple(
             dataclasses.replace(p, message=hidden(p.message), fix=hidden(p.fix)) for p in plan.problems
         )
-        plan = dataclasses.replace(plan, from_environment=env_interpolations(config), problems=problems)
+        plan = dataclasses.replace(plan, from_environment=from_environment, problems=problems)
     return preflight(plan) if check_storage else plan
 
 

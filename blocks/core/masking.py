@@ -76,12 +76,18 @@ def names_a_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(_WORD_START.sub("_", name).lower()))
 
 
-def hide_environment_values(config: DictConfig) -> None:
-    """From now on in this process, hide each secret *config* reads from the environment."""
-    for path, raw in env_interpolations(config).items():
+def hide_environment_values(config: DictConfig) -> dict[KeyPath, str]:
+    """From now on in this process, hide each secret *config* reads from the environment.
+
+    Returns what it looked through, :func:`~blocks.core.secrets.env_interpolations` of *config*,
+    for a caller that shows those values as their interpolation too.
+    """
+    found = env_interpolations(config)
+    for path, raw in found.items():
         for call in environment_reads(raw):
             _hide_read(call, path)
     _compile()
+    return found
 
 
 def hide_environment_values_in_overrides(overrides: Iterable[str]) -> None:

@@ -73,8 +73,8 @@ def load_run(run_dir: Path) -> FrozenRun:
             )
         )
     frozen = json.loads(plan_file.read_text())
-    hide_environment_values(config)
-    plan = Plan.thawed(config_to_blocks(config), frozen, from_environment=env_interpolations(config))
+    from_environment = hide_environment_values(config)
+    plan = Plan.thawed(config_to_blocks(config), frozen, from_environment=from_environment)
     return FrozenRun(config=config, plan=plan)
 
 
