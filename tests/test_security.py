@@ -802,6 +802,36 @@ def test_torchrun_workers_and_torchrun_hide_secrets_in_what_they_print(
     hidden_everywhere(secret, result.output, run_dir)
 
 
+@pytest.mark.slow
+def test_sweep_jobs_in_launcher_processes_hide_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """joblib runs each job in a process of its own: a crashed job's traceback hides the secret it quotes."""
+    secret = "s3cr3t-in-a-sweep-job"
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
+    sweep = tmp_path / "sweep"
+    callback = (
+        "{_target_: pytorch_lightning.callbacks.StochasticWeightAveraging, swa_lrs: 0.01, swa_epoch_start: 1, "
+        "device: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'}"
+    )
+    result = run_cli(
+        [
+            "run",
+            "-m",
+            "hydra/launcher=joblib",
+            "recipe=blobs",
+            "debug=fast",
+            "trainer.max_steps=1,2",
+            f"trainer.callbacks=[{callback}]",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0 and "the job crashed" in result.output, result.output[-3000:]
+    assert "Invalid device string: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'" in result.output, result.output[-3000:]
+    hidden_everywhere(secret, result.output, sweep)
+
+
 def test_secrets_in_overrides_are_hidden_in_composition_errors_and_only_whole_secrets_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
