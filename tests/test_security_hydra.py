@@ -47,6 +47,67 @@ def test_a_callback_built_by_an_interpolation_is_checked_as_what_it_builds(
     assert "error hydra.callbacks.evil._target_" in output and PAYLOAD in output
 
 
+def preset(root: Path, name: str, text: str) -> Path:
+    """A ``--config-dir`` at *root* with ``experiment/NAME.yaml`` (a preset shared by another team)."""
+    (root / "experiment").mkdir(parents=True, exist_ok=True)
+    (root / "experiment" / f"{name}.yaml").write_text("# @package _global_\n" + text)
+    return root
+
+
+def test_a_node_interpolated_into_the_hydra_node_is_checked_as_what_it_becomes(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only ``oc.decode``/``oc.create`` values were resolved: ``hydra.callbacks.x: ${stash}``, with
+    ``stash`` a node of the preset holding a ``_target_`` (or a logging ``()`` factory), reached
+    Hydra unchecked, and a shared preset ran code in a plain ``blocks run``."""
+    marker, run_dir = here / "pwned", here / "run"
+    stash = f"stash:\n  _target_: {PAYLOAD}\n  path: {marker}\n"
+    presets = preset(here / "presets", "callback", stash + "hydra:\n  callbacks:\n    x: ${stash}\n")
+    code, output = run_here(
+        [
+            "--config-dir",
+            str(presets),
+            "recipe=blobs",
+            "debug=fast",
+            "experiment=callback",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capsys,
+    )
+    assert_refused(code, output, marker, run_dir)
+    assert "error hydra.callbacks.x._target_" in output and PAYLOAD in output
+
+    factory = f"stash:\n  '()': {PAYLOAD}\n  path: {marker}\n"
+    preset(presets, "filter", factory + "hydra:\n  job_logging:\n    filters:\n      f: ${stash}\n")
+    nested = f"inner:\n  _target_: {PAYLOAD}\n  path: {marker}\nstash:\n  a: ${{inner}}\n"
+    preset(presets, "nested", nested + "hydra:\n  callbacks:\n    x: ${oc.select:stash}\n")
+    preset(presets, "cycle", "stash:\n  a: ${stash}\nhydra:\n  callbacks:\n    x: ${stash}\n")
+    expected = {
+        "filter": "hydra.job_logging.filters.f.()",
+        "nested": "hydra.callbacks.x.a._target_",
+        "cycle": "hydra.callbacks.x.a",
+    }
+    for name, key in expected.items():
+        with pytest.raises(ConfigError) as refused:
+            jobs.plan(["recipe=blobs", f"experiment={name}"], config_dir=str(presets))
+        assert [problem.key for problem in refused.value.problems] == [key], name
+    assert not marker.exists()
+
+
+def test_a_preset_that_is_not_yaml_is_a_config_error_naming_the_file(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A syntax error in a preset file ended ``blocks plan`` and ``blocks run`` with PyYAML's traceback."""
+    presets = preset(here / "presets", "broken", "hydra:\n  job_logging:\n    filters: {f: ${stash}}\n")
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", "experiment=broken"], config_dir=str(presets))
+    problem = refused.value.problems[0]
+    assert problem.key == "experiment" and problem.check == "yaml-syntax"
+    assert "broken.yaml, line 4" in problem.message and "quote" in problem.fix
+    code, output = run_here(["--config-dir", str(presets), "recipe=blobs", "experiment=broken"], capsys)
+    assert code == 2 and "Traceback" not in output and "is not valid YAML" in output
+
+
 def test_a_sweep_with_another_sweeper_checks_every_override_that_is_not_a_sweep(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

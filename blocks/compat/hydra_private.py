@@ -297,3 +297,20 @@ def resolver_calls(value: str, resolver: str) -> list[str] | None:
             calls.append(node.getText())
         pending.extend(node.getChildren() if hasattr(node, "getChildren") else ())
     return calls
+
+
+def is_whole_interpolation(value: str) -> bool:
+    """Whether *value* is one interpolation and nothing else (``${x}``, ``${oc.select:x}``), from OmegaConf's parse tree.
+
+    Only such a value can resolve to a node (a mapping or a list); text around an
+    interpolation makes the value a string.
+    """
+    from omegaconf import grammar_parser
+    from omegaconf.errors import GrammarParseError
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
+
+    try:
+        parts = list(grammar_parser.parse(value).text().getChildren())
+    except GrammarParseError:
+        return False
+    return len(parts) == 1 and isinstance(parts[0], OmegaConfGrammarParser.InterpolationContext)

@@ -17,8 +17,10 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -302,6 +304,27 @@ def _omegaconf_check(message: str) -> str:
     return "type"
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> Problem:
+    """A config file that is not YAML: the problem names its group (from the file's folder), the file and the place."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = (
+        f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}"
+        if mark is not None
+        else "a config file"
+    )
+    folder = Path(mark.name).parent.name if mark is not None else ""
+    what = " ".join(
+        str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part
+    )
+    return Problem(
+        folder if folder in ALL_GROUPS else "",
+        f"{where} is not valid YAML: {what or exc}",
+        "correct the file; quote a value that holds ': ', '{', '[' or '${...}' "
+        "(e.g. key: '${other}'), or write a mapping on lines of its own",
+        check="yaml-syntax",
+    )
+
+
 def translate_compose_error(
     exc: BaseException, overrides: Sequence[str], known_keys: Mapping[str, Sequence[str]]
 ) -> ConfigError:
@@ -351,6 +374,8 @@ def translate_compose_error(
             )
         )
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) else exc
+    if isinstance(cause, yaml.YAMLError):
+        return ConfigError(_yaml_problem(cause))
     override = _failing_override(str(exc), overrides)
     if isinstance(cause, OmegaConfBaseException):
         problem = _omegaconf_problem(cause)

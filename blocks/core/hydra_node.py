@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 
-from blocks.compat.hydra_private import config_child, unresolved
+from blocks.compat.hydra_private import config_child, is_whole_interpolation, unresolved
 from blocks.core.env_set import env_set_problems
 from blocks.core.launcher_options import launcher_problems
 from blocks.spec.errors import ConfigError, Problem
@@ -60,13 +60,19 @@ def _kind_of(key: str) -> Kind:
 NODE_RESOLVERS = ("oc.decode", "oc.create")
 """OmegaConf's resolvers that turn a string into config nodes (which may hold a ``_target_``)."""
 
+RUNS_CODE = tuple(f"hydra.{node}" for node in ("callbacks", "launcher", "sweeper", *LOGGING_NODES))
+"""The parts of the ``hydra`` node that Hydra instantiates or hands to ``logging.config.dictConfig``."""
+
+MAX_INDIRECTION = 16
+"""How many interpolations deep a node built from interpolations is followed (a cycle ends the check)."""
+
 
 def hydra_problems(hydra: DictConfig) -> list[Problem]:
     """Every import path in the ``hydra`` node that may not be used, and every setting that would run code.
 
     Read unresolved, as Hydra will resolve it later: an import path must be written out (not
-    an interpolation), and a value built by ``oc.decode``/``oc.create`` is resolved here and
-    checked as the nodes it becomes.
+    an interpolation), and a value that resolves to nodes (``${stash}``, ``oc.select``,
+    ``oc.decode``, ``oc.create``) is resolved here and checked as the nodes it becomes.
     """
     plain = OmegaConf.to_container(hydra, resolve=False)
     assert isinstance(plain, dict)
@@ -81,10 +87,10 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     return problems
 
 
-def _path_problems(hydra: Mapping[Any, Any], key: str) -> list[Problem]:
-    """The import paths in *hydra* (a plain mapping at *key*) that may not be used."""
+def _path_problems(nodes: Mapping[Any, Any], key: str) -> list[Problem]:
+    """The import paths in *nodes* (a plain mapping at *key*, ``hydra`` or inside it) that may not be used."""
     problems = []
-    for here, path in targets_in(hydra, key):
+    for here, path in targets_in(nodes, key):
         interpolated = interpolated_path_problem(path, here)
         if interpolated is not None:
             problems.append(interpolated)
@@ -93,17 +99,27 @@ def _path_problems(hydra: Mapping[Any, Any], key: str) -> list[Problem]:
             resolve(path, here, kind=_kind_of(here))
         except ConfigError as exc:
             problems += exc.problems
-    for node in LOGGING_NODES:
-        problems += _logging_problems(hydra.get(node), f"{key}.{node}")
+    if key == "hydra":
+        for node in LOGGING_NODES:
+            problems += _logging_problems(nodes.get(node), f"{key}.{node}")
+    elif _within(key, tuple(f"hydra.{node}" for node in LOGGING_NODES)):
+        problems += _logging_problems(nodes, key)
     return problems
 
 
-def _built_nodes(node: Container, key: str) -> Iterator[tuple[str, Any]]:
-    """``(parent key, {name: nodes})`` for each value under *node* that ``oc.decode``/``oc.create`` turns into nodes.
+def _within(key: str, parts: tuple[str, ...]) -> bool:
+    return any(key == part or key.startswith((f"{part}.", f"{part}[")) for part in parts)
 
-    Each such value is resolved here, in the environment Hydra will resolve it in; a value that
-    cannot be resolved now yields a :class:`Problem` (what it would build cannot be checked).
-    Nothing else is resolved (``hydra.overrides`` holds the command line's interpolations as text).
+
+def _built_nodes(node: Container, key: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """``(parent key, {name: nodes})`` for each value under *node* that resolves to nodes.
+
+    Such a value (one interpolation and nothing else, or an ``oc.decode``/``oc.create`` call)
+    is resolved here, in the environment Hydra will resolve it in, and followed into what it
+    becomes. A value that cannot be resolved now yields a :class:`Problem` where Hydra would
+    run what it builds (what it would build cannot be checked). Text around an interpolation
+    makes a string: such values are left as they are (``hydra.overrides`` holds the command
+    line's interpolations as text, ``hydra.run.dir`` reads ``${now:...}``).
     """
     names: Iterable[Any] = range(len(node)) if isinstance(node, ListConfig) else list(node)
     for name in names:
@@ -115,19 +131,28 @@ def _built_nodes(node: Container, key: str) -> Iterator[tuple[str, Any]]:
         if unset:
             continue
         if isinstance(child, Container) and not interpolation:
-            yield from _built_nodes(child, here)
+            yield from _built_nodes(child, here, depth)
             continue
-        if not (isinstance(raw, str) and any(resolver in raw for resolver in NODE_RESOLVERS)):
+        if not (interpolation and isinstance(raw, str)):
+            continue
+        decoded = any(resolver in raw for resolver in NODE_RESOLVERS)
+        if not (decoded or is_whole_interpolation(raw)):
             continue
         try:
             value = node[name]
         except Exception as exc:  # any resolution failure leaves the value unchecked
-            yield here, _unresolvable(here, f"'{raw}'", exc)
+            if decoded or _within(here, RUNS_CODE):
+                yield here, _unresolvable(here, f"'{raw}'", exc)
             continue
-        if isinstance(value, Container):
-            value = OmegaConf.to_container(value, resolve=False)
-        if isinstance(value, (Mapping, list)):
-            yield key, {name: value}
+        if not isinstance(value, (Container, Mapping, list)):
+            continue
+        if depth >= MAX_INDIRECTION:
+            yield here, _unresolvable(here, f"'{raw}'", RecursionError("interpolations lead back to it"))
+            continue
+        plain = OmegaConf.to_container(value, resolve=False) if isinstance(value, Container) else value
+        yield key, {name: plain}
+        if isinstance(value, Container):  # what it became may hold interpolations of its own
+            yield from _built_nodes(value, here, depth + 1)
 
 
 def _unresolvable(key: str, what: str, exc: Exception) -> Problem:

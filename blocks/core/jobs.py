@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import yaml
 from omegaconf import DictConfig
 
 from blocks.compat.hydra_private import initialize_hydra
@@ -154,7 +155,7 @@ def _job_once(
         return Job(hydra_config=raw, composed=split_hydra(raw))
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
         translated = translate_compose_error(exc, overrides, _KnownKeys(overrides, known, config_dir))
         raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
 
