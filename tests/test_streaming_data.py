@@ -29,6 +29,7 @@ from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json
 from blocks.data.shards.prepare import PrepareOptions, prepare
 from blocks.data.stream import Stream
 from blocks.runtime.sampler import GlobalBatchSampler
+from blocks.spec.errors import BlocksError
 from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_cli, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
@@ -377,6 +378,31 @@ def test_run_refuses_shards_missing_from_storage_before_starting(s3) -> None:
     )
     assert result.returncode == 2 and "Traceback" not in result.output
     assert "shard file(s) of the manifest are missing" in result.stderr
+
+
+def test_a_manifest_cannot_name_a_shard_outside_its_directory(s3, tmp_path: Path) -> None:
+    """A shard named ``../../x`` by a manifest on storage that is not yours was fetched to
+    ``<cache>/<hash>/../../x``: a file of the storage's choosing written outside the cache (a
+    project's recipe file, which the next ``blocks`` command there imports). ``blocks eval`` of a
+    run dir from elsewhere reads such data; the manifest is now refused when it is read."""
+    fs, url, _ = s3
+    manifest = json.loads(fs.cat(f"{url.removeprefix('s3://')}/{MANIFEST}"))
+    escape = "./../../outside.py"
+    manifest["splits"]["val"] = {"tokens": 64, "shards": [{"file": escape, "tokens": 64}]}
+    fs.pipe(f"stream/evil/{MANIFEST}", json.dumps(manifest).encode())
+    fs.pipe(f"stream/evil/{escape}", b"raise SystemExit('a file the storage chose')\n")
+    cache = tmp_path / "deep" / "cache"
+    evil = Stream(path="s3://stream/evil", seq_len=4, prefetch=0, cache_dir=str(cache))
+    read_manifest.cache_clear()
+    with pytest.raises(BlocksError) as refused:
+        evil.build("val")[0]
+    assert refused.value.problems[0].key == "data.path"
+    assert "not a plain file name" in refused.value.problems[0].message
+    assert not (tmp_path / "deep" / "outside.py").exists()
+    plan = jobs.plan(
+        ["recipe=tiny_lm", "data=stream", "data.path=s3://stream/evil", f"data.cache_dir={cache}"]
+    )
+    assert "shard-manifest" in {p.check for p in plan.errors}, [p.render() for p in plan.problems]
 
 
 def metric_rows(run_dir: Path) -> list[tuple[str, ...]]:

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 import fsspec
@@ -129,6 +130,23 @@ def content_digest(manifest: Manifest) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
+def plain_file_name(name: object) -> str:
+    """*name* when it names a file inside the shard directory; raises ``ValueError`` otherwise.
+
+    A manifest is read from storage that may not be yours: a shard named ``../x`` or ``/x``
+    would be read, or fetched into the cache, outside the shard directory.
+    """
+    text = str(name)
+    if (
+        not text
+        or text.startswith(".")
+        or any(bad in text for bad in ("/", "\\", "\0"))
+        or PurePosixPath(text).name != text
+    ):
+        raise ValueError(f"shard file name {text!r} is not a plain file name inside the shard directory")
+    return text
+
+
 def parse_manifest(url: str, raw: dict[str, Any]) -> Manifest:
     """A manifest from its JSON form; raises ``ValueError`` on another format."""
     if raw.get("format") != FORMAT or raw.get("version") != VERSION:
@@ -141,7 +159,7 @@ def parse_manifest(url: str, raw: dict[str, Any]) -> Manifest:
         dtype=str(raw["dtype"]),
         documents=int(raw.get("documents", 0)),
         splits={
-            name: tuple(Shard(str(s["file"]), int(s["tokens"])) for s in split["shards"])
+            name: tuple(Shard(plain_file_name(s["file"]), int(s["tokens"])) for s in split["shards"])
             for name, split in raw["splits"].items()
         },
         sources=tuple(raw.get("sources", ())),
