@@ -1,4 +1,4 @@
-"""``blocks report`` on a run and on sweeps (basic and Optuna), and the objective a run returns to Hydra."""
+"""``blocks report`` on a run and on sweeps (basic and Optuna), the objective a run returns to Hydra, and run dirs from elsewhere."""
 
 from __future__ import annotations
 
@@ -89,6 +89,50 @@ def test_report_of_a_directory_without_runs_is_a_clear_error(cli, tmp_path: Path
     result = cli("report", str(tmp_path))
     assert result.returncode == 2
     assert "neither a run dir" in result.output and "Traceback" not in result.output
+
+
+def small_run_dir(root: Path) -> Path:
+    """A run dir as ``blocks report`` reads it: a summary and two rows of metrics, no training."""
+    root.mkdir()
+    (root / "summary.json").write_text('{"status": "completed", "metrics": {"train/loss": 1.0}}')
+    (root / "metrics.csv").write_text("step,train/loss,lr\n1,2.0,0.1\n2,1.0,0.1\n")
+    return root
+
+
+def test_a_run_dir_from_elsewhere_cannot_make_report_write_outside_it_or_build_objects(
+    cli_in_process, tmp_path: Path
+) -> None:
+    """A ``report`` link in a run dir (or a link in place of one of its files) made ``blocks report``
+    write, and overwrite, files wherever it pointed; a YAML tag in ``config.yaml`` ended in a traceback."""
+    outside, victim = tmp_path / "outside", tmp_path / "victim.txt"
+    outside.mkdir()
+    victim.write_text("keep me")
+    linked = small_run_dir(tmp_path / "linked")
+    (linked / "report").symlink_to(outside)
+    result = cli_in_process("report", str(linked))
+    assert result.returncode == 2 and "Traceback" not in result.output, result.output
+    assert "is a link" in result.output and not list(outside.iterdir())
+
+    planted = small_run_dir(tmp_path / "planted")
+    (planted / "report").mkdir()
+    (planted / "report" / "report.md").symlink_to(victim)
+    (planted / "report" / "loss.png").symlink_to(victim)
+    assert cli_in_process("report", str(planted)).returncode == 0
+    assert victim.read_text() == "keep me"
+    assert not (planted / "report" / "report.md").is_symlink() and png_size(planted / "report" / "loss.png")
+
+    tagged = small_run_dir(tmp_path / "tagged")
+    (tagged / "config.yaml").write_text(
+        f"x: !!python/object/apply:os.system ['touch {tmp_path / 'pwned'}']\n"
+    )
+    result = cli_in_process("report", str(tagged))
+    assert result.returncode == 2 and "Traceback" not in result.output, result.output
+    assert "config.yaml is not a file blocks wrote" in " ".join(result.output.split())
+    for command in (["eval", str(tagged)], ["export", str(tagged), str(tmp_path / "export")]):
+        result = cli_in_process(*command)
+        assert result.returncode == 2 and "Traceback" not in result.output, result.output
+        assert "config.yaml is not a config blocks wrote" in " ".join(result.output.split())
+    assert not (tmp_path / "pwned").exists()
 
 
 @pytest.mark.slow

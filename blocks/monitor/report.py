@@ -79,17 +79,28 @@ def read_run(path: Path) -> RunData:
                         columns.setdefault(name, []).append((step, float(value)))
     config: dict[str, Any] = {}
     overrides: list[str] = []
-    try:
-        import yaml
-
-        if (path / "config.yaml").exists():
-            config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        hydra_overrides = path / ".hydra" / "overrides.yaml"
-        if hydra_overrides.exists():
-            overrides = [str(o) for o in yaml.safe_load(hydra_overrides.read_text()) or []]
-    except ImportError:  # PyYAML comes with omegaconf; without it, no config details
-        pass
+    if (path / "config.yaml").exists():
+        config = _yaml_file(path / "config.yaml") or {}
+    hydra_overrides = path / ".hydra" / "overrides.yaml"
+    if hydra_overrides.exists():
+        overrides = [str(o) for o in _yaml_file(hydra_overrides) or []]
     return RunData(path, summary, columns, config, overrides)
+
+
+def _yaml_file(file: Path) -> Any:
+    """The plain YAML in *file* (no tags that build objects); a clear error when it is not."""
+    import yaml
+
+    try:
+        return yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise BlocksError(
+            Problem(
+                "RUN_DIR",
+                f"{file} is not a file blocks wrote: {exc}",
+                "pass a run dir or a sweep dir blocks wrote",
+            )
+        ) from None
 
 
 def write_report(path: Path, *, objective: str | None = None, mode: str | None = None) -> Path:
@@ -117,9 +128,30 @@ def _job_order(path: Path) -> tuple[int, str]:
 # --- one run ------------------------------------------------------------------------------------
 
 
-def _run_report(run: RunData) -> Path:
-    out = run.path / REPORT_DIR
+def _report_dir(root: Path) -> Path:
+    """``root/report``, made if missing; refused when it is a link (the report is written inside *root* only)."""
+    out = root / REPORT_DIR
+    if out.is_symlink():
+        raise BlocksError(
+            Problem(
+                "RUN_DIR",
+                f"{out} is a link (to {out.readlink()}): a report is written only inside the directory it reports on",
+                f"remove the link (rm {out}) and run blocks report again",
+            )
+        )
     out.mkdir(exist_ok=True)
+    return out
+
+
+def _unlinked(path: Path) -> Path:
+    """*path*, with a link found there removed first: a file of the report replaces it, never its target."""
+    if path.is_symlink():
+        path.unlink()
+    return path
+
+
+def _run_report(run: RunData) -> Path:
+    out = _report_dir(run.path)
     plots: list[tuple[str, Path]] = []
     for name, (title, wanted) in RUN_PLOTS.items():
         series = {metric: run.columns[metric] for metric in wanted if run.columns.get(metric)}
@@ -178,8 +210,7 @@ def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mod
                 _fmt(value) if value is not None else "-",
             ]
         )
-    out = root / REPORT_DIR
-    out.mkdir(exist_ok=True)
+    out = _report_dir(root)
     plots: list[tuple[str, Path]] = []
     for param in params:
         points = [(_override_values(run).get(param, ""), value) for run, value in scored if _usable(value)]
@@ -258,7 +289,7 @@ def _save(fig: Any, path: Path) -> Path:
     from matplotlib import pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(_unlinked(path), dpi=DPI)
     plt.close(fig)
     return path
 
@@ -337,9 +368,9 @@ def _write_documents(out: Path, title: str, tables: list[Table], plots: list[tup
         page.append(
             f'<h3>{html.escape(caption)}</h3><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
         )
-    (out / "report.md").write_text("\n".join(md))
+    _unlinked(out / "report.md").write_text("\n".join(md))
     style = "body{font-family:sans-serif;max-width:900px;margin:auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
-    (out / "report.html").write_text(
+    _unlinked(out / "report.html").write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>\n" + "\n".join(page) + "\n</body></html>\n"
     )

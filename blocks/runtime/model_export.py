@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fsspec.core import url_to_fs
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,6 +19,7 @@ from blocks.checkpoint.sources import find_run_config, load_weights
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
 from blocks.core.run_files import CONFIG_FILE, WEIGHTS_FILE
 from blocks.data.base import BatchSpec
+from blocks.spec.errors import BlocksError, Problem
 
 FORMAT = "blocks-model/1"
 MODEL_FILE = "model.json"
@@ -32,8 +34,24 @@ def run_config(source: str) -> DictConfig:
     """The frozen config of the run *source* belongs to."""
     path = find_run_config(source)
     fs, root = url_to_fs(path)
-    config = OmegaConf.create(fs.cat_file(root).decode())
-    assert isinstance(config, DictConfig)
+    try:
+        config = OmegaConf.create(fs.cat_file(root).decode())
+    except yaml.YAMLError as exc:
+        raise BlocksError(
+            Problem(
+                "source",
+                f"{path} is not a config blocks wrote: {exc}",
+                "pass a run dir, checkpoint or export of blocks run",
+            )
+        ) from None
+    if not isinstance(config, DictConfig):
+        raise BlocksError(
+            Problem(
+                "source",
+                f"{path} holds no mapping of blocks",
+                "pass a run dir, checkpoint or export of blocks run",
+            )
+        )
     return config
 
 
