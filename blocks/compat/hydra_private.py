@@ -305,6 +305,8 @@ def is_whole_interpolation(value: str) -> bool:
     Only such a value can resolve to a node (a mapping or a list); text around an
     interpolation makes the value a string.
     """
+    if not (value.startswith("${") and value.endswith("}")):
+        return False  # text around it, as in most values (no parse needed)
     from omegaconf import grammar_parser
     from omegaconf.errors import GrammarParseError
     from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
