@@ -414,3 +414,10 @@ def save_into_a_full_disk_then_collect() -> str:
 def test_a_save_that_fails_midway_leaves_no_writer_to_abort_the_process_later() -> None:
     """Regression: a failed checkpoint write SIGABRTed the process at a later garbage collection."""
     assert "No space left" in call_in_fresh_process(save_into_a_full_disk_then_collect)
+
+
+def test_a_whole_interpolation_is_told_from_text_around_one_with_omegaconfs_grammar() -> None:
+    whole = hydra_private.is_whole_interpolation
+    assert whole("${stash}") and whole("${oc.select:a.b}") and whole("${oc.create:{a: 1}}")
+    assert not whole("a${b}") and not whole("${a}${b}") and not whole("${a}/x.log") and not whole(" ${a}")
+    assert not whole("\\${a}") and not whole("${a") and not whole("plain")
