@@ -108,6 +108,50 @@ def test_a_preset_that_is_not_yaml_is_a_config_error_naming_the_file(
     assert code == 2 and "Traceback" not in output and "is not valid YAML" in output
 
 
+def test_hydra_logging_writes_only_to_the_run_dir_and_the_sweeper_imports_no_function(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only ``class``, ``()`` and ``ext://`` were checked: a preset pointed the job log's file handler
+    at any file (``mode: w`` truncated it; a format put a shell line before every record, in a
+    ``~/.bashrc``), and ``hydra.sweeper.custom_search_space`` made the Optuna sweeper import a
+    module and call a function with every trial."""
+    victim, run_dir = here / "bashrc", here / "run"
+    victim.write_text("original\n")
+    handler = (
+        f"hydra:\n  job_logging:\n    handlers:\n      file:\n        filename: {victim}\n        mode: w\n"
+    )
+    presets = preset(here / "presets", "log", handler)
+    code, output = run_here(
+        [
+            "--config-dir",
+            str(presets),
+            "recipe=blobs",
+            "debug=fast",
+            "experiment=log",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capsys,
+    )
+    assert code == 2 and "Traceback" not in output and not run_dir.exists(), output[-3000:]
+    assert victim.read_text() == "original\n" and "hydra.job_logging.handlers.file.filename" in output
+    assert refused_keys(["hydra.job_logging.handlers.file.filename=../outside.log"]) == [
+        "hydra.job_logging.handlers.file.filename"
+    ]
+    assert refused_keys(["hydra.job.name=../../outside"]) == ["hydra.job.name"]
+    remote = "{class: logging.handlers.SocketHandler, host: 127.0.0.1, port: 9}"
+    assert refused_keys([f"+hydra.job_logging.handlers.net={remote}"]) == [
+        "hydra.job_logging.handlers.net.class"
+    ]
+    with pytest.raises(ConfigError) as refused:
+        jobs.plan(["recipe=blobs", "hparams_search=optuna", "hydra.sweeper.custom_search_space=os.system"])
+    assert [p.key for p in refused.value.problems] == ["hydra.sweeper.custom_search_space"]
+    for fine in (
+        "hydra.job.name=train-1",
+        "hydra.job_logging.handlers.file.filename=${hydra.runtime.output_dir}/x.log",
+    ):
+        assert jobs.plan(["recipe=blobs", fine]).ok, fine
+
+
 def test_a_sweep_with_another_sweeper_checks_every_override_that_is_not_a_sweep(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

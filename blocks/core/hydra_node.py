@@ -11,6 +11,7 @@ refuses them before Hydra starts and before any run dir exists.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -42,6 +43,23 @@ LOGGING_CLASS = Kind("a logging handler, formatter or filter class", also_allowe
 LOGGING_NODES = ("job_logging", "hydra_logging")
 LOGGING_FACTORY = "()"
 LOGGING_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
+LOG_FILE = re.compile(r"\$\{hydra\.runtime\.output_dir\}/(?:[\w-]|\$\{hydra\.job\.name\}|\.(?!\.))+")
+"""The one place a log file of Hydra's logging config may be: a file name in the run dir."""
+REMOTE_HANDLERS = frozenset(
+    f"logging.handlers.{name}"
+    for name in (
+        "SocketHandler",
+        "DatagramHandler",
+        "SysLogHandler",
+        "HTTPHandler",
+        "SMTPHandler",
+        "NTEventLogHandler",
+    )
+)
+"""Logging handlers that send every record to another host or process."""
+
+SETTLED = ("job.env_set", "job.chdir", "job.name", "sweeper.custom_search_space")
+"""Settings of the ``hydra`` node read as Hydra will resolve them."""
 
 
 def _kind_of(key: str) -> Kind:
@@ -79,10 +97,12 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     problems = _path_problems(plain, "hydra")
     for parent, built in _built_nodes(hydra, "hydra"):
         problems += [built] if isinstance(built, Problem) else _path_problems(built, parent)
-    settled = {path: _settled(hydra, path) for path in ("job.env_set", "job.chdir")}
+    settled = {path: _settled(hydra, path) for path in SETTLED}
     problems += [problem for _, problem in settled.values() if problem is not None]
     problems += _env_problems(settled["job.env_set"][0])
     problems += _chdir_problems(settled["job.chdir"][0])
+    problems += _job_name_problems(settled["job.name"][0])
+    problems += _search_space_problems(settled["sweeper.custom_search_space"][0])
     problems += launcher_problems(hydra)
     return problems
 
@@ -198,8 +218,52 @@ def _chdir_problems(chdir: Any) -> list[Problem]:
     ]
 
 
+def _job_name_problems(name: Any) -> list[Problem]:
+    """``hydra.job.name`` names files in the run dir (``<name>.log``): a plain name only."""
+    if not isinstance(name, str) or not re.search(r"[/\\]|^\.", name):
+        return []
+    return [
+        Problem(
+            "hydra.job.name",
+            f"'{name}' is not a plain name; Hydra names the job's log file after it, in the run dir",
+            "hydra.job.name=<letters, digits, '-', '_' or '.'> (or leave it out)",
+            check="import-denied",
+        )
+    ]
+
+
+def _search_space_problems(path: Any) -> list[Problem]:
+    """The Optuna sweeper imports ``custom_search_space`` and calls it with every trial: a function named by a config."""
+    if path is None:
+        return []
+    return [
+        Problem(
+            "hydra.sweeper.custom_search_space",
+            f"'{path}' names a function the sweeper would import and call with every trial; "
+            "configs never name functions (they could wrap anything)",
+            "describe the search space in hydra.sweeper.params (e.g. "
+            "hydra.sweeper.params.optim.lr='tag(log, interval(1e-4, 1e-2))') and drop custom_search_space",
+            check="import-denied",
+        )
+    ]
+
+
+def _log_file_problems(filename: Any, key: str) -> list[Problem]:
+    """A log handler's ``filename`` must be a file in the run dir: logging would create, truncate or append to it."""
+    if isinstance(filename, str) and LOG_FILE.fullmatch(filename):
+        return []
+    return [
+        Problem(
+            key,
+            f"'{filename}' puts a log file outside the run dir; logging would create, truncate or append to it",
+            f"{key}='${{hydra.runtime.output_dir}}/${{hydra.job.name}}.log' (a file name in the run dir)",
+            check="import-denied",
+        )
+    ]
+
+
 def _logging_problems(value: Any, key: str) -> list[Problem]:
-    """``logging.config.dictConfig`` imports ``class`` values, calls ``()`` factories and resolves ``ext://``."""
+    """``logging.config.dictConfig`` imports ``class`` values, calls ``()`` factories, resolves ``ext://`` and opens ``filename``."""
     problems: list[Problem] = []
     if isinstance(value, Mapping):
         for name, item in value.items():
@@ -210,9 +274,21 @@ def _logging_problems(value: Any, key: str) -> list[Problem]:
                     problems.append(interpolated)
                     continue
                 try:
-                    resolve(item, here, kind=LOGGING_CLASS)
+                    handler = resolve(item, here, kind=LOGGING_CLASS)
                 except ConfigError as exc:
                     problems += exc.problems
+                    continue
+                if f"{handler.__module__}.{handler.__qualname__}" in REMOTE_HANDLERS:
+                    problems.append(
+                        Problem(
+                            here,
+                            f"'{item}' sends every log record to another host or process",
+                            f"log to the console or a file in the run dir ({here}=logging.StreamHandler)",
+                            check="import-denied",
+                        )
+                    )
+            elif name == "filename":
+                problems += _log_file_problems(item, here)
             elif isinstance(item, str) and item.startswith("ext://") and item not in LOGGING_STREAMS:
                 problems.append(
                     Problem(
