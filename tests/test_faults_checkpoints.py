@@ -157,6 +157,28 @@ def test_a_users_step_directory_is_not_deleted(run_dir: Path, caplog: pytest.Log
     assert "not written by blocks" in caplog.text
 
 
+def test_a_step_directory_that_is_a_link_is_never_resumed_from_or_deleted_through(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """A ``step-<N>`` link to a copy of a checkpoint elsewhere was listed as committed: retention
+    deleted every file of its target, the files its manifest did not list included."""
+    outside = tmp_path / "outside"
+    shutil.copytree(step_dir(run_dir, 3), outside)
+    (outside / "notes.txt").write_text("mine")
+    kept = sorted(p.name for p in outside.iterdir())
+    linked = step_dir(run_dir, 1)
+    linked.symlink_to(outside)
+    assert (
+        driver.run([*BLOBS, "trainer.max_steps=12", "checkpoint.keep_last=1"], run_dir).status == "completed"
+    )
+    assert linked.is_symlink() and sorted(p.name for p in outside.iterdir()) == kept
+    assert (
+        not store.is_ours(str(linked)) and str(linked) in store.list_dir(str(run_dir / "checkpoints")).foreign
+    )
+    with pytest.raises(store.CheckpointError, match="exists but was not written by blocks"):
+        store.replace_ours(str(linked))  # a save of step 1 refuses it instead of writing through it
+
+
 def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path) -> None:
     leftover = step_dir(run_dir, 11)
     shutil.copytree(step_dir(run_dir, 9), leftover)

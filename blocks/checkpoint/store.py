@@ -358,9 +358,18 @@ def begin(url: str) -> None:
 
 
 def is_ours(url: str) -> bool:
-    """Whether blocks created the directory *url* (it holds :data:`MARKER` or a manifest)."""
+    """Whether blocks created the directory *url* (it holds :data:`MARKER` or a manifest, and is no link)."""
     fs, root = url_to_fs(url)
+    if _is_link(fs, root):
+        return False
     return bool(fs.exists(join(root, MARKER)) or fs.exists(join(root, MANIFEST)))
+
+
+def _is_link(fs: Any, path: str) -> bool:
+    try:
+        return bool(fs.info(path).get("islink"))
+    except FileNotFoundError:
+        return False
 
 
 def replace_ours(url: str) -> None:
@@ -612,12 +621,14 @@ def list_dir(directory: str) -> Listing:
     listing = Listing()
     if not fs.exists(root):
         return listing
-    for entry in fs.ls(root, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
+    for entry in fs.ls(root, detail=True):
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         if not _STEP_DIR.match(name):
             continue
         url, path = join(directory, name), join(root, name)
-        if fs.exists(join(path, MANIFEST)):
+        if entry.get("islink"):  # a link's target is not blocks' to resume from or delete
+            listing.foreign.append(url)
+        elif fs.exists(join(path, MANIFEST)):
             try:
                 listing.committed.append(Committed(url, read_manifest(url)))
             except CheckpointError as exc:
@@ -646,6 +657,8 @@ def remove(url: str) -> None:
     fs, root = url_to_fs(url)
     if not fs.exists(root):
         return
+    if _is_link(fs, root):
+        raise CheckpointError(f"{url} is a link: blocks deletes only the checkpoints it wrote, never through a link")
     marker = join(root, MARKER)
     if not fs.exists(marker):
         begin(url)
