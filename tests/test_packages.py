@@ -201,5 +201,8 @@ def test_new_package_refuses_an_existing_directory_and_a_bad_name(venv: Venv, tm
     (tmp_path / "taken").mkdir()
     taken = venv.blocks("new-package", "taken", cwd=tmp_path)
     assert taken.returncode == 2 and "already exists; nothing was written" in taken.stderr
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing ended in mkdir's traceback
+    dangling = venv.blocks("new-package", "dangling", cwd=tmp_path)
+    assert dangling.returncode == 2 and "already exists; nothing was written" in dangling.stderr
     bad = venv.blocks("new-package", "9 lives", cwd=tmp_path)
     assert bad.returncode == 2 and "is not a package name" in bad.stderr

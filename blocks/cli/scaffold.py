@@ -181,7 +181,7 @@ def new_package(name: str, directory: Path, namespace: str | None = None) -> lis
         raise BlocksError(
             Problem("--namespace", f"'{namespace}' is not a block namespace", "letters, digits, '_' and '-'")
         )
-    if directory.exists():
+    if directory.exists() or directory.is_symlink():  # a dangling link too: mkdir would fail on it
         raise BlocksError(
             Problem(
                 "--dir",
