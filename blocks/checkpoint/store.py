@@ -658,7 +658,9 @@ def remove(url: str) -> None:
     if not fs.exists(root):
         return
     if _is_link(fs, root):
-        raise CheckpointError(f"{url} is a link: blocks deletes only the checkpoints it wrote, never through a link")
+        raise CheckpointError(
+            f"{url} is a link: blocks deletes only the checkpoints it wrote, never through a link"
+        )
     marker = join(root, MARKER)
     if not fs.exists(marker):
         begin(url)
