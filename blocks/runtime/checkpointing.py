@@ -98,7 +98,8 @@ class CheckpointCallback(pl.Callback):
     Triggers: every ``every_n_steps`` optimizer steps, every ``every_seconds`` (rank 0's clock,
     broadcast), the end of training, and SIGTERM/SIGINT between optimizer steps. Its own state
     in each checkpoint is every rank's RNG states. ``stall_s`` adds up the seconds training
-    waited for saves.
+    waited for saves. *metrics* gives the metrics logged at a step: a manifest holds those of
+    its own step only, so ``keep_best`` never ranks a checkpoint by an earlier validation.
     """
 
     def __init__(
@@ -112,7 +113,7 @@ class CheckpointCallback(pl.Callback):
         world_size: int,
         block_digests: dict[str, str],
         resumed_from: str | None,
-        metrics: Callable[[], dict[str, float]],
+        metrics: Callable[[int], dict[str, float]],
         job: str = "",
         before_save: Callable[[pl.Trainer], None] = lambda trainer: None,
     ) -> None:
@@ -278,7 +279,7 @@ class CheckpointCallback(pl.Callback):
             sharded=False,
             global_batch=self.global_batch,
             block_digests=self.block_digests,
-            metrics=self.metrics(),
+            metrics=self.metrics(step),
             job=self.job,
         )
         started = time.perf_counter()
