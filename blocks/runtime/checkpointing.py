@@ -195,18 +195,15 @@ class CheckpointCallback(pl.Callback):
     ) -> None:
         """A save due at the previous step that no validation followed happens now (nothing changed since)."""
         if self._pending:
-            self._between_batches = True
-            try:
-                self.save(trainer)
-            finally:
-                self._between_batches = False
+            self._save_between_batches(trainer)
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Record a save made between batches as made at the end of the previous one.
 
-        Lightning has already counted the next batch as ready; restored as is, its batch
+        Between batches: a save due at the previous step, or the save of a signal's stop
+        (``Preempted`` is raised from ``on_train_batch_start`` too). Lightning has already counted the next batch as ready; restored as is, its batch
         counter runs one ahead after a resume, and validation comes one step early.
         """
         if not self._between_batches:
@@ -257,12 +254,22 @@ class CheckpointCallback(pl.Callback):
             return
         if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
-        if processed_micro_batches(trainer) % self.accumulate == 0:
-            self.save(trainer)
-        else:
+        if processed_micro_batches(trainer) % self.accumulate != 0:
             log.warning(
                 "interrupted in the middle of an accumulated step: not saving; the last checkpoint stands"
             )
+        elif isinstance(exception, Preempted):  # raised from on_train_batch_start: between batches
+            self._save_between_batches(trainer)
+        else:
+            self.save(trainer)
+
+    def _save_between_batches(self, trainer: pl.Trainer) -> None:
+        """Save from ``on_train_batch_start``, after Lightning counted the coming batch (see :meth:`on_save_checkpoint`)."""
+        self._between_batches = True
+        try:
+            self.save(trainer)
+        finally:
+            self._between_batches = False
 
     def save(self, trainer: pl.Trainer) -> None:
         """Write and commit a checkpoint at the current step, then apply retention."""
