@@ -45,3 +45,23 @@ class SignalAtTrainEnd(pl.Callback):
         import signal
 
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalAtStep(pl.Callback):
+    """Sends this process SIGTERM once optimizer step *step* is done (from ``on_train_batch_end``).
+
+    Sent at the micro-batch that completes the step, so a run resumed from that step (whose
+    first micro-batch ends at the same ``global_step`` under accumulation) is not signalled again.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        import os
+        import signal
+
+        batch_idx = args[-1]
+        completes_a_step = (int(batch_idx) + 1) % trainer.accumulate_grad_batches == 0  # type: ignore[call-overload]
+        if trainer.global_step == self.step and completes_a_step:
+            os.kill(os.getpid(), signal.SIGTERM)

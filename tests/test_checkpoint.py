@@ -125,26 +125,56 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> 
     assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(6))
 
 
+def logged_rows(run_dir: Path) -> dict[int, dict[str, float]]:
+    """``metrics.csv`` as step → the metrics logged at that step (empty cells left out)."""
+    rows: dict[int, dict[str, float]] = {}
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            values = {name: float(value) for name, value in row.items() if name != "step" and value}
+            rows.setdefault(int(row["step"]), {}).update(values)
+    return rows
+
+
 @pytest.mark.slow
 def test_retention_keeps_the_newest_the_best_and_the_resumed(tmp_path: Path) -> None:
+    """The best are ranked by the validation of their own step; a checkpoint between validations is no candidate.
+
+    Regression: each manifest held the last value of every metric, so the checkpoint right
+    after a validation carried that validation's ``val/loss`` and could take a best slot.
+    ``mode=max`` ranks the early validations best, where that copy ties with the original.
+    """
     run_dir = tmp_path / "run"
     args = [
         *LM,
         "trainer.max_steps=12",
         "checkpoint.every_n_steps=2",
         "checkpoint.keep_last=2",
-        "checkpoint.keep_best=1",
+        "checkpoint.keep_best=2",
         "checkpoint.monitor=val/loss",
-        "trainer.val_every=2",
+        "checkpoint.mode=max",
+        "trainer.val_every=4",
         f"hydra.run.dir={run_dir}",
     ]
     trained(args[:-1], run_dir)
     committed, uncommitted = store.scan(str(run_dir / "checkpoints"))
     steps = [c.manifest.step for c in committed]
-    best = min(committed, key=lambda c: c.manifest.metrics["val/loss"]).manifest.step
+    logged = logged_rows(run_dir)
+    for checkpoint in committed:
+        step = checkpoint.manifest.step
+        measured = {
+            name: value for name, value in logged[step].items() if name in checkpoint.manifest.metrics
+        }
+        assert checkpoint.manifest.metrics == pytest.approx(measured, rel=1e-4), (  # the CSV rounds
+            f"step {step}: only its own step's metrics"
+        )
+        assert ("val/loss" in checkpoint.manifest.metrics) == (step % 4 == 0), step
+    validated = sorted(
+        (step for step, row in logged.items() if "val/loss" in row), key=lambda s: logged[s]["val/loss"]
+    )
+    assert validated and all(step % 4 == 0 for step in validated)
     assert uncommitted == []
     assert steps[-2:] == [10, 12]
-    assert set(steps) == {10, 12, best}
+    assert set(steps) == {10, 12, *validated[-2:]}
     resumed = store.join(str(run_dir / "checkpoints"), store.step_dir_name(12))
     rerun = run_in_process(
         ["run", *args[:-1], "trainer.max_steps=20", f"hydra.run.dir={run_dir}"], cwd=tmp_path

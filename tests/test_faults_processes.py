@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -339,16 +340,59 @@ def stop_an_in_process_run_by_sigterm_in_setup(run_dir: str) -> dict[str, Any]:
     return {"outcome": outcome, "handler_back": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
 
 
+VAL_EVERY, STOPPED_AT, RESUMED_TO = 4, 5, 12
+
+
+def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumulate: int) -> dict[str, Any]:
+    """In a fresh process: a run SIGTERMed once step :data:`STOPPED_AT` is done, then the same command again.
+
+    What each said, and the steps of the ``metrics.csv`` rows with validation metrics.
+    """
+    os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
+    args = [
+        "recipe=blobs",
+        f"trainer.max_steps={RESUMED_TO}",
+        "trainer.max_epochs=null",
+        f"trainer.val_every={VAL_EVERY}",
+        f"data.batch_size={64 // accumulate}",
+        f"optim.accumulate={accumulate}",
+        "monitor.progress=off",
+        f"trainer.callbacks=[{{_target_: tests.lightning_habits.SignalAtStep, step: {STOPPED_AT}}}]",
+    ]
+    try:
+        driver.run(args, Path(run_dir))
+        stopped = "not stopped"
+    except driver.JobFailed as stop:
+        stopped = str(stop)
+    resumed = driver.run(args, Path(run_dir))
+    with open(Path(run_dir) / "metrics.csv", newline="") as fh:
+        validated = [int(row["step"]) for row in csv.DictReader(fh) if row.get("val/loss")]
+    return {
+        "stopped": stopped,
+        "status": resumed.status,
+        "resumed_from": read_summary(Path(run_dir))["resumed_from"],
+        "validated": validated,
+    }
+
+
 def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
     """Three runs stopped by SIGTERM one after the other in one process (cells of a notebook): two as
     :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
-    ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`."""
+    ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`;
+    then runs stopped at a step and resumed, as :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume`
+    (``resumed/<accumulate>``)."""
     return {
         "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
         "never": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
             str(Path(root) / "never"), "checkpoint.resume=never"
         ),
         "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
+        "resumed": {
+            str(accumulate): stop_an_in_process_run_by_sigterm_at_a_step_and_resume(
+                str(Path(root) / f"resumed{accumulate}"), accumulate
+            )
+            for accumulate in (1, 2)
+        },
     }
 
 
@@ -373,6 +417,20 @@ def test_the_shutdown_grace_ends_with_the_run_not_with_the_process_that_ran_it(
     assert f"to resume, run the same command with hydra.run.dir={root / 'default'}" in outcome.replace(
         "\n", ""
     )
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_run_resumed_from_its_signal_checkpoint_validates_at_the_uninterrupted_steps(
+    stopped_in_process: tuple[Path, dict[str, Any]], accumulate: int
+) -> None:
+    """Regression: the checkpoint a SIGTERM saved counted the next micro-batch as done; resumed from it,
+    every validation came one micro-batch early (at steps 7 and 11 instead of 8 and 12 here)."""
+    _, outcomes = stopped_in_process
+    said = outcomes["resumed"][str(accumulate)]
+    assert f"SIGTERM stopped training at step {STOPPED_AT}" in said["stopped"], said
+    assert said["status"] == "completed", said
+    assert said["resumed_from"].endswith(store.step_dir_name(STOPPED_AT)), said
+    assert said["validated"] == list(range(VAL_EVERY, RESUMED_TO + 1, VAL_EVERY)), said
 
 
 def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(

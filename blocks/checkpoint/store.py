@@ -171,7 +171,9 @@ class Manifest:
         global_batch: samples per optimizer step; a resume must keep it to continue the same stream.
         block_digests: sha256 of what a resume must share with the run that saved (model, task,
             data, optimizer kind, seed, the data's content), to refuse resuming a different job.
-        metrics: metric values at save time (for ``keep_best``).
+        metrics: the metrics logged at ``step`` (for ``keep_best``); one last logged earlier (a
+            validation metric between validations) is left out. Manifests of earlier versions
+            may hold such stale values.
         files: relative path → ``{"size": int, ALGORITHM: hex digest}`` (ALGORITHM a key of
             :data:`DIGEST_HEX_LENGTHS`).
         format: the manifest format (:data:`FORMAT` when written by this version).
@@ -739,7 +741,8 @@ def to_delete(
 ) -> list[str]:
     """URLs retention may delete: not among the newest ``keep_last``, the best ``keep_best``, or *protected*.
 
-    The newest committed checkpoint is always kept. *stale* checkpoints are newer than the
+    The best are ranked by *monitor* in their manifests; a checkpoint without it (not measured
+    at its step) is no candidate. The newest committed checkpoint is always kept. *stale* checkpoints are newer than the
     one this run started from: left behind by an earlier attempt that got further but could not
     be resumed from (corrupt, or ``resume=never``). They never count among the newest or the
     best (else each new checkpoint would be deleted right after it is written) and are deleted

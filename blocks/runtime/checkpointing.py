@@ -98,7 +98,8 @@ class CheckpointCallback(pl.Callback):
     Triggers: every ``every_n_steps`` optimizer steps, every ``every_seconds`` (rank 0's clock,
     broadcast), the end of training, and SIGTERM/SIGINT between optimizer steps. Its own state
     in each checkpoint is every rank's RNG states. ``stall_s`` adds up the seconds training
-    waited for saves.
+    waited for saves. *metrics* gives the metrics logged at a step: a manifest holds those of
+    its own step only, so ``keep_best`` never ranks a checkpoint by an earlier validation.
     """
 
     def __init__(
@@ -112,7 +113,7 @@ class CheckpointCallback(pl.Callback):
         world_size: int,
         block_digests: dict[str, str],
         resumed_from: str | None,
-        metrics: Callable[[], dict[str, float]],
+        metrics: Callable[[int], dict[str, float]],
         job: str = "",
         before_save: Callable[[pl.Trainer], None] = lambda trainer: None,
     ) -> None:
@@ -194,18 +195,15 @@ class CheckpointCallback(pl.Callback):
     ) -> None:
         """A save due at the previous step that no validation followed happens now (nothing changed since)."""
         if self._pending:
-            self._between_batches = True
-            try:
-                self.save(trainer)
-            finally:
-                self._between_batches = False
+            self._save_between_batches(trainer)
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Record a save made between batches as made at the end of the previous one.
 
-        Lightning has already counted the next batch as ready; restored as is, its batch
+        Between batches: a save due at the previous step, or the save of a signal's stop
+        (``Preempted`` is raised from ``on_train_batch_start`` too). Lightning has already counted the next batch as ready; restored as is, its batch
         counter runs one ahead after a resume, and validation comes one step early.
         """
         if not self._between_batches:
@@ -256,12 +254,22 @@ class CheckpointCallback(pl.Callback):
             return
         if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
-        if processed_micro_batches(trainer) % self.accumulate == 0:
-            self.save(trainer)
-        else:
+        if processed_micro_batches(trainer) % self.accumulate != 0:
             log.warning(
                 "interrupted in the middle of an accumulated step: not saving; the last checkpoint stands"
             )
+        elif isinstance(exception, Preempted):  # raised from on_train_batch_start: between batches
+            self._save_between_batches(trainer)
+        else:
+            self.save(trainer)
+
+    def _save_between_batches(self, trainer: pl.Trainer) -> None:
+        """Save from ``on_train_batch_start``, after Lightning counted the coming batch (see :meth:`on_save_checkpoint`)."""
+        self._between_batches = True
+        try:
+            self.save(trainer)
+        finally:
+            self._between_batches = False
 
     def save(self, trainer: pl.Trainer) -> None:
         """Write and commit a checkpoint at the current step, then apply retention."""
@@ -278,7 +286,7 @@ class CheckpointCallback(pl.Callback):
             sharded=False,
             global_batch=self.global_batch,
             block_digests=self.block_digests,
-            metrics=self.metrics(),
+            metrics=self.metrics(step),
             job=self.job,
         )
         started = time.perf_counter()

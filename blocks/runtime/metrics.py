@@ -65,6 +65,8 @@ class MetricsRecorder(pl.Callback):
         self.rank_spread_tolerance = rank_spread_tolerance
         self._spread_windows = 0
         self.last: Row = {}
+        self.measured_at: dict[str, int] = {}
+        """The optimizer step each metric of :attr:`last` was logged at."""
         self._loss_sum: torch.Tensor | None = None
         self._carried_loss = 0.0  # the loss summed over the counted steps of the window a checkpoint saved
         self._carried_steps = 0
@@ -247,12 +249,22 @@ class MetricsRecorder(pl.Callback):
         self.train_seconds = time.perf_counter() - self._train_start
 
     def _emit(self, trainer: pl.Trainer, row: Row) -> None:
+        step = trainer.global_step
         self.last.update(row)
+        self.measured_at.update(dict.fromkeys(row, step))
         # Lightning callbacks (EarlyStopping, ...) read metrics by blocks' names, train/loss included.
         trainer.callback_metrics.update({name: torch.tensor(value) for name, value in row.items()})
         if trainer.is_global_zero:
             for sink in self.sinks:
                 sink.write(trainer.global_step, row)
+
+    def logged_at(self, step: int) -> Row:
+        """The metrics logged at optimizer step *step*: what a checkpoint of that step is ranked by.
+
+        A metric last logged at an earlier step (a validation metric between validations) is
+        left out: its value does not describe the model of *step*.
+        """
+        return {name: value for name, value in self.last.items() if self.measured_at.get(name) == step}
 
     def flush(self, trainer: pl.Trainer) -> None:
         """Write out buffered rows (global rank 0), e.g. right before a checkpoint."""

@@ -146,7 +146,7 @@ def build_run(
             block_digests=job_digests(plan),
             resumed_from=resume_from,
             job=start.job,
-            metrics=lambda: dict(recorder.last),
+            metrics=recorder.logged_at,
             before_save=recorder.flush,
         )
         callbacks.append(checkpointer)
