@@ -13,6 +13,7 @@ import pytest
 from blocks.checkpoint.storage import out_of_space, preflight_storage
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
+from tests.conftest import read_summary, run_in_process
 from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,22 +63,26 @@ def test_a_missing_bucket_is_refused_before_training(tmp_path: Path, s3_server) 
     assert not fs.exists("no-such-bucket"), "the probe must not create the bucket"
 
 
-def test_a_full_disk_says_no_space_left_on_device(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "small", "400k") as small, pytest.raises(BlocksError) as failed:
-        driver.run(
-            [
-                *BLOBS,
-                "trainer.max_steps=12",
-                f"checkpoint.dir={small}/ckpt",
-                "checkpoint.every_n_steps=1",
-                "checkpoint.keep_last=100",
-            ],
-            tmp_path / "run",
-        )
-    problem = failed.value.problems[0]
-    assert problem.key == "checkpoint.dir"
-    assert "no space left on device" in problem.message
-    assert "enforce fail" not in problem.render()
+def test_a_full_disk_says_no_space_left_on_device_and_fails_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with tmpfs(tmp_path / "small", "400k") as small:
+        args = [
+            *BLOBS,
+            "trainer.max_steps=12",
+            f"checkpoint.dir={small}/ckpt",
+            "checkpoint.every_n_steps=1",
+            "checkpoint.keep_last=100",
+            f"hydra.run.dir={run_dir}",
+        ]
+        result = run_in_process(["run", *args], cwd=tmp_path)
+    # Steps were trained and checkpoints committed: the run failed (1), it did not fail to start (2).
+    assert result.returncode == 1, result.output[-3000:]
+    assert "training failed" in result.output and "could not start" not in result.output
+    assert "checkpoint.dir: no space left on device" in result.output
+    assert "enforce fail" not in result.output
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and summary["global_step"] > 0
+    assert "no space left on device" in summary["reason"]
 
 
 def test_out_of_space_is_found_through_torchs_runtime_error() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -40,13 +41,19 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Write *state* as safetensors (shared tensors, like tied embeddings, are stored once each).
+    """Write *state* as safetensors at the local *path* (shared tensors, like tied embeddings, are stored once each).
 
-    Written through Python's ``open`` so the file's mode follows the umask like every other file
-    blocks writes (``safetensors.torch.save_file`` creates it 0600).
+    Atomic: written beside *path*, then renamed over it, so a reader (or a crash) never finds
+    half a file and a failed write leaves what was there. Written through Python's ``open`` so
+    the file's mode follows the umask like every other file blocks writes
+    (``safetensors.torch.save_file`` creates it 0600).
     """
     from safetensors.torch import save
 
-    path.write_bytes(
-        save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()})
-    )
+    data = save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()})
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from blocks import __version__
 from blocks.spec.block import KINDS
-from blocks.spec.errors import BlocksError, Problem, did_you_mean
+from blocks.spec.errors import BlocksError, Problem, TrainingError, did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -465,6 +465,8 @@ def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
     except JobFailed as exc:
         print(f"blocks: {exc}", file=sys.stderr)
         return exit_code(exc.summary)
+    except TrainingError as exc:  # met once a stage's training started: it failed
+        return _fail(exc, "blocks: training failed (its summary.json says failed and why)")
     return 0
 
 

@@ -19,6 +19,12 @@ METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
+COMPLETED_SUMMARY_FILE = ".completed-summary.json"
+"""The ``summary.json`` of the run dir's last completed run, set aside when another attempt starts.
+
+An attempt removes ``summary.json`` before it writes anything else, so a reader never takes an
+earlier outcome for this attempt's; a rerun that trains no further keeps that run's figures.
+"""
 
 Status = Literal["completed", "failed", "interrupted"]
 
@@ -80,7 +86,7 @@ class Summary:
         return data
 
     @classmethod
-    def read(cls, run_dir: Path) -> Summary:
-        """Read a run dir's ``summary.json``."""
-        data: dict[str, Any] = json.loads((run_dir / SUMMARY_FILE).read_text())
+    def read(cls, run_dir: Path, name: str = SUMMARY_FILE) -> Summary:
+        """Read a run dir's ``summary.json`` (or another file of the same form, *name*)."""
+        data: dict[str, Any] = json.loads((run_dir / name).read_text())
         return cls(**data)

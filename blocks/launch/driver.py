@@ -45,6 +45,7 @@ from blocks.launch.run_dir import (
     Summary,
     freeze_config,
     load_plan,
+    retire_summary,
     write_job_files,
 )
 from blocks.launch.torchrun import (
@@ -55,7 +56,7 @@ from blocks.launch.torchrun import (
     run_torchrun,
 )
 from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
-from blocks.spec.errors import BlocksError
+from blocks.spec.errors import BlocksError, TrainingError
 from blocks.spec.imports import refuse_objects
 
 
@@ -92,7 +93,9 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
             return failed_objective(cfg)
         raise SystemExit(exit_code(exc.summary)) from None
     except BlocksError as exc:
-        print(f"blocks: the job could not start (run dir: {run_dir})", file=sys.stderr)
+        # A TrainingError was met once training started: the job failed (summary.json says so).
+        what = "training failed" if isinstance(exc, TrainingError) else "the job could not start"
+        print(f"blocks: {what} (run dir: {run_dir})", file=sys.stderr)
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
@@ -260,11 +263,16 @@ def _checked(
 
 
 def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
-    """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``."""
+    """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``.
+
+    An earlier run's ``summary.json`` goes first (:func:`retire_summary`): from here on the run
+    dir describes this attempt.
+    """
     directory = job_checkpoint_dir(run_dir, plan)
     resume_from = resolve_resume(plan, directory)
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
+    retire_summary(run_dir)
     write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
         # every node's driver of a multi-node job records the same job: its SLURM job, if any
@@ -325,14 +333,16 @@ def locks_checkpoint_dir(run_dir: Path, plan: Plan) -> bool:
 def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     """Train the run in *run_dir*: in this process, through torchrun for several processes or restarts, or on Ray.
 
-    A run that dies without writing ``summary.json`` (a crash before training, a killed
-    process) still gets one, with status ``failed`` (``interrupted`` after a signal).
-    Raises :class:`JobFailed` when the run did not complete.
+    An earlier run's ``summary.json`` is taken away first (:func:`retire_summary`). A run that
+    dies without writing one (a crash before training) still gets one, with status ``failed``
+    (``interrupted`` after a signal); a killed ``blocks run`` leaves none. Raises
+    :class:`JobFailed` when the run did not complete.
     """
     plan = plan or load_plan(run_dir)
     on_ray = uses_ray(plan)
+    retire_summary(run_dir)
     if on_ray or needs_launcher(plan):
-        for stale in (SUMMARY_FILE, FAILURES_FILE, ATTEMPT_FILE):
+        for stale in (FAILURES_FILE, ATTEMPT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         shutil.rmtree(run_dir / RANKS_DIR, ignore_errors=True)
         if on_ray:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from blocks.core.masking import hide_environment_values
 from blocks.core.plan import Plan
 from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exported for launch)
     CHECKPOINTS_DIR,
+    COMPLETED_SUMMARY_FILE,
     CONFIG_FILE,
     METRICS_FILE,
     PLAN_FILE,
@@ -40,6 +43,34 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
     shown = dataclasses.replace(plan, from_environment=env_interpolations(config))  # what is written decides
     (run_dir / PLAN_FILE).write_text(json.dumps(shown.to_json(), indent=2) + "\n")
+
+
+def retire_summary(run_dir: Path) -> None:
+    """Take away the ``summary.json`` an earlier run left in *run_dir*: a new attempt is starting.
+
+    Until this attempt writes its own, nothing claims how it ended (a process killed meanwhile
+    leaves none, and the driver writes ``failed``). A completed one is moved to
+    :data:`COMPLETED_SUMMARY_FILE` (in one rename), where a rerun that trains no further finds
+    its figures (:func:`completed_before`); any other is removed.
+    """
+    path = run_dir / SUMMARY_FILE
+    try:
+        completed = Summary.read(run_dir).status == "completed"
+    except (OSError, ValueError, TypeError):
+        completed = False
+    with contextlib.suppress(FileNotFoundError):
+        if completed:
+            os.replace(path, run_dir / COMPLETED_SUMMARY_FILE)
+        else:
+            path.unlink()
+
+
+def completed_before(run_dir: Path) -> Summary | None:
+    """The summary of the last completed run in *run_dir* that :func:`retire_summary` set aside, if any."""
+    try:
+        return Summary.read(run_dir, COMPLETED_SUMMARY_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from blocks.core.environment import restart_count
 from blocks.core.masking import hiding_output
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
-from blocks.launch.run_dir import WEIGHTS_FILE, Summary, load_run
-from blocks.spec.errors import BlocksError
+from blocks.launch.run_dir import WEIGHTS_FILE, Summary, completed_before, load_run
+from blocks.spec.errors import BlocksError, TrainingError
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
@@ -73,6 +73,12 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
             )
         else:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
+        if (
+            isinstance(exc, BlocksError)
+            and not isinstance(exc, TrainingError)
+            and built.recorder.training_started
+        ):
+            raise TrainingError(exc.problems) from exc  # not a job that could not start: exit status 1
         raise
     finally:
         try:
@@ -85,24 +91,60 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
             summary.steady_samples_per_s = built.recorder.steady_samples_per_s
             summary.steady_tokens_per_s = built.recorder.steady_tokens_per_s
             summary.checkpoint_stall_s = built.checkpointer.stall_s if built.checkpointer else 0.0
+            weights_error: Exception | None = None
             # Gathering sharded weights is a collective: only safe when every rank got this far.
             if summary.status == "completed" or not is_sharded(module.model):
                 state = full_state_dict(module.model)
                 if trainer.is_global_zero:
                     summary.state_digest = state_digest(state)
                     if summary.status == "completed" and plan.checkpoint.save_weights:
-                        save_weights(state, run_dir / WEIGHTS_FILE)
+                        try:
+                            save_weights(state, run_dir / WEIGHTS_FILE)
+                        except Exception as exc:
+                            weights_error = exc
+                            reason = failure_reason(exc, plan)
+                            summary.status, summary.reason = (
+                                "failed",
+                                f"could not write {WEIGHTS_FILE}: {reason}",
+                            )
             summary.wall_s = time.perf_counter() - started
+            if summary.status == "completed" and not built.recorder.samples_seen:
+                keep_finished_figures(summary, completed_before(run_dir))
             # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
             if trainer.is_global_zero and not stall_detected(trainer):
                 summary.write(run_dir)
                 if console and plan.monitor.progress != "off":
                     _print_summary(summary)
             _shut_down_process_group(wait_for_peers=summary.status == "completed")
+            if weights_error is not None:
+                raise weights_error
         finally:
             if built.preemption is not None:
                 built.preemption.disarm()  # the grace timer and the signal handlers it armed
     return summary
+
+
+def keep_finished_figures(summary: Summary, finished: Summary | None) -> None:
+    """Give *summary* of a rerun that trained nothing the figures of the completed run it found.
+
+    Only when *finished* (the run dir's last completed summary) ended with the same weights at
+    the same step: its metrics (this session's newer values win), throughput and checkpoint
+    stall describe the training that made them. ``wall_s`` stays this session's.
+    """
+    if (
+        finished is None
+        or finished.status != "completed"
+        or finished.global_step != summary.global_step
+        or not finished.state_digest
+        or finished.state_digest != summary.state_digest
+    ):
+        return
+    summary.metrics = {**finished.metrics, **summary.metrics}
+    summary.reason = summary.reason or finished.reason
+    summary.samples_per_s = finished.samples_per_s
+    summary.steady_samples_per_s = finished.steady_samples_per_s
+    summary.steady_tokens_per_s = finished.steady_tokens_per_s
+    summary.checkpoint_stall_s = finished.checkpoint_stall_s
 
 
 def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, run_dir: Path) -> str:
@@ -166,7 +208,8 @@ def run_worker(run_dir: Path) -> int:
 
     0 when training completed or was interrupted on purpose (its checkpoint is saved, so
     torchrun must not restart the workers; the driver reads "interrupted" from
-    ``summary.json``); 1 when the health policy stopped it; 2 for a config mistake found here.
+    ``summary.json``); 1 when the health policy stopped it or a problem of the setup met once
+    training started (a :class:`TrainingError`); 2 for a config mistake found before.
     Any other exception propagates.
     """
     from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -310,8 +353,14 @@ def vanished_ranks(run_dir: Path, attempt: int) -> list[int]:
 
 
 def _report_user_error(run_dir: Path, error: BlocksError) -> int:
-    """A config mistake found in a worker (e.g. an incompatible checkpoint): say so, record it; its exit status."""
+    """A config mistake found in a worker (e.g. an incompatible checkpoint): say so, record it; its exit status.
+
+    A :class:`TrainingError` is recorded already: :func:`train` wrote the step it reached.
+    """
     text = "\n".join(problem.render() for problem in error.problems)
+    if isinstance(error, TrainingError):  # train() wrote summary.json: failed, at the step it reached
+        print(f"blocks: training failed:\n{text}", file=sys.stderr, flush=True)
+        return error.exit_code
     print(f"blocks: the job cannot run:\n{text}", file=sys.stderr, flush=True)
     if int(os.environ.get("RANK", "0")) == 0:
         Summary(status="failed", reason=text).write(run_dir)

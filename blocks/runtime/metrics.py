@@ -87,6 +87,8 @@ class MetricsRecorder(pl.Callback):
         """Seconds training has waited for checkpoint saves so far (set by the builder)."""
         self.steady_samples = 0
         self.steady_seconds = 0.0
+        self.training_started = False
+        """Whether this session's training loop began (after the checkpoint it resumes was restored)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's open logging window (the loss summed over its steps so far), saved with a checkpoint.
@@ -111,6 +113,7 @@ class MetricsRecorder(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the clocks."""
+        self.training_started = True
         self._seen_step = trainer.global_step
         self._train_start = self._window_start = self._batch_end = time.perf_counter()
         if self.flops_per_sample and not self.peak_flops:

@@ -81,6 +81,16 @@ class PlanError(BlocksError):
     """The config composed but the plan found errors; nothing was started."""
 
 
+class TrainingError(BlocksError):
+    """A problem of the user's setup met after training started (e.g. a full checkpoint disk): the run failed.
+
+    Its exit status is 1, as for any failed training: something was trained and ``summary.json``
+    says ``failed`` and why.
+    """
+
+    exit_code = 1
+
+
 class RegistryError(BlocksError):
     """A block, recipe or package could not be registered or found."""
 

@@ -1,0 +1,97 @@
+"""A run dir's ``summary.json`` describes the latest attempt: an earlier outcome never stands in for it.
+
+One finished run is copied for every case: extended and killed, extended with weights that cannot
+be written, extended with a logger that cannot start, and run again with nothing left to train.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from blocks.launch import driver
+from tests.conftest import blocks_run_until_step, read_summary, run_in_process
+
+pytestmark = pytest.mark.timeout(600)
+
+ARGS = [
+    "recipe=blobs",
+    "trainer.max_epochs=null",
+    "trainer.val_every=null",
+    "checkpoint.every_n_steps=10",
+    "monitor.log_every_n_steps=5",
+]
+QUIET = [*ARGS, "monitor.progress=off"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run dir of :data:`ARGS` completed at step 20 (checkpoints at 10 and 20, ``model.safetensors``)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert driver.run([*QUIET, "trainer.max_steps=20"], run_dir).status == "completed"
+    return run_dir
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    return run_dir
+
+
+def test_a_rerun_with_nothing_left_to_train_keeps_the_finished_runs_figures(
+    finished: Path, tmp_path: Path
+) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    summary = driver.run([*QUIET, "trainer.max_steps=20"], run_dir)
+    before, after = read_summary(finished), read_summary(run_dir)
+    assert summary.status == after["status"] == "completed" and after["resumed_from"]
+    assert after["global_step"] == 20 and after["state_digest"] == before["state_digest"]
+    assert after["metrics"]["train/loss"] == before["metrics"]["train/loss"], (
+        "the objective of a run without validation"
+    )
+    for name in ("samples_per_s", "steady_samples_per_s", "checkpoint_stall_s"):
+        assert after[name] == before[name], name
+    assert before["samples_per_s"] > 0 and before["steady_samples_per_s"] is not None
+
+
+def test_an_extension_killed_midway_leaves_no_completed_summary(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    args = [*ARGS, "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]
+    with blocks_run_until_step(args, cwd=tmp_path, step=25) as proc:
+        proc.kill()  # SIGKILL: nothing runs at death
+        proc.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists(), (
+        "the step-20 run's 'completed' must not stand for this attempt"
+    )
+
+
+def test_weights_that_cannot_be_written_fail_the_summary_too(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    (run_dir / "model.safetensors").unlink()
+    (run_dir / "model.safetensors").mkdir()
+    with pytest.raises(IsADirectoryError):
+        driver.run([*QUIET, "trainer.max_steps=30"], run_dir)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and summary["global_step"] == 30
+    assert "model.safetensors" in summary["reason"] and "IsADirectoryError" in summary["reason"]
+    assert not list(run_dir.glob(".model.safetensors*")), "the half-written file is gone"
+
+
+def test_a_logger_that_cannot_start_leaves_a_failed_summary(finished: Path, tmp_path: Path) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    logger = "{_target_: pytorch_lightning.loggers.CSVLogger, no_such_argument: 1}"
+    result = run_in_process(
+        [
+            "run",
+            *QUIET,
+            "trainer.max_steps=30",
+            f"monitor.loggers=[csv,{logger}]",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "could not start" in result.output, result.output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and "no_such_argument" in summary["reason"]
