@@ -495,6 +495,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "yaml-syntax",
+        ("config",),
+        "experiment",
+        "a preset file is YAML (the problem names its group, the file, the line and the column)",
+        (),
+    ),
+    Check(
         "block-import",
         ("config",),
         "model",
