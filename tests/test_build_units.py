@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
+from blocks.core import jobs
 from blocks.monitor.sinks import CsvSink
 from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 
@@ -16,8 +19,56 @@ def test_every_rank_gets_the_same_number_of_validation_batches() -> None:
         ]
         assert len({len(s) for s in shards}) == 1, (samples, world)
         assert len({len(list(s)) for s in shards}) == 1
-        seen = {i for s in shards for b in s for i in b}
-        assert seen == set(range(samples)), "every sample is evaluated"
+        positions = [p for s in shards for b in s for p in b]
+        assert positions == list(range(len(positions))), "contiguous shards of the padded split, in order"
+        assert samples <= len(positions) < samples + world, "less than one position of padding per rank"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["recipe=blobs", "data.samples=70", "data.batch_size=2"],  # 7 samples: world 3 has a batch of padding
+        ["data=diabetes", "task=regress", "model=mlp", "data.batch_size=8"],  # 88 samples
+        ["recipe=tiny_lm", "data.val_fraction=0.001", "data.batch_size=4"],  # 11 windows
+    ],
+    ids=["classify", "regress", "lm"],
+)
+def test_validation_counts_every_sample_once_on_any_number_of_processes(args: list[str]) -> None:
+    """The ranks' validation steps together give one process's metrics: the padding is run but not counted."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from blocks.runtime.datamodule import VALID, PaddedSplit, collate
+    from blocks.runtime.module import BlocksModule
+
+    plan = jobs.plan(args)
+    torch.manual_seed(0)
+    module = BlocksModule(plan.model, plan.task, plan.optim, plan.data.batch_spec(), total_steps=1)
+    dataset, samples = plan.data.build("val"), plan.derived.val_samples
+    with torch.no_grad():
+        for batch in DataLoader(dataset, batch_size=plan.data.batch_size):
+            module.objective.update(module.model(batch["inputs"]), batch)
+        single = module.objective.compute()
+        for world in (1, 2, 3):
+            module.objective.reset()
+            counted = []
+            for rank in range(world):
+                sampler = ShardedBatchSampler(
+                    samples, batch_size=plan.data.batch_size, rank=rank, world_size=world
+                )
+                loader = DataLoader(PaddedSplit(dataset), batch_sampler=sampler, collate_fn=collate)
+                for positions, batch in zip(sampler, loader, strict=True):
+                    mask = batch.get(VALID, torch.ones(len(positions), dtype=torch.bool)).tolist()
+                    counted += [
+                        position % samples for position, valid in zip(positions, mask, strict=True) if valid
+                    ]
+                    module.validation_step(batch, 0)
+            assert sorted(counted) == list(range(samples)), (
+                f"world {world}: every sample counted exactly once"
+            )
+            torch.testing.assert_close(
+                module.objective.compute(), single, rtol=1e-5, atol=1e-6, msg=str(world)
+            )
 
 
 def test_resume_continues_the_saved_epoch_even_if_iteration_starts_first() -> None:

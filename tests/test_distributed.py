@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from blocks.core import jobs
 from blocks.launch import driver
+from blocks.launch.evaluate import evaluate
 from blocks.launch.worker import vanished_ranks
 from blocks.runtime.trainer import build_run
 from tests.conftest import (
@@ -41,8 +42,25 @@ LM = [
     "trainer.val_every=null",
     "monitor.progress=off",
     "optim.warmup_steps=2",
+    "data.val_fraction=0.0999",  # 1179 validation windows: 2 processes pad one
 ]
-FAST_DDP = ["recipe=blobs", "data.samples=1024", "trainer.max_epochs=1", "strategy=ddp", "trainer.devices=2"]
+FAST_DDP = [
+    "recipe=blobs",
+    "data.samples=1024",
+    "data.val_fraction=0.101",  # 103 validation samples: 2 processes pad one
+    "trainer.max_epochs=1",
+    "strategy=ddp",
+    "trainer.devices=2",
+]
+
+
+def assert_val_metrics_are_one_process_ones(run_dir: Path) -> None:
+    """The run's logged ``val/*`` metrics are ``blocks eval``'s of its weights on one process: no sample counts twice."""
+    single = evaluate(str(run_dir))
+    logged = {
+        name: value for name, value in read_summary(run_dir)["metrics"].items() if name.startswith("val/")
+    }
+    assert logged == pytest.approx(single, rel=1e-5, abs=1e-6), run_dir
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -156,6 +174,7 @@ def test_ddp_logs_every_ranks_loss_and_the_spread(three_ddp_jobs: list[tuple[Pat
         assert column in header
     metrics = summary["metrics"]
     assert metrics["val/accuracy"] > 0.9
+    assert_val_metrics_are_one_process_ones(run_dir)
     ranks = [metrics["train/loss_rank0"], metrics["train/loss_rank1"]]
     assert metrics["train/loss"] == pytest.approx(sum(ranks) / 2, rel=1e-5)
 
@@ -193,6 +212,7 @@ def test_sweep_of_two_process_jobs_gives_one_run_dir_per_job(strategy_sweep: Pat
             p.name for p in (strategy_sweep / job).iterdir() if p.is_dir() and not p.name.startswith(".")
         }
         assert subdirs <= {"checkpoints"}, f"no extra dirs per rank inside a job's run dir: {subdirs}"
+        assert_val_metrics_are_one_process_ones(strategy_sweep / job)  # DDP and FSDP, task=lm
 
 
 LAUNCHER_SWEEP = [

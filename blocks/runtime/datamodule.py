@@ -49,6 +49,38 @@ def batched(dataset: Dataset) -> Dataset:
     return BatchedFetch(dataset) if callable(getattr(dataset, "gather", None)) else dataset
 
 
+VALID = "valid"
+"""Batch key of the mask :class:`PaddedSplit` adds to a batch that holds padding (True: a sample to count)."""
+
+
+class PaddedSplit(Dataset):
+    """A split read at :class:`ShardedBatchSampler`'s positions: position ``p`` is sample ``p % len``.
+
+    Positions past the end are the padding that gives every rank the same number of batches.
+    A batch that holds any carries a boolean :data:`VALID` mask, False there, so validation
+    runs the forward on the whole batch but counts each sample of the split exactly once.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = batched(dataset)
+        self.size = len(dataset)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, position: int) -> Any:
+        return self.dataset[position % self.size]
+
+    def __getitems__(self, positions: list[int]) -> Any:
+        """One batch of samples, with the :data:`VALID` mask when some of *positions* are padding."""
+        indices = [position % self.size for position in positions]
+        fetch = getattr(self.dataset, "__getitems__", None)
+        batch = collate(fetch(indices) if fetch is not None else [self.dataset[i] for i in indices])
+        if indices != positions:
+            batch[VALID] = torch.tensor([position < self.size for position in positions])
+        return batch
+
+
 class BlocksDataModule(pl.LightningDataModule):
     """Train and val loaders for a data block, with the global batch stream of the plan.
 
@@ -129,7 +161,7 @@ class BlocksDataModule(pl.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader | list:
-        """The validation loader: contiguous shards per rank (an empty list without a split)."""
+        """The validation loader: contiguous shards per rank, padding masked (an empty list without a split)."""
         if self.val_set is None or self.trainer is None:
             return []
         batches = ShardedBatchSampler.for_rank(
@@ -138,4 +170,4 @@ class BlocksDataModule(pl.LightningDataModule):
             self.trainer.global_rank,
             batch_size=self.data.batch_size,
         )
-        return DataLoader(batched(self.val_set), batch_sampler=batches, **self._loader_options())
+        return DataLoader(PaddedSplit(self.val_set), batch_sampler=batches, **self._loader_options())

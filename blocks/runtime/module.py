@@ -12,6 +12,7 @@ from blocks.compat.torch_private import DirectBatchTransfer, DirectHookNameWrite
 from blocks.data.base import BatchSpec
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock
+from blocks.runtime.datamodule import VALID
 from blocks.runtime.init import initialize
 from blocks.task.base import TaskBlock
 
@@ -71,8 +72,17 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         self.objective.reset()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Accumulate the task's validation metrics."""
-        self.objective.update(self.model(batch["inputs"]), batch)
+        """Accumulate the task's validation metrics over the batch's samples that are not padding.
+
+        Every rank runs the forward on its whole batch (FSDP all-gathers in it); the samples the
+        :data:`VALID` mask marks as padding are dropped before the metrics see them.
+        """
+        valid = batch.pop(VALID, None)
+        outputs = self.model(batch["inputs"])
+        if valid is None:
+            self.objective.update(outputs, batch)
+        elif valid.any():
+            self.objective.update(outputs[valid], {key: value[valid] for key, value in batch.items()})
 
     def on_validation_epoch_end(self) -> None:
         """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""

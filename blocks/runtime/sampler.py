@@ -93,9 +93,12 @@ class ShardedBatchSampler(Sampler[list[int]]):
     """Evaluation batches: contiguous shards per rank, in order, the same count on every rank.
 
     Every rank must run the same number of batches (FSDP all-gathers in every forward; the
-    metric sync waits for all ranks), so the last shards are padded with the split's first
-    samples, as ``DistributedSampler`` does: up to ``world_size - 1`` samples count twice.
-    *rank* and *world_size* are data-parallel ones (:meth:`for_rank`).
+    metric sync waits for all ranks), so the split is padded to a multiple of ``world_size``
+    before it is cut into shards. The batches hold *positions* in that padded split: position
+    ``p`` is sample ``p % num_samples``, and the up to ``world_size - 1`` positions past the
+    end are padding, read as the split's first samples but left out of every metric
+    (``datamodule.PaddedSplit`` marks them). *rank* and *world_size* are data-parallel ones
+    (:meth:`for_rank`).
     """
 
     @classmethod
@@ -112,14 +115,13 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int) -> None:
         per_rank = -(-num_samples // world_size)
-        self.indices = (
-            [(rank * per_rank + i) % max(1, num_samples) for i in range(per_rank)] if num_samples else []
-        )
+        self.num_samples = num_samples
+        self.positions = list(range(rank * per_rank, (rank + 1) * per_rank))
         self.batch_size = batch_size
 
     def __len__(self) -> int:
-        return -(-len(self.indices) // self.batch_size)
+        return -(-len(self.positions) // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for begin in range(0, len(self.indices), self.batch_size):
-            yield self.indices[begin : begin + self.batch_size]
+        for begin in range(0, len(self.positions), self.batch_size):
+            yield self.positions[begin : begin + self.batch_size]
