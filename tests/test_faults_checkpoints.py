@@ -157,13 +157,19 @@ def test_a_users_step_directory_is_not_deleted(run_dir: Path, caplog: pytest.Log
     assert "not written by blocks" in caplog.text
 
 
-def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path) -> None:
+def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Also an empty step directory: a save killed before it marked its directory was reported as
+    a step directory blocks did not write."""
     leftover = step_dir(run_dir, 11)
     shutil.copytree(step_dir(run_dir, 9), leftover)
     (leftover / store.MANIFEST).unlink()
     assert (leftover / store.MARKER).exists(), "blocks marks every checkpoint directory it creates"
-    assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed"
-    assert not leftover.exists()
+    killed_before_its_marker = step_dir(run_dir, 12)
+    killed_before_its_marker.mkdir()
+    with caplog.at_level(logging.WARNING):
+        assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed"
+    assert not leftover.exists() and not killed_before_its_marker.exists()
+    assert "not written by blocks" not in caplog.text
 
 
 def test_rollback_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
