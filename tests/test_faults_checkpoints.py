@@ -179,13 +179,19 @@ def test_a_step_directory_that_is_a_link_is_never_resumed_from_or_deleted_throug
         store.replace_ours(str(linked))  # a save of step 1 refuses it instead of writing through it
 
 
-def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path) -> None:
+def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Also an empty step directory: a save killed before it marked its directory was reported as
+    a step directory blocks did not write."""
     leftover = step_dir(run_dir, 11)
     shutil.copytree(step_dir(run_dir, 9), leftover)
     (leftover / store.MANIFEST).unlink()
     assert (leftover / store.MARKER).exists(), "blocks marks every checkpoint directory it creates"
-    assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed"
-    assert not leftover.exists()
+    killed_before_its_marker = step_dir(run_dir, 12)
+    killed_before_its_marker.mkdir()
+    with caplog.at_level(logging.WARNING):
+        assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed"
+    assert not leftover.exists() and not killed_before_its_marker.exists()
+    assert "not written by blocks" not in caplog.text
 
 
 def test_rollback_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
@@ -255,6 +261,44 @@ def test_a_rerun_that_saves_the_same_bytes_keeps_its_own_checkpoints(tmp_path: P
     third = record_start(run_dir, checkpoints, None, (run_dir / "config.yaml").read_text())
     assert third.job != second.job
     assert store.find_valid(checkpoints, third.candidates()) == (None, [])
+
+
+def test_auto_continues_the_run_dirs_last_job_not_the_earlier_run_it_started_over_from(
+    run_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job started with ``resume=never`` beside an earlier run's newer checkpoints (steps 6, 9),
+    then rerun with ``resume=auto`` (what an interrupted one's summary says to do), resumed the
+    earlier run's step 9 and reported ``completed`` at step 9 though max_steps was 6; and the
+    driver's summary for a job whose workers died took step 9 for that job's progress. Now auto
+    continues the job's own step 4, another job's newest beside it is an error naming both, and
+    a checkpoint past max_steps is refused."""
+    from blocks.launch.run_dir import load_plan
+
+    every_2 = [*BLOBS, "checkpoint.every_n_steps=2"]
+    fresh = driver.run([*every_2, "trainer.max_steps=4", "checkpoint.resume=never"], run_dir)
+    assert fresh.status == "completed" and fresh.resumed_from is None
+    assert driver.trained_steps(run_dir, load_plan(run_dir)) == 4, "the job's own newest, not the earlier 9"
+
+    with caplog.at_level(logging.WARNING):
+        summary = driver.run([*every_2, "trainer.max_steps=6"], run_dir)
+    assert summary.resumed_from == str(step_dir(run_dir, 4))
+    assert (summary.status, summary.global_step) == ("completed", 6)
+    assert "not step 9" in caplog.text
+
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*every_2, "trainer.max_steps=6", f"checkpoint.resume={step_dir(run_dir, 9)}"], run_dir)
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.resume" and "past this run's last step 6" in problem.message
+    assert "raise trainer.max_steps" in problem.fix and "checkpoint.resume=never" in problem.fix
+
+    shutil.copytree(step_dir(run_dir, 6), step_dir(run_dir, 12))  # another job's, saved since
+    edit_manifest(run_dir, 12, lambda m: m.update(step=12, job="another job"))
+    with pytest.raises(BlocksError) as ambiguous:
+        driver.run([*every_2, "trainer.max_steps=20"], run_dir)
+    (problem,) = ambiguous.value.problems
+    assert problem.key == "checkpoint.resume" and "ambiguous" in problem.message
+    assert f"checkpoint.resume={step_dir(run_dir, 6)}" in problem.fix
+    assert f"checkpoint.resume={step_dir(run_dir, 12)}" in problem.fix
 
 
 def _flip_tensor_bytes(shard: Path, offset: int, length: int) -> None:

@@ -65,6 +65,22 @@ def test_tensorboard_events_are_read_back_by_tensorboard(tmp_path: Path) -> None
     assert (tmp_path / "metrics.csv").exists(), "metrics.csv is written whatever the loggers"
 
 
+def test_a_fresh_start_in_a_run_dir_shows_only_its_own_steps_in_tensorboard(tmp_path: Path) -> None:
+    """``checkpoint.resume=never`` in a run dir an earlier run logged to started ``metrics.csv``
+    over but left the earlier run's TensorBoard events in force: TensorBoard showed both runs'
+    steps one after the other, the earlier run's losses where metrics.csv had the new run's."""
+    args = [*BLOBS, "monitor.loggers=[csv,tensorboard]"]
+    assert driver.run([*args, "trainer.max_steps=6"], tmp_path).status == "completed"
+    again = [*args, "trainer.max_steps=3", "optim.lr=1e-4", "checkpoint.resume=never"]
+    assert driver.run(again, tmp_path).status == "completed"
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == [1, 2, 3]
+    csv_losses = [float(r["train/loss"]) for r in metrics(tmp_path) if r["train/loss"]]
+    assert [e.value for e in losses] == pytest.approx(csv_losses, rel=1e-5)
+
+
 def test_a_resumed_run_continues_the_same_lightning_logger_run(tmp_path: Path) -> None:
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     args = [

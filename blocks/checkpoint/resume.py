@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ from blocks.spec.restarts import restart_count
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_dir(plan: Plan, default: str) -> str:
@@ -123,25 +126,37 @@ def read_start(run_dir: Path | None) -> Start:
         return Start()
 
 
-def resolve_resume(plan: Plan, directory: str, start: Start | None = None) -> str | None:
+def resolve_resume(
+    plan: Plan, directory: str, start: Start | None = None, *, previous: Start | None = None
+) -> str | None:
     """The checkpoint this run resumes from, per ``checkpoint.resume``; refusals name the key and the fix.
 
-    An automatic restart continues from the newest committed checkpoint the job can call its
-    own, whatever ``resume`` says: restarting from the configured URL (or from scratch with
-    ``never``) would throw away the work since. Its own are those it saved and those it
-    continues (:meth:`Start.candidates` of *start*, the job's recorded start); without one, a
-    restart starts where the first attempt did. When the directory holds checkpoints but none
-    can be used (all corrupt), the run fails with the reasons rather than silently training
-    from step 0.
+    A worker passes *start*, the job's recorded start (:func:`read_start`): its ``auto`` and
+    its automatic restarts load only what the job can call its own, those it saved and those
+    it continues (:meth:`Start.candidates`). A restart does so whatever ``resume`` says:
+    restarting from the configured URL (or from scratch with ``never``) would throw away the
+    work since; without a start, a restart starts where the first attempt did.
+
+    The driver of a new job passes *previous*, the start of the job its run dir held before
+    (:func:`read_start` before :func:`record_start`): ``auto`` continues that job's lineage
+    rather than a newer checkpoint it chose not to continue (see :func:`_newest_for_auto`).
+    When the directory holds checkpoints but none can be used (all corrupt), the run fails
+    with the reasons rather than silently training from step 0. A checkpoint past the run's
+    last step (:attr:`Derived.total_steps`) is refused: nothing would be trained, and the
+    run would end beyond the steps it was given.
     """
     block = plan.checkpoint
     if not block.enabled:
         return None
     restart = is_restart()
     if block.resume == "auto" or restart:
-        found = _newest(directory, start.candidates() if restart and start is not None else None)
+        if start is not None and start.job:
+            found = _newest(directory, start.candidates())
+        else:
+            found = _newest_for_auto(directory, previous)
         if found is not None:
             _check_compatible(plan, found.url, found.manifest)
+            _check_within_steps(plan, found.url, found.manifest)
             _check_loadable(found.url, found.manifest)
             return found.url
         if block.resume == "auto":
@@ -159,8 +174,67 @@ def resolve_resume(plan: Plan, directory: str, start: Start | None = None) -> st
             )
         ) from None
     _check_compatible(plan, block.resume, manifest)
+    _check_within_steps(plan, block.resume, manifest)
     _check_loadable(block.resume, manifest)
     return block.resume
+
+
+def _check_within_steps(plan: Plan, url: str, manifest: store.Manifest) -> None:
+    """Refuse a checkpoint saved past this run's last step: it would train nothing and end beyond it."""
+    total = plan.derived.total_steps
+    if total and manifest.step > total:
+        raise BlocksError(
+            Problem(
+                "checkpoint.resume",
+                f"{url} was saved at step {manifest.step}, past this run's last step {total} "
+                "(trainer.max_steps, trainer.max_epochs): it would train nothing and end at step "
+                f"{manifest.step}",
+                f"raise trainer.max_steps (or trainer.max_epochs) to at least {manifest.step} to continue it, "
+                "point checkpoint.resume at an earlier checkpoint, or start over with checkpoint.resume=never",
+                related=("trainer.max_steps",),
+            )
+        )
+
+
+def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed | None:
+    """What ``auto`` resumes from in *directory*, given the *previous* job of the run dir.
+
+    The newest checkpoint, unless *previous* did not continue it while it saved checkpoints
+    of its own: a job started with ``resume=never`` (or a URL) beside an older run's newer
+    checkpoints, then interrupted, is continued from its own newest, not from the run it
+    started over from. A newest checkpoint another job saved after *previous* started (a
+    shared ``checkpoint.dir``) is ambiguous: refused, naming both.
+    """
+    found = _newest(directory)
+    if found is None or previous is None or not previous.job:
+        return found
+    candidates = previous.candidates()
+    assert candidates is not None  # previous.job is set
+    if candidates.admit(found):
+        return found
+    own = store.newest_valid(directory, candidates)
+    if own is None:
+        return found
+    if found.url in candidates.foreign:
+        log.warning(
+            "checkpoint.resume=auto: continuing this run dir's last job from its step %d (%s), "
+            "not step %d (%s) of the earlier run it started over from",
+            own.manifest.step,
+            own.url,
+            found.manifest.step,
+            found.url,
+        )
+        return own
+    raise BlocksError(
+        Problem(
+            "checkpoint.resume",
+            f"checkpoint.resume=auto is ambiguous: the newest checkpoint, step {found.manifest.step} "
+            f"({found.url}), was saved by another job than this run dir's last one, whose newest is "
+            f"step {own.manifest.step} ({own.url})",
+            f"choose one: checkpoint.resume={own.url} continues this run dir's job, "
+            f"checkpoint.resume={found.url} the other; or start over with checkpoint.resume=never",
+        )
+    )
 
 
 def _check_loadable(url: str, manifest: store.Manifest) -> None:

@@ -606,7 +606,8 @@ class Listing:
 
     Attributes:
         committed: checkpoints with a valid manifest, oldest first (their files are not verified yet).
-        uncommitted: blocks' own directories without a manifest (saves that never finished).
+        uncommitted: blocks' own directories without a manifest (saves that never finished),
+            and empty ``step-<N>`` directories (a save killed before it marked its directory).
         damaged: ``(url, reason)`` of checkpoints whose manifest is unreadable or breaks the schema.
         foreign: ``step-<N>`` entries blocks did not write; never touched.
     """
@@ -635,8 +636,8 @@ def list_dir(directory: str) -> Listing:
                 listing.committed.append(Committed(url, read_manifest(url)))
             except CheckpointError as exc:
                 listing.damaged.append((url, str(exc)))
-        elif fs.exists(join(path, MARKER)):
-            listing.uncommitted.append(url)
+        elif fs.exists(join(path, MARKER)) or (fs.isdir(path) and not fs.ls(path, detail=False)):
+            listing.uncommitted.append(url)  # an empty one: a save killed before its marker, nothing to lose
         else:
             listing.foreign.append(url)
     listing.committed.sort(key=lambda c: c.manifest.step)

@@ -27,7 +27,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.checkpoint.resume import checkpoint_dir, record_start, resolve_resume, resume_message
+from blocks.checkpoint.resume import checkpoint_dir, read_start, record_start, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
 from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
@@ -269,7 +269,8 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     dir describes this attempt.
     """
     directory = job_checkpoint_dir(run_dir, plan)
-    resume_from = resolve_resume(plan, directory)
+    previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
+    resume_from = resolve_resume(plan, directory, previous=previous)
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     retire_summary(run_dir)
@@ -425,11 +426,15 @@ def restarts_done(run_dir: Path) -> int:
 
 
 def trained_steps(run_dir: Path, plan: Plan) -> int:
-    """Optimizer steps a run without a summary got through: its newest checkpoint's, else metrics.csv's last step."""
+    """Optimizer steps a run without a summary got through: its newest checkpoint's, else metrics.csv's last step.
+
+    Only the job's own checkpoints count, those it saved or continues (its recorded start's
+    candidates): another run's in the same directory tell nothing of this job's progress.
+    """
     from blocks.checkpoint import store
 
     with contextlib.suppress(Exception):
-        newest = store.newest_valid(job_checkpoint_dir(run_dir, plan))
+        newest = store.newest_valid(job_checkpoint_dir(run_dir, plan), read_start(run_dir).candidates())
         if newest is not None:
             return int(newest.manifest.step)
     with contextlib.suppress(Exception), (run_dir / METRICS_FILE).open(newline="") as fh:

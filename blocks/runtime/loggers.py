@@ -151,10 +151,10 @@ def _start(
 ) -> LoggerSink:
     if name == "tensorboard":
         cls: type[Logger] = TensorBoardLogger
-        # A resumed run purges the events after its checkpoint's step: TensorBoard shows one run.
+        # A resumed run purges the events after its checkpoint's step, a fresh start (metrics.csv
+        # starts over too) every earlier run's events in the run dir: TensorBoard shows one run.
         args = {"save_dir": str(run_dir), "name": TENSORBOARD_DIR, "version": ""}
-        if resumed_step is not None:
-            args["purge_step"] = resumed_step + 1
+        args["purge_step"] = 0 if resumed_step is None else resumed_step + 1
     else:
         assert name not in BUILTIN_LOGGERS
         cls = resolve(name, "monitor.loggers", kind=LOGGER_CLASS)  # checked before start too (refuse_objects)
