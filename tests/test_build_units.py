@@ -115,3 +115,21 @@ def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
             assert torch.equal(gathered[key], one_by_one[key]), key
             assert torch.equal(plain[key], one_by_one[key]), key
         assert torch.equal(one_by_one["targets"], default_collate([dataset[i]["targets"] for i in indices]))
+
+
+def test_padding_is_dropped_from_tensors_inside_any_output_or_batch_structure() -> None:
+    """A model returning a tuple or dict, or a batch with a non-tensor entry, met ``value[valid]`` directly."""
+    import torch
+
+    from blocks.runtime.module import _samples
+
+    valid = torch.tensor([True, False, True])
+    batch = {
+        "inputs": torch.arange(3),
+        "meta": "split-7",
+        "pairs": (torch.arange(6).view(3, 2), torch.tensor(1.0)),
+    }
+    kept = _samples(batch, valid)
+    assert kept["inputs"].tolist() == [0, 2] and kept["meta"] == "split-7"
+    assert kept["pairs"][0].tolist() == [[0, 1], [4, 5]] and kept["pairs"][1].item() == 1.0
+    assert [t.tolist() for t in _samples([torch.arange(3), torch.ones(2)], valid)] == [[0, 2], [1.0, 1.0]]

@@ -329,6 +329,12 @@ def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> N
             time.sleep(0.05)
         # The restarted workers are forked from the server that imported torch and Lightning once.
         assert {parent_of(pid) for pid in restarted} == {forkserver}
+        attempt = run_dir / ".attempt"  # rank 0 of the restarted attempt writes it once it is running
+        while proc.poll() is None and not (attempt.exists() and attempt.read_text() == "1"):
+            time.sleep(0.05)
+        # the failed attempt's summary said "failed" for as long as the restarted one trained
+        running = read_summary(run_dir)["status"] if (run_dir / "summary.json").exists() else None
+        assert running in (None, "completed"), running
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)

@@ -188,10 +188,12 @@ def test_blocks_own_unfinished_save_is_still_cleaned(run_dir: Path, caplog: pyte
     assert (leftover / store.MARKER).exists(), "blocks marks every checkpoint directory it creates"
     killed_before_its_marker = step_dir(run_dir, 12)
     killed_before_its_marker.mkdir()
+    users = run_dir / "checkpoints" / "step-99"  # empty too, but not a name blocks gives its directories
+    users.mkdir()
     with caplog.at_level(logging.WARNING):
         assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed"
     assert not leftover.exists() and not killed_before_its_marker.exists()
-    assert "not written by blocks" not in caplog.text
+    assert users.is_dir() and "step-99 looks like a checkpoint but was not written by blocks" in caplog.text
 
 
 def test_rollback_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:

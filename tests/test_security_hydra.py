@@ -145,11 +145,21 @@ def test_hydra_logging_writes_only_to_the_run_dir_and_the_sweeper_imports_no_fun
     with pytest.raises(ConfigError) as refused:
         jobs.plan(["recipe=blobs", "hparams_search=optuna", "hydra.sweeper.custom_search_space=os.system"])
     assert [p.key for p in refused.value.problems] == ["hydra.sweeper.custom_search_space"]
-    for fine in (
-        "hydra.job.name=train-1",
-        "hydra.job_logging.handlers.file.filename=${hydra.runtime.output_dir}/x.log",
-    ):
-        assert jobs.plan(["recipe=blobs", fine]).ok, fine
+    attributes = '{class:logging.FileHandler,filename:"${hydra.runtime.output_dir}/ok.log",.:{baseFilename:/x}}'
+    assert refused_keys([f"+hydra.job_logging.handlers.g={attributes}"]) == ["hydra.job_logging.handlers.g.."]
+    assert refused_keys(["hydra.runtime.output_dir=/elsewhere"]) == ["hydra.runtime.output_dir"]
+    assert refused_keys(["hydra.output_subdir=/elsewhere"]) == ["hydra.output_subdir"]
+    fine = [
+        ["hydra.job.name=train-1"],
+        ["hydra.job_logging.handlers.file.filename=${hydra.runtime.output_dir}/x.log"],
+        ["hydra.job_logging.handlers.file.filename=${hydra:runtime.output_dir}/x.log"],
+        ["hydra/hydra_logging=hydra_debug"],  # Hydra's own: hydra-${hydra.job.name}.log where blocks starts
+        ["hydra.job_logging.root.level=${hydra:hydra_logging.root.level}"],  # resolved as Hydra will
+        ["hparams_search=optuna", "hydra.sweeper.study_name=${hydra:job.name}"],
+        ["hydra.output_subdir=null"],
+    ]
+    for overrides in fine:
+        assert jobs.plan(["recipe=blobs", *overrides]).ok, overrides
 
 
 def test_a_sweep_with_another_sweeper_checks_every_override_that_is_not_a_sweep(

@@ -626,9 +626,11 @@ def list_dir(directory: str) -> Listing:
         return listing
     for entry in fs.ls(root, detail=True):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if not _STEP_DIR.match(name):
+        step = _STEP_DIR.match(name)
+        if not step:
             continue
         url, path = join(directory, name), join(root, name)
+        named_by_blocks = name == step_dir_name(int(step.group(1)))
         if entry.get("islink"):  # a link's target is not blocks' to resume from or delete
             listing.foreign.append(url)
         elif fs.exists(join(path, MANIFEST)):
@@ -636,7 +638,9 @@ def list_dir(directory: str) -> Listing:
                 listing.committed.append(Committed(url, read_manifest(url)))
             except CheckpointError as exc:
                 listing.damaged.append((url, str(exc)))
-        elif fs.exists(join(path, MARKER)) or (fs.isdir(path) and not fs.ls(path, detail=False)):
+        elif fs.exists(join(path, MARKER)) or (
+            named_by_blocks and fs.isdir(path) and not fs.ls(path, detail=False)
+        ):
             listing.uncommitted.append(url)  # an empty one: a save killed before its marker, nothing to lose
         else:
             listing.foreign.append(url)

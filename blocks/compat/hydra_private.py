@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -316,3 +317,23 @@ def is_whole_interpolation(value: str) -> bool:
     except GrammarParseError:
         return False
     return len(parts) == 1 and isinstance(parts[0], OmegaConfGrammarParser.InterpolationContext)
+
+
+@contextlib.contextmanager
+def hydra_config_set(cfg: DictConfig) -> Iterator[None]:
+    """Inside the block ``${hydra:...}`` resolves against *cfg*'s ``hydra`` node, as when Hydra runs its job.
+
+    Hydra's current config and the node's read-only flag (``HydraConfig.set_config`` sets it)
+    are what they were afterwards.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    instance = HydraConfig.instance()
+    previous, readonly = instance.cfg, cfg.hydra._get_node_flag("readonly")
+    instance.set_config(cfg)
+    try:
+        yield
+    finally:
+        instance.cfg = previous
+        OmegaConf.set_readonly(cfg.hydra, readonly)

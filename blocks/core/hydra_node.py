@@ -42,9 +42,12 @@ CALLBACK = Kind("a Hydra Callback class", subclass_of("hydra.experimental.callba
 LOGGING_CLASS = Kind("a logging handler, formatter or filter class", also_allowed=("logging",))
 LOGGING_NODES = ("job_logging", "hydra_logging")
 LOGGING_FACTORY = "()"
+LOGGING_ATTRIBUTES = "."
 LOGGING_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
-LOG_FILE = re.compile(r"\$\{hydra\.runtime\.output_dir\}/(?:[\w-]|\$\{hydra\.job\.name\}|\.(?!\.))+")
-"""The one place a log file of Hydra's logging config may be: a file name in the run dir."""
+_LOG_NAME = r"(?:[\w-]|\$\{hydra[.:]job\.name\}|\.(?!\.))*\.log"
+LOG_FILE = re.compile(rf"(?:\$\{{hydra[.:]runtime\.output_dir\}}/)?(?!\.){_LOG_NAME}")
+"""Where a log file of Hydra's logging config may be: a ``.log`` file in the run dir (or, for Hydra's own
+``hydra_logging``, configured before the run dir exists, in the current directory, as ``hydra_debug`` does)."""
 REMOTE_HANDLERS = frozenset(
     f"logging.handlers.{name}"
     for name in (
@@ -58,7 +61,14 @@ REMOTE_HANDLERS = frozenset(
 )
 """Logging handlers that send every record to another host or process."""
 
-SETTLED = ("job.env_set", "job.chdir", "job.name", "sweeper.custom_search_space")
+SETTLED = (
+    "job.env_set",
+    "job.chdir",
+    "job.name",
+    "sweeper.custom_search_space",
+    "output_subdir",
+    "runtime.output_dir",
+)
 """Settings of the ``hydra`` node read as Hydra will resolve them."""
 
 
@@ -103,6 +113,15 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     problems += _chdir_problems(settled["job.chdir"][0])
     problems += _job_name_problems(settled["job.name"][0])
     problems += _search_space_problems(settled["sweeper.custom_search_space"][0])
+    problems += _output_subdir_problems(settled["output_subdir"][0])
+    if (
+        settled["runtime.output_dir"][0] is not None
+    ):  # Hydra sets it when the job runs; set before, it moves log files
+        problems.append(
+            _set_by_hydra(
+                "hydra.runtime.output_dir", "the run dir is hydra.run.dir (hydra.sweep.dir for a sweep)"
+            )
+        )
     problems += launcher_problems(hydra)
     return problems
 
@@ -232,6 +251,29 @@ def _job_name_problems(name: Any) -> list[Problem]:
     ]
 
 
+def _output_subdir_problems(subdir: Any) -> list[Problem]:
+    """``hydra.output_subdir`` is where Hydra writes its own copy of the config: a folder name in the run dir."""
+    if subdir is None or (isinstance(subdir, str) and re.fullmatch(r"\.?[\w-]+(?:\.[\w-]+)*", subdir)):
+        return []
+    return [
+        Problem(
+            "hydra.output_subdir",
+            f"'{subdir}' is not a folder name in the run dir; Hydra writes its copy of the config there",
+            "hydra.output_subdir=.hydra (or null)",
+            check="import-denied",
+        )
+    ]
+
+
+def _set_by_hydra(key: str, fix: str) -> Problem:
+    return Problem(
+        key,
+        "is set by Hydra when the job runs; a config that sets it moves what Hydra writes",
+        fix,
+        check="import-denied",
+    )
+
+
 def _search_space_problems(path: Any) -> list[Problem]:
     """The Optuna sweeper imports ``custom_search_space`` and calls it with every trial: a function named by a config."""
     if path is None:
@@ -255,8 +297,9 @@ def _log_file_problems(filename: Any, key: str) -> list[Problem]:
     return [
         Problem(
             key,
-            f"'{filename}' puts a log file outside the run dir; logging would create, truncate or append to it",
-            f"{key}='${{hydra.runtime.output_dir}}/${{hydra.job.name}}.log' (a file name in the run dir)",
+            f"'{filename}' is not a .log file in the run dir; logging would create, truncate or append to it",
+            f"{key}='${{hydra.runtime.output_dir}}/${{hydra.job.name}}.log' (for hydra.hydra_logging, configured "
+            "before the run dir exists: 'hydra-${hydra.job.name}.log')",
             check="import-denied",
         )
     ]
@@ -289,6 +332,15 @@ def _logging_problems(value: Any, key: str) -> list[Problem]:
                     )
             elif name == "filename":
                 problems += _log_file_problems(item, here)
+            elif name == LOGGING_ATTRIBUTES:
+                problems.append(
+                    Problem(
+                        here,
+                        "sets attributes of the logging object after it is made (a handler's file, for one)",
+                        f"drop {here}; give the settings as the object's arguments",
+                        check="import-denied",
+                    )
+                )
             elif isinstance(item, str) and item.startswith("ext://") and item not in LOGGING_STREAMS:
                 problems.append(
                     Problem(

@@ -13,7 +13,7 @@ from typing import TypeVar
 import yaml
 from omegaconf import DictConfig
 
-from blocks.compat.hydra_private import initialize_hydra
+from blocks.compat.hydra_private import hydra_config_set, initialize_hydra
 from blocks.core import catalog as catalogs
 from blocks.core import packages
 from blocks.core.catalog import Catalog
@@ -88,7 +88,8 @@ def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None)
 
 def _refuse_hydra_targets(cfg: DictConfig) -> None:
     """Every import path Hydra itself would use (callbacks, launcher, sweeper, logging) passes the import seam."""
-    problems = hydra_problems(cfg.hydra)
+    with hydra_config_set(cfg):  # ${hydra:...} resolves as when Hydra runs the job
+        problems = hydra_problems(cfg.hydra)
     if problems:
         raise ConfigError(problems)
 

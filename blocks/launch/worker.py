@@ -21,7 +21,7 @@ from blocks.core.environment import restart_count
 from blocks.core.masking import hiding_output
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
-from blocks.launch.run_dir import WEIGHTS_FILE, Summary, completed_before, load_run
+from blocks.launch.run_dir import WEIGHTS_FILE, Summary, completed_before, load_run, retire_summary
 from blocks.spec.errors import BlocksError, TrainingError
 
 if TYPE_CHECKING:
@@ -318,9 +318,14 @@ ATTEMPT_FILE = ".attempt"
 
 
 def _record_attempt(run_dir: Path) -> None:
-    """Note torchrun's restart count, so a summary the driver writes counts the restarts that happened."""
+    """Note torchrun's restart count, so a summary the driver writes counts the restarts that happened.
+
+    A restarted attempt first takes away the summary the failed one wrote: the job is running again.
+    """
     under_torchrun = "TORCHELASTIC_RESTART_COUNT" in os.environ
     if under_torchrun and os.environ.get("RANK", "0") == "0":
+        if restart_count() > 0:
+            retire_summary(run_dir)
         (run_dir / ATTEMPT_FILE).write_text(str(restart_count()))
 
 

@@ -82,7 +82,7 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         if valid is None:
             self.objective.update(outputs, batch)
         elif valid.any():
-            self.objective.update(outputs[valid], {key: value[valid] for key, value in batch.items()})
+            self.objective.update(_samples(outputs, valid), _samples(batch, valid))
 
     def on_validation_epoch_end(self) -> None:
         """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""
@@ -98,3 +98,18 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         """The optim block's optimizer with a per-step LR schedule."""
         optimizer, scheduler = self.optim_block.build(self.model.named_parameters(), self.total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _samples(value: Any, valid: torch.Tensor) -> Any:
+    """*value* (a tensor, or a dict, list or tuple holding them) with only the samples *valid* marks.
+
+    A tensor is indexed when its first dimension is the batch's; anything else stays as it is.
+    """
+    if isinstance(value, torch.Tensor):
+        return value[valid] if value.dim() and value.shape[0] == valid.shape[0] else value
+    if isinstance(value, dict):
+        return {key: _samples(item, valid) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_samples(item, valid) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
