@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -11,6 +12,7 @@ from blocks.spec.registry import register
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
     from blocks.strategy.base import StrategyBlock
+    from blocks.trainer.base import TrainerBlock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +110,28 @@ class Checkpoint(CheckpointBlock):
                 check="checkpoint-monitor-metric",
                 validation_check="checkpoint-monitor-validation",
             )
+        self._check_best_candidates(ctx)
+
+    def _check_best_candidates(self, ctx: CheckContext) -> None:
+        """``keep_best`` by a ``val/`` metric ranks only checkpoints saved at a validation step: warn when none is."""
+        if not (self.enabled and self.keep_best and self.monitor and self.monitor.startswith("val/")):
+            return
+        trainer = cast("TrainerBlock", ctx.block("trainer"))
+        total, val_every = ctx.derived.total_steps, trainer.val_every or ctx.derived.steps_per_epoch
+        if self.every_seconds or not (total and val_every and ctx.derived.val_samples):
+            return  # timed saves fall anywhere; without validation the metric check reports it
+        every = self.every_n_steps
+        if total % val_every == 0 or (every and math.lcm(every, val_every) <= total):
+            return
+        ctx.warning(
+            "keep_best",
+            f"no checkpoint is saved at a validation step (a checkpoint every {every or total} steps, "
+            f"validation every {val_every}, {total} steps in all), so keep_best never has one to "
+            f"rank by {self.monitor}; only keep_last keeps checkpoints",
+            f"checkpoint.every_n_steps={val_every} (or a multiple of trainer.val_every)",
+            check="keep-best-candidates",
+            related=("trainer.val_every",),
+        )
 
     def preflight(self, ctx: CheckContext) -> None:
         """I/O the pure plan leaves out: an explicit resume URL must name a committed checkpoint in the strategy's format.

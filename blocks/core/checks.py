@@ -495,6 +495,20 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "keep-best-candidates",
+        ("checkpoint", "trainer"),
+        "checkpoint.keep_best",
+        "keep_best by a val/ metric has checkpoints saved at validation steps to rank (a warning)",
+        (
+            "recipe=blobs",
+            "checkpoint.keep_best=2",
+            "checkpoint.monitor=val/loss",
+            "trainer.val_every=5",
+            "checkpoint.every_n_steps=3",
+            "trainer.max_steps=14",
+        ),
+    ),
+    Check(
         "yaml-syntax",
         ("config",),
         "experiment",
