@@ -118,18 +118,22 @@ def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
 
 
 def test_padding_is_dropped_from_tensors_inside_any_output_or_batch_structure() -> None:
-    """A model returning a tuple or dict, or a batch with a non-tensor entry, met ``value[valid]`` directly."""
+    """A model returning a tuple or dict, or a batch with a non-tensor entry, met ``value[valid]`` directly;
+    a batch's per-sample list (collated strings, ragged tensors) keeps one item per sample."""
     import torch
 
-    from blocks.runtime.module import _samples
+    from blocks.runtime.module import _batch_samples, _samples
 
     valid = torch.tensor([True, False, True])
-    batch = {
-        "inputs": torch.arange(3),
-        "meta": "split-7",
-        "pairs": (torch.arange(6).view(3, 2), torch.tensor(1.0)),
-    }
-    kept = _samples(batch, valid)
-    assert kept["inputs"].tolist() == [0, 2] and kept["meta"] == "split-7"
-    assert kept["pairs"][0].tolist() == [[0, 1], [4, 5]] and kept["pairs"][1].item() == 1.0
-    assert [t.tolist() for t in _samples([torch.arange(3), torch.ones(2)], valid)] == [[0, 2], [1.0, 1.0]]
+    boxes = [torch.zeros(3, 4), torch.zeros(1, 4), torch.zeros(5, 4)]  # ragged: one tensor per sample
+    batch = {"inputs": torch.arange(3), "meta": "split-7", "ids": ["a", "b", "c"], "boxes": boxes}
+    kept = _batch_samples(batch, valid)
+    assert kept["inputs"].tolist() == [0, 2] and kept["meta"] == "split-7" and kept["ids"] == ["a", "c"]
+    assert [tuple(b.shape) for b in kept["boxes"]] == [(3, 4), (5, 4)]
+    outputs = (
+        torch.arange(6).view(3, 2),
+        torch.tensor(1.0),
+        {"aux": torch.ones(3)},
+    )  # a structure, not samples
+    logits, scale, extra = _samples(outputs, valid)
+    assert logits.tolist() == [[0, 1], [4, 5]] and scale.item() == 1.0 and extra["aux"].tolist() == [1.0, 1.0]

@@ -145,10 +145,26 @@ def test_hydra_logging_writes_only_to_the_run_dir_and_the_sweeper_imports_no_fun
     with pytest.raises(ConfigError) as refused:
         jobs.plan(["recipe=blobs", "hparams_search=optuna", "hydra.sweeper.custom_search_space=os.system"])
     assert [p.key for p in refused.value.problems] == ["hydra.sweeper.custom_search_space"]
-    attributes = '{class:logging.FileHandler,filename:"${hydra.runtime.output_dir}/ok.log",.:{baseFilename:/x}}'
+    attributes = (
+        '{class:logging.FileHandler,filename:"${hydra.runtime.output_dir}/ok.log",.:{baseFilename:/x}}'
+    )
     assert refused_keys([f"+hydra.job_logging.handlers.g={attributes}"]) == ["hydra.job_logging.handlers.g.."]
     assert refused_keys(["hydra.runtime.output_dir=/elsewhere"]) == ["hydra.runtime.output_dir"]
     assert refused_keys(["hydra.output_subdir=/elsewhere"]) == ["hydra.output_subdir"]
+    # an ext:// that an interpolation builds (logging imports it after Hydra resolved the text)
+    stream = "hydra.job_logging.handlers.console.stream"
+    assert refused_keys(["+hydra.job_logging.p=ext", f"{stream}=${{hydra.job_logging.p}}://this.s"]) == [
+        stream
+    ]
+    assert refused_keys([f"{stream}=${{oc.decode:'ext://this.s'}}"]) == [stream]
+    # a bare name is where blocks starts: only hydra_logging's own (configured before the run dir exists)
+    job_file, hydra_file = (
+        "hydra.job_logging.handlers.file.filename",
+        "hydra.hydra_logging.handlers.file.filename",
+    )
+    assert refused_keys([f"{job_file}=victim.log"]) == [job_file]
+    debug = "hydra/hydra_logging=hydra_debug"
+    assert refused_keys([debug, f"{hydra_file}=${{hydra.runtime.output_dir}}/h.log"]) == [hydra_file]
     fine = [
         ["hydra.job.name=train-1"],
         ["hydra.job_logging.handlers.file.filename=${hydra.runtime.output_dir}/x.log"],

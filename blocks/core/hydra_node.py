@@ -44,10 +44,11 @@ LOGGING_NODES = ("job_logging", "hydra_logging")
 LOGGING_FACTORY = "()"
 LOGGING_ATTRIBUTES = "."
 LOGGING_STREAMS = ("ext://sys.stdout", "ext://sys.stderr")
-_LOG_NAME = r"(?:[\w-]|\$\{hydra[.:]job\.name\}|\.(?!\.))*\.log"
-LOG_FILE = re.compile(rf"(?:\$\{{hydra[.:]runtime\.output_dir\}}/)?(?!\.){_LOG_NAME}")
-"""Where a log file of Hydra's logging config may be: a ``.log`` file in the run dir (or, for Hydra's own
-``hydra_logging``, configured before the run dir exists, in the current directory, as ``hydra_debug`` does)."""
+_LOG_NAME = r"(?!\.)(?:[\w-]|\$\{hydra[.:]job\.name\}|\.(?!\.))*\.log"
+JOB_LOG_FILE = re.compile(rf"\$\{{hydra[.:]runtime\.output_dir\}}/{_LOG_NAME}")
+HYDRA_LOG_FILE = re.compile(_LOG_NAME)
+"""Where a log file of Hydra's logging may be: a ``.log`` file in the run dir; for Hydra's own ``hydra_logging``,
+configured before the run dir exists, a ``.log`` file where blocks starts (as ``hydra_debug`` does)."""
 REMOTE_HANDLERS = frozenset(
     f"logging.handlers.{name}"
     for name in (
@@ -88,7 +89,8 @@ def _kind_of(key: str) -> Kind:
 NODE_RESOLVERS = ("oc.decode", "oc.create")
 """OmegaConf's resolvers that turn a string into config nodes (which may hold a ``_target_``)."""
 
-RUNS_CODE = tuple(f"hydra.{node}" for node in ("callbacks", "launcher", "sweeper", *LOGGING_NODES))
+LOGGING_PATHS = tuple(f"hydra.{node}" for node in LOGGING_NODES)
+RUNS_CODE = ("hydra.callbacks", "hydra.launcher", "hydra.sweeper", *LOGGING_PATHS)
 """The parts of the ``hydra`` node that Hydra instantiates or hands to ``logging.config.dictConfig``."""
 
 MAX_INDIRECTION = 16
@@ -141,7 +143,7 @@ def _path_problems(nodes: Mapping[Any, Any], key: str) -> list[Problem]:
     if key == "hydra":
         for node in LOGGING_NODES:
             problems += _logging_problems(nodes.get(node), f"{key}.{node}")
-    elif _within(key, tuple(f"hydra.{node}" for node in LOGGING_NODES)):
+    elif _within(key, LOGGING_PATHS):
         problems += _logging_problems(nodes, key)
     return problems
 
@@ -175,7 +177,10 @@ def _built_nodes(node: Container, key: str, depth: int = 0) -> Iterator[tuple[st
         if not (interpolation and isinstance(raw, str)):
             continue
         decoded = any(resolver in raw for resolver in NODE_RESOLVERS)
-        if not (decoded or is_whole_interpolation(raw)):
+        logging_value = (
+            _within(here, LOGGING_PATHS) and name != "filename"
+        )  # a filename is judged by its text
+        if not (decoded or logging_value or is_whole_interpolation(raw)):
             continue
         try:
             value = node[name]
@@ -183,6 +188,8 @@ def _built_nodes(node: Container, key: str, depth: int = 0) -> Iterator[tuple[st
             if decoded or _within(here, RUNS_CODE):
                 yield here, _unresolvable(here, f"'{raw}'", exc)
             continue
+        if isinstance(value, str) and logging_value and _names_an_object(value):
+            yield here, _ext_problem(value, here)  # logging resolves ext:// after Hydra resolved the text
         if not isinstance(value, (Container, Mapping, list)):
             continue
         if depth >= MAX_INDIRECTION:
@@ -291,18 +298,38 @@ def _search_space_problems(path: Any) -> list[Problem]:
 
 
 def _log_file_problems(filename: Any, key: str) -> list[Problem]:
-    """A log handler's ``filename`` must be a file in the run dir: logging would create, truncate or append to it."""
-    if isinstance(filename, str) and LOG_FILE.fullmatch(filename):
+    """A log handler's ``filename`` must be a ``.log`` file in the run dir: logging would create, truncate or append to it."""
+    if _within(key, ("hydra.hydra_logging",)):
+        pattern, where, fix = HYDRA_LOG_FILE, "where blocks starts", "hydra-${hydra.job.name}.log"
+    else:
+        pattern, where, fix = (
+            JOB_LOG_FILE,
+            "in the run dir",
+            "${hydra.runtime.output_dir}/${hydra.job.name}.log",
+        )
+    if isinstance(filename, str) and pattern.fullmatch(filename):
         return []
     return [
         Problem(
             key,
-            f"'{filename}' is not a .log file in the run dir; logging would create, truncate or append to it",
-            f"{key}='${{hydra.runtime.output_dir}}/${{hydra.job.name}}.log' (for hydra.hydra_logging, configured "
-            "before the run dir exists: 'hydra-${hydra.job.name}.log')",
+            f"'{filename}' is not a .log file {where}; logging would create, truncate or append to it",
+            f"{key}='{fix}'",
             check="import-denied",
         )
     ]
+
+
+def _names_an_object(value: str) -> bool:
+    return value.startswith("ext://") and value not in LOGGING_STREAMS
+
+
+def _ext_problem(value: str, key: str) -> Problem:
+    return Problem(
+        key,
+        f"'{value}' makes logging import an object; only {', '.join(LOGGING_STREAMS)} may be named",
+        f"{key}=ext://sys.stdout",
+        check="import-denied",
+    )
 
 
 def _logging_problems(value: Any, key: str) -> list[Problem]:
@@ -341,15 +368,8 @@ def _logging_problems(value: Any, key: str) -> list[Problem]:
                         check="import-denied",
                     )
                 )
-            elif isinstance(item, str) and item.startswith("ext://") and item not in LOGGING_STREAMS:
-                problems.append(
-                    Problem(
-                        here,
-                        f"'{item}' makes logging import an object; only {', '.join(LOGGING_STREAMS)} may be named",
-                        f"{here}=ext://sys.stdout",
-                        check="import-denied",
-                    )
-                )
+            elif isinstance(item, str) and _names_an_object(item):
+                problems.append(_ext_problem(item, here))
             else:
                 problems += _logging_problems(item, here)
     elif isinstance(value, (list, tuple)):

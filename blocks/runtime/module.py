@@ -82,7 +82,7 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         if valid is None:
             self.objective.update(outputs, batch)
         elif valid.any():
-            self.objective.update(_samples(outputs, valid), _samples(batch, valid))
+            self.objective.update(_samples(outputs, valid), _batch_samples(batch, valid))
 
     def on_validation_epoch_end(self) -> None:
         """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""
@@ -98,6 +98,22 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         """The optim block's optimizer with a per-step LR schedule."""
         optimizer, scheduler = self.optim_block.build(self.model.named_parameters(), self.total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _batch_samples(batch: dict[str, Any], valid: torch.Tensor) -> dict[str, Any]:
+    """The batch's entries with only the samples *valid* marks.
+
+    A list or tuple as long as the batch holds one item per sample (how a collate function
+    batches strings or ragged tensors); a tensor is one row per sample; anything else is kept.
+    """
+    keep = valid.tolist()
+
+    def entry(value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields") and len(value) == len(keep):
+            return type(value)(item for item, kept in zip(value, keep, strict=True) if kept)
+        return _samples(value, valid)
+
+    return {key: entry(value) for key, value in batch.items()}
 
 
 def _samples(value: Any, valid: torch.Tensor) -> Any:
