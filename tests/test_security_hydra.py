@@ -138,6 +138,7 @@ def test_hydra_logging_writes_only_to_the_run_dir_and_the_sweeper_imports_no_fun
         "hydra.job_logging.handlers.file.filename"
     ]
     assert refused_keys(["hydra.job.name=../../outside"]) == ["hydra.job.name"]
+    assert refused_keys(["hydra.job.name=${hydra.job.num}/../outside"]) == ["hydra.job.name"]
     remote = "{class: logging.handlers.SocketHandler, host: 127.0.0.1, port: 9}"
     assert refused_keys([f"+hydra.job_logging.handlers.net={remote}"]) == [
         "hydra.job_logging.handlers.net.class"
@@ -173,6 +174,8 @@ def test_hydra_logging_writes_only_to_the_run_dir_and_the_sweeper_imports_no_fun
         ["hydra.job_logging.root.level=${hydra:hydra_logging.root.level}"],  # resolved as Hydra will
         ["hparams_search=optuna", "hydra.sweeper.study_name=${hydra:job.name}"],
         ["hydra.output_subdir=null"],
+        ["hydra.job.name=job_${hydra.job.num}"],  # Hydra's launcher sets the number after the check
+        ["hydra.output_subdir=.hydra_${hydra.job.num}"],
     ]
     for overrides in fine:
         assert jobs.plan(["recipe=blobs", *overrides]).ok, overrides

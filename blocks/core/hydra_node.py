@@ -62,6 +62,11 @@ REMOTE_HANDLERS = frozenset(
 )
 """Logging handlers that send every record to another host or process."""
 
+PER_JOB = re.compile(r"\$\{hydra[.:]job\.(?:num|id)\}")
+"""What Hydra's launcher sets for each job of a sweep, after the check: the job's number or id."""
+PER_JOB_NAMES = ("job.name", "output_subdir")
+"""Settings judged as names: one may read :data:`PER_JOB`."""
+
 SETTLED = (
     "job.env_set",
     "job.chdir",
@@ -109,21 +114,17 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
     problems = _path_problems(plain, "hydra")
     for parent, built in _built_nodes(hydra, "hydra"):
         problems += [built] if isinstance(built, Problem) else _path_problems(built, parent)
-    settled = {path: _settled(hydra, path) for path in SETTLED}
+    settled = {path: _settled(hydra, path, plain) for path in SETTLED}
     problems += [problem for _, problem in settled.values() if problem is not None]
     problems += _env_problems(settled["job.env_set"][0])
     problems += _chdir_problems(settled["job.chdir"][0])
     problems += _job_name_problems(settled["job.name"][0])
     problems += _search_space_problems(settled["sweeper.custom_search_space"][0])
     problems += _output_subdir_problems(settled["output_subdir"][0])
-    if (
-        settled["runtime.output_dir"][0] is not None
-    ):  # Hydra sets it when the job runs; set before, it moves log files
-        problems.append(
-            _set_by_hydra(
-                "hydra.runtime.output_dir", "the run dir is hydra.run.dir (hydra.sweep.dir for a sweep)"
-            )
-        )
+    # Hydra sets the run dir when the job runs; set before, it moves where Hydra's logging writes
+    if settled["runtime.output_dir"][0] is not None:
+        fix = "the run dir is hydra.run.dir (hydra.sweep.dir for a sweep)"
+        problems.append(_set_by_hydra("hydra.runtime.output_dir", fix))
     problems += launcher_problems(hydra)
     return problems
 
@@ -210,16 +211,29 @@ def _unresolvable(key: str, what: str, exc: Exception) -> Problem:
     )
 
 
-def _settled(hydra: DictConfig, path: str) -> tuple[Any, Problem | None]:
+def _settled(hydra: DictConfig, path: str, plain: Mapping[Any, Any]) -> tuple[Any, Problem | None]:
     """The value at *path* of the ``hydra`` node as Hydra will see it, and a problem when that cannot be had now.
 
-    An interpolation is resolved; a mapping's own values stay as they are (only its keys are checked).
+    An interpolation is resolved; a mapping's own values stay as they are (only its keys are
+    checked). A name that reads only what Hydra's launcher sets per job (``${hydra.job.num}``)
+    is judged with a number in its place (*plain* is the node unresolved).
     """
     try:
         value = OmegaConf.select(hydra, path, throw_on_missing=False)
     except Exception as exc:  # resolving may fail in any of OmegaConf's or a resolver's ways
+        raw = _at(plain, path)
+        if path in PER_JOB_NAMES and isinstance(raw, str) and "${" not in PER_JOB.sub("0", raw):
+            return PER_JOB.sub("0", raw), None
         return None, _unresolvable(f"hydra.{path}", "its value", exc)
     return value, None
+
+
+def _at(plain: Mapping[Any, Any], path: str) -> Any:
+    """The value at dotted *path* of a plain mapping, or None."""
+    node: Any = plain
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
 
 
 def _env_problems(env_set: Any) -> list[Problem]:
