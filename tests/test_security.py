@@ -773,6 +773,13 @@ def test_a_failing_run_hides_environment_values_in_its_output_log_and_summary(
     assert "nothing-${oc.env:BLOCKS_TEST_SECRET}: nothing exists there" in read_summary(run_dir)["reason"]
 
 
+CRASHING_CALLBACK = (
+    "{_target_: pytorch_lightning.callbacks.StochasticWeightAveraging, swa_lrs: 0.01, swa_epoch_start: 1, "
+    "device: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'}"
+)
+"""A Lightning callback that raises once training starts, quoting its device: a secret read from the environment."""
+
+
 @pytest.mark.slow
 def test_torchrun_workers_and_torchrun_hide_secrets_in_what_they_print(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -781,10 +788,6 @@ def test_torchrun_workers_and_torchrun_hide_secrets_in_what_they_print(
     secret = "s3cr3t-in-a-worker"
     monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
     run_dir = tmp_path / "run"
-    callback = (
-        "{_target_: pytorch_lightning.callbacks.StochasticWeightAveraging, swa_lrs: 0.01, swa_epoch_start: 1, "
-        "device: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'}"  # Lightning raises quoting the device
-    )
     result = run_cli(
         [
             "run",
@@ -792,7 +795,7 @@ def test_torchrun_workers_and_torchrun_hide_secrets_in_what_they_print(
             "debug=fast",
             "strategy=ddp",
             "trainer.devices=2",
-            f"trainer.callbacks=[{callback}]",
+            f"trainer.callbacks=[{CRASHING_CALLBACK}]",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
@@ -810,10 +813,6 @@ def test_sweep_jobs_in_launcher_processes_hide_secrets(
     secret = "s3cr3t-in-a-sweep-job"
     monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
     sweep = tmp_path / "sweep"
-    callback = (
-        "{_target_: pytorch_lightning.callbacks.StochasticWeightAveraging, swa_lrs: 0.01, swa_epoch_start: 1, "
-        "device: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'}"
-    )
     result = run_cli(
         [
             "run",
@@ -822,7 +821,7 @@ def test_sweep_jobs_in_launcher_processes_hide_secrets(
             "recipe=blobs",
             "debug=fast",
             "trainer.max_steps=1,2",
-            f"trainer.callbacks=[{callback}]",
+            f"trainer.callbacks=[{CRASHING_CALLBACK}]",
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,

@@ -155,10 +155,7 @@ def resolve_resume(
         else:
             found = _newest_for_auto(directory, previous)
         if found is not None:
-            _check_compatible(plan, found.url, found.manifest)
-            _check_within_steps(plan, found.url, found.manifest)
-            _check_loadable(found.url, found.manifest)
-            return found.url
+            return _usable(plan, found.url, found.manifest)
         if block.resume == "auto":
             return None
     if block.resume == "never":
@@ -173,10 +170,15 @@ def resolve_resume(
                 "point checkpoint.resume at a committed checkpoint, or use auto",
             )
         ) from None
-    _check_compatible(plan, block.resume, manifest)
-    _check_within_steps(plan, block.resume, manifest)
-    _check_loadable(block.resume, manifest)
-    return block.resume
+    return _usable(plan, block.resume, manifest)
+
+
+def _usable(plan: Plan, url: str, manifest: store.Manifest) -> str:
+    """*url*, once its checkpoint fits this run, lies within its steps and loads without unpickling anything."""
+    _check_compatible(plan, url, manifest)
+    _check_within_steps(plan, url, manifest)
+    _check_loadable(url, manifest)
+    return url
 
 
 def _check_within_steps(plan: Plan, url: str, manifest: store.Manifest) -> None:

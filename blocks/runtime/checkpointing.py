@@ -203,8 +203,9 @@ class CheckpointCallback(pl.Callback):
         """Record a save made between batches as made at the end of the previous one.
 
         Between batches: a save due at the previous step, or the save of a signal's stop
-        (``Preempted`` is raised from ``on_train_batch_start`` too). Lightning has already counted the next batch as ready; restored as is, its batch
-        counter runs one ahead after a resume, and validation comes one step early.
+        (``Preempted`` is raised from ``on_train_batch_start`` too). Lightning has already
+        counted the next batch as ready; restored as is, its batch counter runs one ahead after
+        a resume, and validation comes one step early.
         """
         if not self._between_batches:
             return

@@ -115,7 +115,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int) -> None:
         per_rank = -(-num_samples // world_size)
-        self.num_samples = num_samples
         self.positions = list(range(rank * per_rank, (rank + 1) * per_rank))
         self.batch_size = batch_size
 
