@@ -65,3 +65,18 @@ class SignalAtStep(pl.Callback):
         completes_a_step = (int(batch_idx) + 1) % trainer.accumulate_grad_batches == 0  # type: ignore[call-overload]
         if trainer.global_step == self.step and completes_a_step:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalTwiceInStep(pl.Callback):
+    """Sends this process SIGINT twice (Ctrl-C twice) in optimizer step *step* + 1, before the optimizer updates."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: object) -> None:
+        import os
+        import signal
+
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)

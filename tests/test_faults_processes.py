@@ -375,18 +375,30 @@ def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumul
     }
 
 
+def stop_an_in_process_run_by_ctrl_c_twice(run_dir: str) -> str:
+    """In a fresh process: ``driver.run`` gets Ctrl-C twice in the middle of step 4; what it says after."""
+    os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
+    callback = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalTwiceInStep, step: 3}]"
+    try:
+        driver.run(["recipe=blobs", "trainer.max_steps=20", "monitor.progress=off", callback], Path(run_dir))
+    except driver.JobFailed as stopped:
+        return str(stopped)
+    return "not stopped"
+
+
 def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
     """Three runs stopped by SIGTERM one after the other in one process (cells of a notebook): two as
     :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
     ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`;
-    then runs stopped at a step and resumed, as :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume`
-    (``resumed/<accumulate>``)."""
+    one as :func:`stop_an_in_process_run_by_ctrl_c_twice`; then runs stopped at a step and resumed, as
+    :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``)."""
     return {
         "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
         "never": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
             str(Path(root) / "never"), "checkpoint.resume=never"
         ),
         "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
+        "twice": stop_an_in_process_run_by_ctrl_c_twice(str(Path(root) / "twice")),
         "resumed": {
             str(accumulate): stop_an_in_process_run_by_sigterm_at_a_step_and_resume(
                 str(Path(root) / f"resumed{accumulate}"), accumulate
@@ -447,6 +459,19 @@ def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(
     assert said["handler_back"], "the process that ran it gets its own SIGTERM handling back"
     summary = read_summary(root / "setup")
     assert (summary["status"], summary["global_step"]) == ("interrupted", 0)
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving_a_half_made_step(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
+    """Regression: a second Ctrl-C, which comes mid-step (here between backward and the optimizer's update),
+    saved a checkpoint there, although the docs say it stops at once without saving."""
+    root, outcomes = stopped_in_process
+    assert "a second SIGINT stopped training at once, after step 3, without saving" in outcomes["twice"]
+    summary = read_summary(root / "twice")
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 3)
+    committed, _ = store.scan(str(root / "twice" / "checkpoints"))
+    assert committed == [], "the last checkpoint stands: none before step 3 here"
 
 
 def test_a_signal_after_the_last_step_still_ends_the_process_and_its_sweep(tmp_path: Path) -> None:

@@ -149,8 +149,14 @@ def keep_finished_figures(summary: Summary, finished: Summary | None) -> None:
 
 def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, run_dir: Path) -> str:
     """``summary.json``'s reason for a run a signal stopped at optimizer *step*, and the command that goes on from its checkpoint."""
-    by = preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
-    stopped = f"{by} stopped training at step {step}"
+    at_once = preemption is not None and preemption.received and not preemption.stopped_by
+    if at_once:  # a second Ctrl-C: mid-step, where a checkpoint could hold a half-made step
+        stopped = f"a second SIGINT stopped training at once, after step {step}, without saving"
+    else:
+        by = (
+            preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
+        )
+        stopped = f"{by} stopped training at step {step}"
     if step == 0:
         return f"{stopped}, before its first step: nothing was trained or saved; run the same command to start it"
     if not plan.checkpoint.enabled:
@@ -163,6 +169,8 @@ def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, ru
     resume = plan.checkpoint.resume
     if resume != "auto":  # the command as given would start over from where this run started
         how += f" and checkpoint.resume=auto (checkpoint.resume={resume} would start over)"
+    if at_once:
+        return f"{stopped}: to go on from its last checkpoint, {how}"
     return f"{stopped}; its checkpoint was saved (unless checkpoint.on_signal=false): to resume, {how}"
 
 

@@ -10,14 +10,12 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from blocks.checkpoint import store
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.compat.torch_private import (
-    processed_micro_batches,
     saved_batch_progress,
     saved_train_loader_state,
 )
@@ -245,24 +243,15 @@ class CheckpointCallback(pl.Callback):
     ) -> None:
         """On SIGTERM (preemption) or Ctrl-C, save before the job exits, between steps.
 
-        Several processes save only on a stop every rank agreed on (``Preempted``, raised at the
-        same step everywhere); another interruption reaches ranks at different points of the
-        loop, where a collective save could hang, so the last checkpoint stands.
+        Only a stop :class:`~blocks.runtime.preemption.Preemption` made (``Preempted``, raised
+        at an optimizer-step boundary, on every rank at the same step). Any other interruption
+        (a second Ctrl-C, which stops at once) can come in the middle of a step, even of the
+        optimizer's update of the parameters, so the last checkpoint stands.
         """
         from blocks.runtime.preemption import Preempted
 
-        if not self.block.on_signal or (trainer.world_size != 1 and not isinstance(exception, Preempted)):
-            return
-        if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
-            return
-        if processed_micro_batches(trainer) % self.accumulate != 0:
-            log.warning(
-                "interrupted in the middle of an accumulated step: not saving; the last checkpoint stands"
-            )
-        elif isinstance(exception, Preempted):  # raised from on_train_batch_start: between batches
+        if self.block.on_signal and isinstance(exception, Preempted):
             self._save_between_batches(trainer)
-        else:
-            self.save(trainer)
 
     def _save_between_batches(self, trainer: pl.Trainer) -> None:
         """Save from ``on_train_batch_start``, after Lightning counted the coming batch (see :meth:`on_save_checkpoint`)."""
