@@ -123,11 +123,13 @@ def test_prepare_is_resumable_and_records_the_sources(tmp_path: Path) -> None:
     assert raw["tokens"] == first.tokens() > 0 and raw["tokenizer"] == "bpe:300"
     # An interrupted prepare: one source's record and a shard are gone; the rerun redoes that source only.
     (out / "parts" / "00001.json").unlink()
-    (out / "train-00001-000.bin").unlink()
-    kept = (out / "train-00002-000.bin").stat().st_mtime_ns
+    (lost,) = out.glob("train-00001-000-*.bin")
+    lost.unlink()
+    (other,) = out.glob("train-00002-000-*.bin")
+    kept = other.stat().st_mtime_ns
     again = prepare(str(corpus), str(out), options, progress=False)
-    assert (out / "train-00002-000.bin").stat().st_mtime_ns == kept
-    assert (out / "train-00001-000.bin").exists()
+    assert other.stat().st_mtime_ns == kept
+    assert lost.exists()
     assert manifest_json(again) == manifest_json(first)
     # A tokenizer file from the user's project tokenizes the same way.
     reused = prepare(
@@ -152,7 +154,8 @@ def test_the_content_digest_follows_the_sources_not_where_the_shards_are(
     other = prepare(
         str(corpus), str(tmp_path / "other"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1)
     )
-    assert other.splits == read_manifest(str(byte_shards)).splits  # the same shards and token counts
+    same = read_manifest(str(byte_shards))  # the same token counts
+    assert [s.tokens for s in other.shards("train")] == [s.tokens for s in same.shards("train")]
     assert Stream(path=str(tmp_path / "other")).content_digest() != digest
 
 
@@ -243,7 +246,7 @@ def test_a_stream_resume_may_change_how_shards_are_read_but_not_what_they_hold(t
     edited.write_text(edited.read_text().swapcase())
     prepare(str(corpus), str(tmp_path / "again"), options, progress=False)
     shutil.rmtree(shards)
-    (tmp_path / "again").rename(shards)  # the same path, the same shard names and token counts
+    (tmp_path / "again").rename(shards)  # the same path and token counts
     result = resume(steps=5)
     assert result.returncode == 2 and "different data content" in result.output, result.output[-2000:]
     # A checkpoint saved before the content was compared is not held to it.
@@ -443,3 +446,181 @@ def test_ddp_from_s3_killed_and_rerun_matches_the_uninterrupted_run(s3) -> None:
     assert summary["resumed_from"]
     assert summary["state_digest"] == read_summary(whole)["state_digest"]
     assert metric_rows(killed) == metric_rows(whole)
+
+
+# --- shards prepared again, changed sources and options, manifests that cannot be read -----------
+
+
+def read_all(block: Stream) -> object:
+    """Every training sample's inputs, in id order, read afresh from the manifest."""
+    read_manifest.cache_clear()
+    dataset = block.build("train")
+    return dataset.gather(list(range(len(dataset))))["inputs"]
+
+
+def swapped_corpus(corpus: Path, root: Path) -> Path:
+    """*corpus* with the case of every letter swapped: other samples in the same shard names and token counts."""
+    root.mkdir(parents=True)
+    for path in corpus.iterdir():
+        (root / path.name).write_text(path.read_text().swapcase())
+    return root
+
+
+def test_shards_prepared_again_at_the_same_url_are_fetched_anew(s3, tmp_path: Path) -> None:
+    """The cache kept files by URL and name alone: a run after a prepare of other sources at the
+    same URL trained on the old shards' samples (its plan showed the new manifest)."""
+    options = PrepareOptions(val_fraction=0, shard_tokens=25, workers=1)
+    corpus = write_corpus(tmp_path / "a", files=2)
+    url, cache = "s3://stream/again", tmp_path / "cache"
+    block = Stream(path=url, seq_len=SEQ_LEN, prefetch=0, cache_dir=str(cache))
+    prepare(str(corpus), url, options, progress=False)
+    first = read_all(block)
+    other = swapped_corpus(corpus, tmp_path / "b")
+    prepare(str(other), url, options, progress=False)
+    prepare(str(other), str(tmp_path / "local"), options, progress=False)
+    truth = read_all(Stream(path=str(tmp_path / "local"), seq_len=SEQ_LEN))
+    assert not truth.equal(first)
+    assert read_all(block).equal(truth)
+    # A cached copy cut short (a full disk, a copy by hand) is fetched again.
+    for path in cache.rglob("*.bin"):
+        os.truncate(path, 10)
+    assert read_all(block).equal(truth)
+
+
+def test_the_cache_limit_holds_for_the_whole_cache_directory(s3, tmp_path: Path) -> None:
+    """``cache_limit_gb`` was kept per shard directory URL: two data sets filled twice the limit."""
+    options = PrepareOptions(val_fraction=0, shard_tokens=25, workers=1)
+    corpus, cache = write_corpus(tmp_path / "corpus", files=2), tmp_path / "cache"
+    limit = 200  # bytes: a shard holds at most 50, each data set 260
+    for url in ("s3://stream/limit-1", "s3://stream/limit-2"):
+        prepare(str(corpus), url, options, progress=False)
+        read_all(
+            Stream(
+                path=url,
+                seq_len=SEQ_LEN,
+                prefetch=0,
+                shuffle_shards=1,
+                cache_dir=str(cache),
+                cache_limit_gb=limit / 1e9,
+            )
+        )
+    assert 0 < sum(p.stat().st_size for p in cache.rglob("*.bin")) <= limit
+
+
+def test_an_unreadable_manifest_says_check_the_url_and_credentials(
+    s3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every failure to read the manifest said "prepare the shards first", missing credentials too."""
+    import fsspec
+
+    _, url, _ = s3
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(key, "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setitem(fsspec.config.conf, "s3", {**fsspec.config.conf["s3"], "skip_instance_cache": True})
+    read_manifest.cache_clear()
+    with pytest.raises(BlocksError) as refused:
+        read_manifest(url)
+    problem = refused.value.problems[0]
+    assert problem.key == "data.path" and "credentials" in problem.message + problem.fix
+    assert "prepare the shards first" not in problem.fix
+    read_manifest.cache_clear()
+
+
+def test_a_prepare_that_fails_part_way_leaves_its_manifests_shards_whole(tmp_path: Path) -> None:
+    """Shards were rewritten in place under fixed names, the manifest last: a prepare that stopped
+    between the two left the old manifest over new shard files (other samples, other sizes)."""
+    corpus, out = tmp_path / "corpus", tmp_path / "shards"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("".join(random.Random(1).choices(string.ascii_letters, k=300)))
+    (corpus / "b.jsonl").write_text(json.dumps({"text": "a document " * 20}) + "\n")
+    options = PrepareOptions(val_fraction=0, shard_tokens=1000, workers=1)
+    prepare(str(corpus), str(out), options, progress=False)
+    block = Stream(path=str(out), seq_len=8)
+    before = read_all(block)
+    (corpus / "a.txt").write_text("Z" * 100)  # a.txt is prepared again, then b.jsonl fails
+    (corpus / "b.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError):
+        prepare(str(corpus), str(out), options, progress=False)
+    assert read_all(block).equal(before)
+    block.preflight()
+    (corpus / "b.jsonl").write_text(json.dumps({"text": "a document " * 20}) + "\n")
+    again = prepare(str(corpus), str(out), options, progress=False)
+    assert bytes(read_all(block)[0].tolist()) == b"Z" * 8
+    named = {s.file for s in again.shards("train")}
+    assert {p.name for p in out.glob("*.bin")} == named, "the shards the manifest no longer names are removed"
+
+
+def test_prepare_again_follows_changed_options_and_tokenizer_file(tmp_path: Path) -> None:
+    """A rerun kept the old shards when --val-fraction, --shard-tokens or the tokenizer file changed."""
+    from blocks.data.shards.prepare import source_files, train_bpe
+
+    corpus, out = write_corpus(tmp_path / "corpus", files=2, chars=400), str(tmp_path / "out")
+    first = prepare(str(corpus), out, PrepareOptions(val_fraction=0.1, shard_tokens=1000, workers=1))
+    halves = prepare(str(corpus), out, PrepareOptions(val_fraction=0.5, shard_tokens=1000, workers=1))
+    assert halves.tokens("val") > first.tokens("val")
+    smaller = prepare(str(corpus), out, PrepareOptions(val_fraction=0.5, shard_tokens=50, workers=1))
+    assert len(smaller.shards("train")) > len(halves.shards("train"))
+    tokenizer, files = tmp_path / "my_tok.json", source_files(str(corpus))
+    tokenizer.write_text(train_bpe(files, 300, "text"))
+    options = PrepareOptions(tokenizer=str(tokenizer), workers=1)
+    with_file = prepare(str(corpus), out, options)
+    tokenizer.write_text(train_bpe(files, 400, "text"))
+    edited = prepare(str(corpus), out, options)
+    assert (Path(out) / "tokenizer.json").read_text() == tokenizer.read_text()
+    assert edited.vocab_size != with_file.vocab_size and edited.tokens() != with_file.tokens()
+
+
+def test_data_source_prepares_the_files_added_since(tmp_path: Path) -> None:
+    """``data.source`` reused the shards prepared first, whatever was added to the source since."""
+    corpus = write_corpus(tmp_path / "corpus", files=2)
+    block = Stream(source=str(corpus), seq_len=SEQ_LEN, cache_dir=str(tmp_path / "cache"))
+    block.prepare()
+    samples = block.num_samples("train")
+    (corpus / "more.txt").write_text("more text " * 30)
+    block.prepare()
+    assert block.num_samples("train") > samples
+
+
+def test_a_manifest_the_reader_cannot_use_is_refused_naming_the_field(
+    byte_shards: Path, tmp_path: Path
+) -> None:
+    """dtype uint8 trained on garbage; float32, negative or textual token counts, a vocabulary
+    below the ids or shard files of another size failed with a traceback mid-training."""
+    raw = json.loads((byte_shards / MANIFEST).read_text())
+
+    def edited(name: str, edit) -> Stream:
+        changed = json.loads(json.dumps(raw))
+        edit(changed)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MANIFEST).write_text(json.dumps(changed))
+        return Stream(path=str(tmp_path / name), seq_len=SEQ_LEN)
+
+    first = lambda m: m["splits"]["train"]["shards"][0]  # noqa: E731
+    cases = {
+        "dtype": lambda m: m.update(dtype="uint8"),
+        "float": lambda m: m.update(dtype="float32"),
+        "tokens": lambda m: first(m).update(tokens=-500),
+        "text": lambda m: first(m).update(tokens="many"),
+        "vocab_size": lambda m: m.update(vocab_size=60),
+        "tokenizer": lambda m: m.pop("tokenizer"),
+    }
+    for name, edit in cases.items():
+        read_manifest.cache_clear()
+        with pytest.raises(BlocksError) as refused:
+            edited(name, edit).manifest()
+        problem = refused.value.problems[0]
+        assert problem.key == "data.path" and "field '" in problem.message, (name, problem.render())
+        assert name.replace("float", "dtype").replace("text", "tokens") in problem.message
+    # Shard files of another size than the manifest says: refused before any process starts.
+    sized = tmp_path / "sized"
+    shutil.copytree(byte_shards, sized)
+    (sized / first(raw)["file"]).write_bytes(b"")
+    block = Stream(path=str(sized), seq_len=SEQ_LEN)
+    read_manifest.cache_clear()
+    with pytest.raises(BlocksError, match="differ in size"):
+        block.preflight()
+    with pytest.raises(BlocksError, match="holds 0 bytes"):
+        read_all(block)

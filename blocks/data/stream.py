@@ -44,7 +44,8 @@ class Stream(DataBlock):
         shuffle_shards: shards whose samples are shuffled together (more mixes better, needs more cache).
         prefetch: shards fetched ahead in the background.
         cache_dir: where remote shards are cached (empty: ``$BLOCKS_CACHE_DIR`` or ``~/.cache/blocks/shards``).
-        cache_limit_gb: most disk the cache may use.
+        cache_limit_gb: most disk the fetched shards in ``cache_dir`` may use, all shard directories
+            together (shards prepared from ``source`` are not counted).
     """
 
     reading_fields: ClassVar[tuple[str, ...]] = (
@@ -72,10 +73,11 @@ class Stream(DataBlock):
         return str(Path(self.resolved_cache_dir()) / "prepared" / key)
 
     def prepare(self) -> None:
-        """With ``source`` and no ``path``: prepare the source into the cache (once; a prepared one is reused).
+        """With ``source`` and no ``path``: prepare the source into the cache (incrementally: unchanged sources are reused).
 
         Each plan reads the manifest afresh: shards prepared again since this process last
-        read it (a notebook, a pipeline) are seen as they are now.
+        read it (a notebook, a pipeline) are seen as they are now, and source files added,
+        removed or edited since are prepared.
         """
         read_manifest.cache_clear()
         if not self.path and self.source:
@@ -105,19 +107,21 @@ class Stream(DataBlock):
 
     def build(self, split: str) -> Dataset:
         """The windows of *split*, read through the cache."""
-        from blocks.data.shards.cache import ShardCache
+        from blocks.data.shards.cache import ShardCache, shard_keys
         from blocks.data.shards.dataset import ShardWindows
 
+        manifest = self.manifest()
         cache = ShardCache(
             self.shard_url(),
             self.resolved_cache_dir(),
             int(self.cache_limit_gb * GB),
             prefetch=self.prefetch,
+            shards=shard_keys(manifest),
         )
-        return ShardWindows(self.manifest(), split, self.seq_len, cache, shuffle_shards=self.shuffle_shards)
+        return ShardWindows(manifest, split, self.seq_len, cache, shuffle_shards=self.shuffle_shards)
 
     def preflight(self) -> None:
-        """Before any process starts: every shard of the manifest exists on the storage (raises otherwise)."""
+        """Before any process starts: every shard of the manifest is on the storage, of the size it says (raises otherwise)."""
         import fsspec
 
         from blocks.spec.errors import Problem
@@ -126,7 +130,9 @@ class Stream(DataBlock):
         url = self.shard_url()
         fs, root = fsspec.core.url_to_fs(url)
         try:
-            present = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
+            present = {
+                str(p["name"]).rstrip("/").rsplit("/", 1)[-1]: p.get("size") for p in fs.ls(root, detail=True)
+            }
         except Exception as exc:
             raise BlocksError(
                 Problem("data.path", f"cannot list '{url}': {exc}", "check the URL and credentials")
@@ -137,6 +143,22 @@ class Stream(DataBlock):
                 Problem(
                     "data.path",
                     f"{len(missing)} shard file(s) of the manifest are missing from '{url}', e.g. {missing[0]}",
+                    f"rerun blocks data prepare SOURCE {url}",
+                )
+            )
+        wrong = [
+            (s.file, present[s.file], s.tokens * manifest.itemsize)
+            for name in manifest.splits
+            for s in manifest.shards(name)
+            if present[s.file] is not None and present[s.file] != s.tokens * manifest.itemsize
+        ]
+        if wrong:
+            file, size, expected = wrong[0]
+            raise BlocksError(
+                Problem(
+                    "data.path",
+                    f"{len(wrong)} shard file(s) in '{url}' differ in size from their manifest, e.g. {file} "
+                    f"holds {size} bytes, not {expected} ({manifest.dtype} tokens)",
                     f"rerun blocks data prepare SOURCE {url}",
                 )
             )

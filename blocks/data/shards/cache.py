@@ -5,14 +5,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import fsspec
 
+from blocks.data.shards.manifest import Manifest, content_digest
+from blocks.spec.errors import BlocksError, Problem
+
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
+
+URL_DIR = re.compile(r"[0-9a-f]{16}")
+"""The cache's folders of fetched shards, one per shard directory URL (``data.source``'s prepared shards live elsewhere)."""
 
 
 def default_cache_dir() -> str:
@@ -26,19 +33,49 @@ def is_local(url: str) -> bool:
     return "file" in fs.protocol or "local" in fs.protocol
 
 
+def shard_keys(manifest: Manifest) -> dict[str, tuple[str, int]]:
+    """Each shard file's content key and expected size in bytes.
+
+    The key is the shard's sha256 where the manifest records it, else a digest of the whole
+    manifest's content and the name: shards prepared again at the same URL never match an
+    old cached copy.
+    """
+    whole = content_digest(manifest)
+    return {
+        s.file: (
+            s.sha256[:16] or hashlib.sha256(f"{whole}|{s.file}".encode()).hexdigest()[:16],
+            s.tokens * manifest.itemsize,
+        )
+        for split in manifest.splits
+        for s in manifest.shards(split)
+    }
+
+
 class ShardCache:
     """Local paths of a shard directory's files, fetched ahead in a background thread.
 
-    Remote files are copied into ``cache_dir/<hash of url>/`` (written under a temporary name
-    and renamed, so a reader in another process never sees half a file). Before a fetch the
-    least recently used files are removed until the new one fits under ``limit_bytes``; a
-    process that still has a removed file mapped keeps reading it.
+    Remote files are copied into ``cache_dir/<hash of url>/<content key>-<name>`` (written
+    under a temporary name and renamed, so a reader in another process never sees half a
+    file); a cached copy is used only when its content key and size match the manifest's
+    shard. Before a fetch the least recently used files of the whole cache directory (every
+    shard directory's) are removed until the new one fits under ``limit_bytes``; a process
+    that still has a removed file mapped keeps reading it.
     """
 
-    def __init__(self, url: str, cache_dir: str, limit_bytes: int, *, prefetch: int = 2) -> None:
+    def __init__(
+        self,
+        url: str,
+        cache_dir: str,
+        limit_bytes: int,
+        *,
+        prefetch: int = 2,
+        shards: dict[str, tuple[str, int]] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.local = is_local(self.url)
-        self.root = Path(cache_dir) / hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        self.cache_dir = Path(cache_dir)
+        self.root = self.cache_dir / hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        self.shards = shards or {}
         self.limit_bytes = limit_bytes
         self.prefetch = prefetch
         self._lock = threading.Lock()
@@ -59,7 +96,9 @@ class ShardCache:
         """The local path of shard file *name*, fetched now if not cached (waits for a prefetch in flight)."""
         if self.local:
             _, root = fsspec.core.url_to_fs(self.url)
-            return Path(root) / name
+            path = Path(root) / name
+            self._check_size(name, path.stat().st_size)
+            return path
         with self._lock:
             pending = self._pending.get(name)
         if pending is not None:
@@ -89,19 +128,48 @@ class ShardCache:
             if self._pending.get(name) is future:
                 del self._pending[name]
 
+    def _target(self, name: str) -> Path:
+        key = self.shards.get(name)
+        return self.root / (f"{key[0]}-{name}" if key else name)
+
+    def _check_size(self, name: str, size: int) -> None:
+        """Raise when shard *name* does not hold the bytes its manifest says."""
+        expected = self.shards.get(name, (None, size))[1]
+        if size != expected:
+            raise BlocksError(
+                Problem(
+                    "data.path",
+                    f"shard file {name} in '{self.url}' holds {size} bytes; its manifest says {expected}",
+                    f"prepare the shards again: blocks data prepare SOURCE {self.url}",
+                    check="shard-manifest",
+                )
+            )
+
+    def _usable(self, target: Path, name: str) -> bool:
+        """Whether the cached copy is there and whole (a copy cut short is removed)."""
+        try:
+            size = target.stat().st_size
+        except FileNotFoundError:
+            return False
+        if name in self.shards and size != self.shards[name][1]:
+            target.unlink(missing_ok=True)
+            return False
+        return True
+
     def _cached(self, name: str) -> bool:
-        return (self.root / name).exists()
+        return self._usable(self._target(name), name)
 
     def _fetch(self, name: str) -> Path:
-        target = self.root / name
-        if target.exists():
+        target = self._target(name)
+        if self._usable(target, name):
             os.utime(target)  # most recently used
             return target
         self.root.mkdir(parents=True, exist_ok=True)
         fs, remote = fsspec.core.url_to_fs(f"{self.url}/{name}")
         size = int(fs.size(remote))
+        self._check_size(name, size)
         with self._lock:  # evict and reserve as one step, so concurrent fetches cannot overshoot together
-            self._evict(size, keep=name)
+            self._evict(size, keep=target.name)
             self._reserved += size
         import tempfile
 
@@ -109,6 +177,7 @@ class ShardCache:
         os.close(handle)
         try:
             fs.get_file(remote, tmp)
+            self._check_size(name, os.path.getsize(tmp))  # the object changed since its size was read
             os.replace(tmp, target)
         finally:
             with self._lock:
@@ -118,15 +187,23 @@ class ShardCache:
         return target
 
     def _evict(self, incoming: int, *, keep: str) -> None:
-        """Remove least recently used files until *incoming* more bytes fit under the limit (lock held)."""
-        files = [p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")]
-        used = sum(p.stat().st_size for p in files) + self._reserved
-        busy = set(self._pending) | {keep}
-        for old in sorted(files, key=lambda p: p.stat().st_mtime):
+        """Remove least recently used files of the whole cache directory until *incoming* more bytes fit (lock held)."""
+        stats = []
+        for folder in self.cache_dir.iterdir():
+            if not URL_DIR.fullmatch(folder.name) or not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                try:
+                    if not path.name.startswith(".") and path.is_file():
+                        stats.append((path, path.stat()))
+                except FileNotFoundError:  # another process evicted it meanwhile
+                    continue
+        used = sum(stat.st_size for _, stat in stats) + self._reserved
+        busy = {self._target(name) for name in self._pending} | {self.root / keep}
+        for old, stat in sorted(stats, key=lambda item: item[1].st_mtime):
             if used + incoming <= self.limit_bytes:
                 break
-            if old.name in busy:
+            if old in busy:
                 continue
-            size = old.stat().st_size
             old.unlink(missing_ok=True)
-            used -= size
+            used -= stat.st_size

@@ -26,10 +26,12 @@ class Shard:
     Attributes:
         file: name of the file inside the shard directory.
         tokens: tokens it holds.
+        sha256: sha256 of the file's bytes (empty in manifests written before it was recorded).
     """
 
     file: str
     tokens: int
+    sha256: str = ""
 
     def samples(self, seq_len: int) -> int:
         """Windows of ``seq_len + 1`` tokens at stride ``seq_len`` inside this shard (none cross shards)."""
@@ -49,6 +51,7 @@ class Manifest:
         documents: documents read from the sources.
         splits: the shards of each split (``train``, ``val``).
         sources: url, size and sha256 of each source file.
+        max_id: the largest token id in the shards (-1: not recorded).
     """
 
     url: str
@@ -59,6 +62,7 @@ class Manifest:
     documents: int
     splits: dict[str, tuple[Shard, ...]] = field(default_factory=dict)
     sources: tuple[dict[str, Any], ...] = ()
+    max_id: int = -1
 
     @property
     def itemsize(self) -> int:
@@ -111,12 +115,17 @@ def manifest_json(manifest: Manifest) -> dict[str, Any]:
         "splits": {
             name: {
                 "tokens": manifest.tokens(name),
-                "shards": [{"file": s.file, "tokens": s.tokens} for s in shards],
+                "shards": [_shard_json(s) for s in shards],
             }
             for name, shards in manifest.splits.items()
         },
         "sources": list(manifest.sources),
+        **({"max_id": manifest.max_id} if manifest.max_id >= 0 else {}),
     }
+
+
+def _shard_json(shard: Shard) -> dict[str, Any]:
+    return {"file": shard.file, "tokens": shard.tokens, **({"sha256": shard.sha256} if shard.sha256 else {})}
 
 
 def content_digest(manifest: Manifest) -> str:
@@ -125,7 +134,11 @@ def content_digest(manifest: Manifest) -> str:
     Where the shards or their sources are stored is left out: a copy of the same shards, or
     shards prepared from the same files elsewhere, has the same digest.
     """
-    content = {key: value for key, value in manifest_json(manifest).items() if key != "sources"}
+    content = {
+        key: value for key, value in manifest_json(manifest).items() if key not in ("sources", "max_id")
+    }
+    for split in content["splits"].values():  # as digested before shards carried their sha256 (in their name)
+        split["shards"] = [{"file": s["file"], "tokens": s["tokens"]} for s in split["shards"]]
     content["sources"] = [[source.get("size"), source.get("sha256")] for source in manifest.sources]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
@@ -147,22 +160,80 @@ def plain_file_name(name: object) -> str:
     return text
 
 
+DTYPES = {"uint16": 2, "uint32": 4}
+
+
+class ManifestFieldError(ValueError):
+    """A field of ``manifest.json`` that is missing or holds a value the reader cannot use."""
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        super().__init__(f"field '{field_name}' {problem}")
+        self.field = field_name
+
+
+def _count(raw: Any, field_name: str) -> int:
+    """A non-negative whole number, or :class:`ManifestFieldError` naming *field_name*."""
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ManifestFieldError(field_name, f"is {raw!r}, not a whole number >= 0")
+    return raw
+
+
+def _get(raw: dict[str, Any], key: str, where: str = "") -> Any:
+    if not isinstance(raw, dict) or key not in raw:
+        raise ManifestFieldError(f"{where}{key}", "is missing")
+    return raw[key]
+
+
+def _shard(raw: Any, where: str) -> Shard:
+    try:
+        name = plain_file_name(_get(raw, "file", where))
+    except ManifestFieldError:
+        raise
+    except ValueError as exc:
+        raise ManifestFieldError(f"{where}file", str(exc)) from exc
+    sha = raw.get("sha256", "")
+    if not isinstance(sha, str):
+        raise ManifestFieldError(f"{where}sha256", f"is {sha!r}, not a hex digest")
+    return Shard(name, _count(_get(raw, "tokens", where), f"{where}tokens"), sha)
+
+
 def parse_manifest(url: str, raw: dict[str, Any]) -> Manifest:
-    """A manifest from its JSON form; raises ``ValueError`` on another format."""
-    if raw.get("format") != FORMAT or raw.get("version") != VERSION:
+    """A manifest from its JSON form; raises ``ValueError`` (a :class:`ManifestFieldError` naming the field) otherwise.
+
+    Only what the reader can use passes: token files of ``uint16`` or ``uint32``, token
+    counts that are whole numbers >= 0, a vocabulary above every recorded token id.
+    """
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
         raise ValueError(f"not a {FORMAT} v{VERSION} manifest")
+    dtype = _get(raw, "dtype")
+    if dtype not in DTYPES:
+        raise ManifestFieldError("dtype", f"is {dtype!r}; token files are uint16 or uint32")
+    vocab = _get(raw, "vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab <= 1 << (8 * DTYPES[dtype]):
+        raise ManifestFieldError("vocab_size", f"is {vocab!r}, not a vocabulary that {dtype} ids can hold")
+    max_id = raw.get("max_id", -1)
+    if max_id != -1 and _count(max_id, "max_id") >= vocab:
+        raise ManifestFieldError("vocab_size", f"is {vocab}, but the shards hold token id {max_id}")
+    splits_raw = _get(raw, "splits")
+    if not isinstance(splits_raw, dict):
+        raise ManifestFieldError("splits", "is not a mapping of split names to shards")
+    splits: dict[str, tuple[Shard, ...]] = {}
+    for name, split in splits_raw.items():
+        shards = _get(split, "shards", f"splits.{name}.")
+        if not isinstance(shards, list):
+            raise ManifestFieldError(f"splits.{name}.shards", "is not a list")
+        splits[name] = tuple(_shard(s, f"splits.{name}.shards[{i}].") for i, s in enumerate(shards))
+    sources = raw.get("sources", ())
     return Manifest(
         url=url,
-        tokenizer=str(raw["tokenizer"]),
+        tokenizer=str(_get(raw, "tokenizer")),
         tokenizer_file=str(raw.get("tokenizer_file", "")),
-        vocab_size=int(raw["vocab_size"]),
-        dtype=str(raw["dtype"]),
-        documents=int(raw.get("documents", 0)),
-        splits={
-            name: tuple(Shard(plain_file_name(s["file"]), int(s["tokens"])) for s in split["shards"])
-            for name, split in raw["splits"].items()
-        },
-        sources=tuple(raw.get("sources", ())),
+        vocab_size=vocab,
+        dtype=dtype,
+        documents=_count(raw.get("documents", 0), "documents"),
+        splits=splits,
+        sources=tuple(sources) if isinstance(sources, list) else (),
+        max_id=max_id,
     )
 
 
@@ -174,19 +245,21 @@ def read_manifest(url: str) -> Manifest:
     :class:`BlocksError` naming ``data.path`` when it is missing or not a manifest.
     """
     path = f"{url.rstrip('/')}/{MANIFEST}"
+    fix = f"check the URL and credentials for '{url}'"
     try:
         with fsspec.open(path, "rb") as handle:
-            raw = json.loads(handle.read())
-        return parse_manifest(url, raw)
+            data = handle.read()
     except FileNotFoundError:
-        what = f"no {MANIFEST} in '{url}'"
-    except Exception as exc:
-        what = f"cannot read '{path}': {exc}"
-    raise BlocksError(
-        Problem(
-            "data.path",
-            what,
+        what, fix = (
+            f"no {MANIFEST} in '{url}'",
             f"prepare the shards first: blocks data prepare SOURCE {url or 'OUT'}",
-            check="shard-manifest",
         )
-    )
+    except Exception as exc:
+        what = f"cannot read '{path}': {type(exc).__name__}: {exc}"
+    else:
+        try:
+            return parse_manifest(url, json.loads(data))
+        except ValueError as exc:  # JSON errors are ValueErrors too
+            what = f"'{path}' is not a usable manifest: {exc}"
+            fix = f"prepare the shards again: blocks data prepare SOURCE {url}"
+    raise BlocksError(Problem("data.path", what, fix, check="shard-manifest"))

@@ -1,17 +1,21 @@
 """``blocks data prepare``: text, JSON Lines or Parquet files → token shards and a manifest.
 
 One worker process per source file at a time tokenizes it and writes its shards and a small
-``parts/NNNNN.json`` record; a rerun skips the sources whose record matches, so an interrupted
-prepare resumes. ``manifest.json`` is written last, from the records.
+``parts/NNNNN.json`` record; a rerun skips the sources whose record matches (same file version,
+tokenizer and options), so an interrupted prepare resumes. Shard files are named by their
+content, so a prepare never rewrites a file the current manifest names; ``manifest.json`` is
+replaced last, from the records, in one step, and only then are shard files it no longer
+names removed.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
 import multiprocessing
+import os
+import re
 import sysconfig
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,13 +25,15 @@ from typing import Any
 
 import fsspec
 
-from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json, read_manifest
+from blocks.data.shards.manifest import MANIFEST, Manifest, Shard, manifest_json
 from blocks.spec.errors import BlocksError, Problem
 
 TOKENIZER_FILE = "tokenizer.json"
 EOT = "<|endoftext|>"
 BYTE_SEPARATOR = 10
 """At byte level documents are joined by a newline, as ``data=text`` joins its files."""
+SHARD_NAME = re.compile(r"(train|val)-\d{5}-\d{3}(-[0-9a-f]{16})?\.bin")
+"""Shard files a prepare writes (the unsuffixed ones by earlier versions); others in OUT are left alone."""
 STDLIB_PREFIX = "python:"
 """``python:email`` names the sources of a standard-library package (no download)."""
 
@@ -44,6 +50,14 @@ class PrepareOptions:
         text_key: the field holding the text in JSON Lines and Parquet sources.
         workers: worker processes.
     """
+
+    def shaping(self) -> dict[str, Any]:
+        """The options that decide what the shards hold (all but ``tokenizer``, recorded by digest, and ``workers``)."""
+        return {
+            "val_fraction": self.val_fraction,
+            "shard_tokens": self.shard_tokens,
+            "text_key": self.text_key,
+        }
 
     tokenizer: str = "byte"
     val_fraction: float = 0.1
@@ -124,8 +138,10 @@ def _tokenizer_json(spec: str, out: str, sources: Sequence[str], text_key: str) 
     saved = f"{out}/{TOKENIZER_FILE}"
     state = _read_json(f"{out}/prepare.json") or {}
     fs, path = fsspec.core.url_to_fs(saved)
-    if state.get("tokenizer") == spec and fs.exists(path):
-        return str(fs.cat_file(path).decode())
+    if spec.startswith("bpe:") and state.get("tokenizer") == spec and fs.exists(path):
+        return str(
+            fs.cat_file(path).decode()
+        )  # trained once; a tokenizer file is read each time (it may change)
     if spec.startswith("bpe:"):
         try:
             vocab = int(spec[4:])
@@ -148,9 +164,8 @@ def _tokenizer_json(spec: str, out: str, sources: Sequence[str], text_key: str) 
                     "--tokenizer byte, --tokenizer bpe:4096, or the path of a tokenizer.json",
                 )
             ) from exc
-    with fsspec.open(saved, "wb") as handle:
-        handle.write(text.encode())
-    _write_json(f"{out}/prepare.json", {"tokenizer": spec})
+    if not (fs.exists(path) and fs.cat_file(path).decode() == text):
+        _write_atomic(saved, text.encode())
     return text
 
 
@@ -163,8 +178,31 @@ def _read_json(url: str) -> Any:
 
 
 def _write_json(url: str, value: Any) -> None:
-    with fsspec.open(url, "wb") as handle:
-        handle.write(json.dumps(value, indent=1).encode())
+    _write_atomic(url, json.dumps(value, indent=1).encode())
+
+
+def _write_atomic(url: str, data: bytes) -> None:
+    """Write *url* so that a reader sees the old file or the new one, never part of it.
+
+    Local files go through a temporary name in the same folder and a rename; an object
+    store's single put is atomic.
+    """
+    fs, path = fsspec.core.url_to_fs(url)
+    if "file" not in fs.protocol and "local" not in fs.protocol:
+        fs.pipe_file(path, data)
+        return
+    import tempfile
+
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def fingerprint(url: str) -> str:
@@ -214,27 +252,39 @@ def _tokens(job: _Job) -> tuple[Any, int, str, int]:
 
 
 def prepare_source(job: _Job) -> dict[str, Any]:
-    """Tokenize one source, write its shards and its ``parts`` record; returns the record."""
+    """Tokenize one source, write its shards and its ``parts`` record; returns the record.
+
+    A shard file is named by its content's sha256: it never replaces a file of another content
+    (one a manifest names, one a running job has mapped), and one already there is kept.
+    """
+    import numpy as np
+
     dtype = "uint16" if _vocab_size(job.tokenizer) <= 1 << 16 else "uint32"
+    fingerprinted = fingerprint(job.source)  # before reading: an edit while reading is seen next time
     tokens, docs, sha, size = _tokens(job)
     val = int(len(tokens) * job.options.val_fraction)
     record: dict[str, Any] = {
         "source": job.source,
-        "fingerprint": fingerprint(job.source),
+        "fingerprint": fingerprinted,
         "tokenizer": job.tokenizer_digest,
+        "options": job.options.shaping(),
         "size": size,
         "sha256": sha,
         "documents": docs,
+        "max_id": int(tokens.max()) if len(tokens) else -1,
         "splits": {},
     }
+    fs, _ = fsspec.core.url_to_fs(job.out)
     for split, part in (("train", tokens[: len(tokens) - val]), ("val", tokens[len(tokens) - val :])):
         shards = []
         for n, begin in enumerate(range(0, len(part), job.options.shard_tokens)):
-            piece = part[begin : begin + job.options.shard_tokens].astype(dtype)
-            name = f"{split}-{job.index:05d}-{n:03d}.bin"
-            with fsspec.open(f"{job.out}/{name}", "wb") as handle:
-                handle.write(piece.tobytes())
-            shards.append({"file": name, "tokens": len(piece)})
+            data = part[begin : begin + job.options.shard_tokens].astype(dtype).tobytes()
+            digest = hashlib.sha256(data).hexdigest()
+            name = f"{split}-{job.index:05d}-{n:03d}-{digest[:16]}.bin"
+            _, path = fsspec.core.url_to_fs(f"{job.out}/{name}")
+            if not (fs.exists(path) and fs.size(path) == len(data)):
+                _write_atomic(f"{job.out}/{name}", data)
+            shards.append({"file": name, "tokens": len(data) // np.dtype(dtype).itemsize, "sha256": digest})
         record["splits"][split] = shards
     _write_json(f"{job.out}/parts/{job.index:05d}.json", record)
     return record
@@ -274,6 +324,7 @@ def prepare(source: str, out: str, options: PrepareOptions, *, progress: bool = 
             done
             and done["source"] == url
             and done["tokenizer"] == tok_digest
+            and done.get("options") == options.shaping()
             and done["fingerprint"] == fingerprint(url)
         ):
             records[index] = done
@@ -290,13 +341,38 @@ def prepare(source: str, out: str, options: PrepareOptions, *, progress: bool = 
         dtype="uint16" if vocab <= 1 << 16 else "uint32",
         documents=sum(r["documents"] for r in ordered),
         splits={
-            split: tuple(Shard(s["file"], s["tokens"]) for r in ordered for s in r["splits"][split])
+            split: tuple(
+                Shard(s["file"], s["tokens"], s["sha256"]) for r in ordered for s in r["splits"][split]
+            )
             for split in ("train", "val")
         },
         sources=tuple({"url": r["source"], "size": r["size"], "sha256": r["sha256"]} for r in ordered),
+        max_id=max((r["max_id"] for r in ordered), default=-1),
     )
-    _write_json(f"{out}/{MANIFEST}", manifest_json(manifest))
+    state = {"tokenizer": options.tokenizer, "tokenizer_sha256": tok_digest, **options.shaping()}
+    if _read_json(f"{out}/prepare.json") != state:
+        _write_json(f"{out}/prepare.json", state)
+    if _read_json(f"{out}/{MANIFEST}") != manifest_json(manifest):
+        _write_json(f"{out}/{MANIFEST}", manifest_json(manifest))
+    _remove_stale_shards(out, manifest)
     return manifest
+
+
+def _remove_stale_shards(out: str, manifest: Manifest) -> None:
+    """Remove the shard files in OUT that *manifest* (already in place) does not name.
+
+    A job still reading an earlier manifest keeps the files it has mapped (or cached); one that
+    has not fetched a removed file yet stops with an error saying the file is gone.
+    """
+    fs, path = fsspec.core.url_to_fs(out)
+    named = {s.file for split in manifest.splits for s in manifest.shards(split)}
+    stale = [
+        p
+        for p in fs.ls(path, detail=False)
+        if SHARD_NAME.fullmatch(p.rsplit("/", 1)[-1]) and p.rsplit("/", 1)[-1] not in named
+    ]
+    if stale:
+        fs.rm(stale)
 
 
 def _run_jobs(todo: list[_Job], records: dict[int, dict[str, Any]], workers: int, *, progress: bool) -> None:
@@ -319,23 +395,16 @@ def _run_jobs(todo: list[_Job], records: dict[int, dict[str, Any]], workers: int
                 bar.advance(task)
 
 
-@functools.lru_cache(maxsize=8)
 def ensure_prepared(source: str, out: str, tokenizer: str) -> Manifest:
-    """The manifest in local directory *out*, preparing *source* there first if it has none.
+    """The manifest in local directory *out*, after preparing what changed in *source* there.
 
-    A file lock keeps concurrent planners from preparing the same directory twice.
+    An incremental :func:`prepare`: sources whose record matches (same file version, tokenizer
+    and options) are skipped, so a plan with nothing new reads a few small files. A file lock
+    keeps concurrent planners from preparing the same directory twice.
     """
     import fcntl
 
-    try:
-        return read_manifest(out)
-    except BlocksError:
-        pass
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return read_manifest(out)
-        except BlocksError:
-            pass
         return prepare(source, out, PrepareOptions(tokenizer=tokenizer), progress=False)
