@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from blocks.core import catalog
+from blocks.core.pipeline import Evaluate, Pipeline
 from blocks.core.recipe import RECIPES
-from blocks.launch.pipeline import run_pipeline
+from blocks.launch.pipeline import StageProblems, run_pipeline
 from tests.conftest import read_summary
 
 pytestmark = pytest.mark.timeout(900)
@@ -18,10 +19,15 @@ PRETRAIN = ["pretrain.trainer.max_steps=10", "monitor.progress=off"]
 ARGS = [*PRETRAIN, "finetune.trainer.max_steps=10"]
 
 
-def run(root: Path, overrides: list[str]) -> str:
+def digits_pipeline() -> Pipeline:
     catalog.load()
     pipeline = RECIPES.get("digits_pipeline").pipeline()
     assert pipeline is not None
+    return pipeline
+
+
+def run(root: Path, overrides: list[str], pipeline: Pipeline | None = None) -> str:
+    pipeline = pipeline or digits_pipeline()
     said: list[str] = []
     run_pipeline(pipeline, root, overrides, say=said.append)
     return "\n".join(said)
@@ -31,9 +37,22 @@ def skipped(stage: str, said: str) -> bool:
     return f"stage {stage}: finished earlier, skipped" in said
 
 
-def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path) -> None:
+def same_weights(a: Path, b: Path) -> bool:
+    return (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path, cli_in_process) -> None:
     root = tmp_path / "pipe"
     run(root, ARGS)
+
+    # An evaluation's bad setting is refused before any stage starts: finetune is neither retrained nor moved.
+    bad = ["finetune.trainer.max_steps=12", "evaluate.data.batch_size=0"]
+    result = cli_in_process("run", "recipe=digits_pipeline", f"hydra.run.dir={root}", *PRETRAIN, *bad)
+    assert result.returncode == 2, result.output
+    assert "stage 'evaluate' of recipe=digits_pipeline has problems; nothing was started" in result.output
+    assert "data.batch_size" in result.output and "stage finetune: running" not in result.output
+    assert read_summary(root / "finetune")["global_step"] == 10
+    assert not list(root.glob("*.previous-*"))
 
     said = run(root, ARGS)
     assert all(skipped(stage, said) for stage in ("pretrain", "finetune", "evaluate", "export")), said
@@ -55,3 +74,36 @@ def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path) -
     assert "stage finetune ran again" in said
     metrics = json.loads((root / "evaluate" / "metrics.json").read_text())
     assert metrics["val/accuracy"] == pytest.approx(finetune["metrics"]["val/accuracy"], abs=1e-6)
+
+    # finetune retrains, then the evaluation fails at its stage (no test split): export is not reached.
+    pipeline = digits_pipeline()
+    test_split = Evaluate("evaluate", source="finetune", split="test")
+    broken = Pipeline(stages=(*pipeline.stages[:2], test_split, *pipeline.stages[3:]))
+    tuned = [*PRETRAIN, "finetune.trainer.max_steps=14", "finetune.optim.lr=1e-4"]
+    moved = sorted(root.glob("*.previous-*"))
+    with pytest.raises(StageProblems, match="no test split") as failed:
+        run(root, tuned, broken)
+    assert failed.value.stage == "evaluate" and failed.value.started
+    assert sorted(root.glob("*.previous-*")) == [*moved, root / "finetune.previous-2"], (
+        "no finished result moved"
+    )
+    assert (root / "evaluate" / "metrics.json").is_file()
+    said = run(root, tuned)
+    assert skipped("finetune", said) and not skipped("evaluate", said) and not skipped("export", said)
+    assert "stage finetune's result: step 12 → 14" in said
+    assert same_weights(root / "export" / "model", root / "finetune")
+
+    # pretrain retrains, and the process ends before finetune starts: finetune is not left on the old weights.
+    retrained = ["pretrain.trainer.max_steps=12", *tuned[1:]]
+    run(root, retrained[:2], Pipeline(stages=pipeline.stages[:1]))
+    said = run(root, retrained)
+    assert "stage finetune: finished earlier with other settings; running it again" in said
+    assert "stage pretrain's result: step 10 → 12" in said
+    assert same_weights(root / "export" / "model", root / "finetune")
+    assert not same_weights(root / "finetune", root / "finetune.previous-3")
+
+    # A stage recorded before upstream results were (no upstream.json) runs again rather than trusted.
+    (root / "export" / "upstream.json").unlink()
+    said = run(root, retrained)
+    assert skipped("evaluate", said) and not skipped("export", said)
+    assert "did not record which result of stage finetune it took" in said

@@ -446,7 +446,7 @@ def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
     """Plan every train stage, then run the stages not finished yet (``blocks run recipe=<pipeline>``)."""
     from blocks.cli.render import print_problems
     from blocks.launch.driver import JobFailed, exit_code
-    from blocks.launch.pipeline import run_pipeline
+    from blocks.launch.pipeline import StageProblems, run_pipeline
 
     root, overrides = _pipeline_args(name, args)
     for stage, plan in _plan_stages(pipeline, root, overrides):
@@ -462,6 +462,8 @@ def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
         run_pipeline(
             pipeline, root, overrides, say=lambda text: stdout.print(text, highlight=False, markup=False)
         )
+    except StageProblems as exc:
+        return _fail(exc, exc.header(name))
     except JobFailed as exc:
         print(f"blocks: {exc}", file=sys.stderr)
         return exit_code(exc.summary)

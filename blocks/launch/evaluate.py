@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -9,17 +10,17 @@ from omegaconf import DictConfig, OmegaConf
 from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
 from blocks.core.jobs import plan_blocks
 from blocks.core.masking import hide_environment_values_in_overrides
+from blocks.core.plan import Plan
 from blocks.data.base import SPLITS
 from blocks.spec.errors import BlocksError, Problem
 
 
-def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
-    """The run's config with *overrides*: ``data=NAME`` swaps the data block, ``data.KEY=V`` sets a field."""
-    from blocks.runtime.model_export import run_config
+def eval_config(trained: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """A copy of a run's config *trained* with *overrides*: ``data=NAME`` swaps the data block, ``data.KEY=V`` sets a field."""
     from blocks.spec.registry import REGISTRY
 
     hide_environment_values_in_overrides(overrides)  # building the config may quote a value read
-    config = run_config(source)
+    config = copy.deepcopy(trained)
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key:
@@ -47,17 +48,10 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     from blocks.checkpoint.sources import load_weights
     from blocks.core import catalog
     from blocks.runtime.init import load_into
+    from blocks.runtime.model_export import run_config
 
     catalog.load()
-    if split not in SPLITS:
-        raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
-    config = eval_config(source, overrides)
-    if split == "test":
-        refuse_moved_test_split(source, config)
-    plan = plan_blocks(
-        config_to_blocks(config), None, check_storage=False, config=config
-    )  # evaluation resumes nothing
-    plan.raise_for_errors()
+    config, plan = eval_plan(run_config(source), overrides, split)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
     load_into(model, load_weights(source, key="source"), key="source", source=source)
@@ -77,6 +71,24 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     return {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
 
 
+def eval_plan(trained: DictConfig, overrides: Sequence[str], split: str) -> tuple[DictConfig, Plan]:
+    """The config and checked plan of scoring *split* of a run whose config is *trained*, with *overrides*.
+
+    Raises :class:`BlocksError` for an unknown split, a bad override or a plan with errors. Needs
+    neither torch nor the run's weights, so a pipeline checks its evaluations before any stage runs.
+    """
+    if split not in SPLITS:
+        raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
+    config = eval_config(trained, overrides)
+    if split == "test":
+        refuse_moved_test_split(trained, config)
+    plan = plan_blocks(
+        config_to_blocks(config), None, check_storage=False, config=config
+    )  # evaluation resumes nothing
+    plan.raise_for_errors()
+    return config, plan
+
+
 def empty_split(split: str, name: str, data: object) -> Problem:
     """The problem of scoring a split *data* does not have, with the field that would give it one."""
     field = {"val": "val_fraction", "test": "test_fraction"}.get(split, "")
@@ -90,11 +102,9 @@ def empty_split(split: str, name: str, data: object) -> Problem:
     return Problem("--split", f"data={name} has no {split} split (0 samples)", fix)
 
 
-def refuse_moved_test_split(source: str, config: DictConfig) -> None:
+def refuse_moved_test_split(run: DictConfig, config: DictConfig) -> None:
     """Refuse a ``data.test_fraction`` override on the run's own data: its test samples were not held out in training."""
-    from blocks.runtime.model_export import run_config
-
-    trained = run_config(source).get("data", {})
+    trained = run.get("data", {})
     data = config.get("data", {})
     if trained.get(BLOCK_KEY) != data.get(BLOCK_KEY) or "test_fraction" not in data:
         return

@@ -7,26 +7,52 @@ checkpoints (``checkpoint.resume=auto``), because its run dir is the same on eve
 
 A finished stage is skipped only when it would run the same way again: a train stage's
 resolved config equals its ``config.yaml``, an evaluation's or export's settings equal its
-``stage.json``, and no stage it takes its model from ran again. Otherwise the change is
-printed, the finished stage's directory is moved aside (``<stage>.previous-N``) and the
-stage runs again from scratch.
+``stage.json``, and the stage it takes its model from holds the result recorded in its
+``upstream.json`` (step and ``state_digest``). Otherwise the change is printed, the finished
+stage's directory is moved aside (``<stage>.previous-N``) and the stage runs again from
+scratch; so does an interrupted stage that started from another upstream result.
+
+Every evaluation's settings are checked against its source's config before the first stage
+runs, as the CLI plans every train stage first.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from blocks.checkpoint import store
-from blocks.core.pipeline import Evaluate, Export, Pipeline, Stage, Train
+from blocks.core.pipeline import Evaluate, Pipeline, Stage, Train
 from blocks.launch.run_dir import CHECKPOINTS_DIR, SUMMARY_FILE, WEIGHTS_FILE, Summary
+from blocks.spec.errors import BlocksError, TrainingError
 
 METRICS_JSON = "metrics.json"
 EXPORT_DIR = "model"
 STAGE_FILE = "stage.json"
 """An evaluation's or export's settings, to tell whether a rerun would do the same."""
+UPSTREAM_FILE = "upstream.json"
+"""The result of the stage a stage took its model from (step, ``state_digest``), to tell whether it changed since."""
+
+
+class StageProblems(BlocksError):
+    """A stage's settings have problems; *started*: whether the pipeline had run a stage (or moved one aside) first."""
+
+    def __init__(self, stage: str, error: BlocksError, *, started: bool) -> None:
+        super().__init__(error.problems)
+        self.stage = stage
+        self.started = started
+
+    def header(self, recipe: str) -> str:
+        """The line above the problems: what ran and what did not."""
+        if not self.started:
+            return f"blocks: stage '{self.stage}' of recipe={recipe} has problems; nothing was started"
+        return (
+            f"blocks: stage '{self.stage}' of recipe={recipe} has problems; it stopped the pipeline "
+            "(the stages before it finished and are kept)"
+        )
 
 
 def split_overrides(pipeline: Pipeline, overrides: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -138,54 +164,144 @@ def _move_aside(stage_dir: Path) -> Path:
     return target
 
 
+def check_evaluations(pipeline: Pipeline, settings: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse an evaluation whose settings would not run on its source's config (in *settings*), before any stage runs."""
+    from omegaconf import OmegaConf
+
+    from blocks.launch.evaluate import eval_plan
+
+    for stage in pipeline.stages:
+        if isinstance(stage, Evaluate):
+            trained = OmegaConf.create(dict(settings[stage.source]))
+            try:
+                eval_plan(trained, settings[stage.name]["overrides"], stage.split)
+            except BlocksError as exc:
+                raise StageProblems(stage.name, exc, started=False) from None
+
+
+def upstream_result(name: str, stage_dir: Path) -> dict[str, Any]:
+    """Which result the finished train stage *name* holds: its step and ``state_digest``."""
+    summary = Summary.read(stage_dir)
+    return {"stage": name, "global_step": summary.global_step, "state_digest": summary.state_digest}
+
+
+def upstream_changes(stage_dir: Path, result: Mapping[str, Any]) -> list[str]:
+    """How *result* (the upstream's now) differs from the one the stage in *stage_dir* took (empty: the same)."""
+    record = stage_dir / UPSTREAM_FILE
+    name = result["stage"]
+    if not record.is_file():
+        return [f"(the stage did not record which result of stage {name} it took)"]
+    before = json.loads(record.read_text())
+    if before == result and result["state_digest"]:
+        return []
+    digests = (str(before.get("state_digest"))[:12], str(result["state_digest"])[:12])
+    return [
+        f"stage {name}'s result: step {before.get('global_step')} → {result['global_step']}, "
+        f"state_digest {digests[0]} → {digests[1]}"
+    ]
+
+
+def _record(stage_dir: Path, name: str, value: Mapping[str, Any]) -> None:
+    (stage_dir / name).write_text(json.dumps(value, indent=2) + "\n")
+
+
 def run_pipeline(
     pipeline: Pipeline, root: Path, overrides: Sequence[str] = (), say: Callable[[str], None] = print
 ) -> dict[str, Summary]:
-    """Run every unfinished stage of *pipeline* under *root*; returns each stage's summary."""
-    from blocks.launch.driver import run
-    from blocks.launch.evaluate import evaluate
+    """Run every unfinished stage of *pipeline* under *root*; returns each stage's summary.
 
-    _, scoped = split_overrides(pipeline, overrides)
+    Every stage's settings are checked first; :class:`StageProblems` says which stage has problems
+    and whether any stage had started. A finished stage is moved aside only once its replacement
+    passed its own checks (a train stage's plan; an evaluation or export that succeeded).
+    """
+    settings = {stage.name: stage_settings(pipeline, stage, root, overrides) for stage in pipeline.stages}
+    check_evaluations(pipeline, settings)
     summaries: dict[str, Summary] = {}
-    ran: set[str] = set()
+    ran: list[str] = []
     for stage in pipeline.stages:
         stage_dir = root / stage.name
-        settings = stage_settings(pipeline, stage, root, overrides)
+        upstream = _depends_on(stage)
+        result = upstream_result(upstream, root / upstream) if upstream else None
+        changed: list[str] = []
         if is_finished(stage, stage_dir):
-            upstream = _depends_on(stage)
-            changed = changes(finished_settings(stage, stage_dir), settings)
+            changed = changes(finished_settings(stage, stage_dir), settings[stage.name])
             if upstream in ran:
                 changed.append(f"stage {upstream} ran again")
+            elif result is not None:
+                changed += upstream_changes(stage_dir, result)
             if not changed:
                 say(f"stage {stage.name}: finished earlier, skipped ({stage_dir})")
                 summaries[stage.name] = Summary.read(stage_dir)
                 continue
-            previous = _move_aside(stage_dir)
             say(f"stage {stage.name}: finished earlier with other settings; running it again")
-            for line in changed[:10]:
-                say(f"  {line}")
-            if len(changed) > 10:
-                say(f"  ... and {len(changed) - 10} more")
-            say(f"  (the previous results are in {previous})")
-        ran.add(stage.name)
+        elif result is not None and (stage_dir / UPSTREAM_FILE).is_file():
+            changed = upstream_changes(stage_dir, result)
+            if changed:
+                say(f"stage {stage.name}: started earlier from another result; running it again from scratch")
+        for line in changed[:10]:
+            say(f"  {line}")
+        if len(changed) > 10:
+            say(f"  ... and {len(changed) - 10} more")
         say(f"stage {stage.name}: running in {stage_dir}")
-        if isinstance(stage, Train):
-            summaries[stage.name] = run(train_overrides(pipeline, stage, root, overrides), stage_dir)
-            continue
-        source = str((root / stage.source).resolve())
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        if isinstance(stage, Evaluate):
-            metrics = evaluate(source, [*stage.overrides, *scoped[stage.name]], split=stage.split)
-            (stage_dir / METRICS_JSON).write_text(json.dumps(metrics, indent=2) + "\n")
-            say("  " + "  ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
-        else:
-            assert isinstance(stage, Export)
-            from blocks.runtime.model_export import export_model
-
-            export_model(source, stage_dir / EXPORT_DIR)
-            metrics = {}
-        (stage_dir / STAGE_FILE).write_text(json.dumps(settings, indent=2) + "\n")
-        summary = Summary(status="completed", metrics=metrics)
-        summary.write(stage_dir)
-        summaries[stage.name] = summary
+        try:
+            summaries[stage.name] = _run_stage(
+                pipeline, stage, root, overrides, settings[stage.name], result, bool(changed), say
+            )
+        except TrainingError:
+            raise
+        except BlocksError as exc:
+            moved = isinstance(stage, Train) and bool(changed)  # an evaluation or export moves only once done
+            raise StageProblems(stage.name, exc, started=bool(ran) or moved) from None
+        ran.append(stage.name)
     return summaries
+
+
+def _run_stage(
+    pipeline: Pipeline,
+    stage: Stage,
+    root: Path,
+    overrides: Sequence[str],
+    settings: Mapping[str, Any],
+    upstream: Mapping[str, Any] | None,
+    replace: bool,
+    say: Callable[[str], None],
+) -> Summary:
+    """Run one stage into its dir; with *replace*, first move the dir there aside (once the new result is made, for an evaluation or export)."""
+    from blocks.launch.driver import run
+    from blocks.launch.evaluate import evaluate
+
+    stage_dir = root / stage.name
+
+    def make_room() -> None:
+        if replace and stage_dir.exists():
+            say(f"  (the previous results are in {_move_aside(stage_dir)})")
+        stage_dir.mkdir(parents=True, exist_ok=True)
+
+    if isinstance(stage, Train):
+        make_room()
+        if upstream is not None:
+            _record(stage_dir, UPSTREAM_FILE, upstream)
+        return run(train_overrides(pipeline, stage, root, overrides), stage_dir)
+    source = str((root / stage.source).resolve())
+    metrics: dict[str, float] = {}
+    if isinstance(stage, Evaluate):
+        metrics = evaluate(source, settings["overrides"], split=stage.split)
+        make_room()
+        _record(stage_dir, METRICS_JSON, metrics)
+        say("  " + "  ".join(f"{name}={value:.4g}" for name, value in metrics.items()))
+    else:
+        from blocks.runtime.model_export import export_model
+
+        partial = stage_dir.with_name(f"{stage.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        export_model(source, partial / EXPORT_DIR)
+        make_room()
+        shutil.rmtree(stage_dir / EXPORT_DIR, ignore_errors=True)
+        (partial / EXPORT_DIR).rename(stage_dir / EXPORT_DIR)
+        partial.rmdir()
+    _record(stage_dir, STAGE_FILE, settings)
+    if upstream is not None:
+        _record(stage_dir, UPSTREAM_FILE, upstream)
+    summary = Summary(status="completed", metrics=metrics)
+    summary.write(stage_dir)
+    return summary
