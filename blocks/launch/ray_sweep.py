@@ -81,7 +81,7 @@ class RayLauncher(Launcher):
             for idx, overrides in enumerate(job_overrides)
         ]
         results: list[JobReturn] = []
-        for idx, (overrides, future) in enumerate(zip(job_overrides, futures)):
+        for idx, (overrides, future) in enumerate(zip(job_overrides, futures, strict=True)):
             try:  # one at a time: a job whose task dies fails alone, the others run on
                 results.append(ray.get(future))
             except ray.exceptions.RayError as exc:
@@ -111,7 +111,7 @@ class RayLauncher(Launcher):
         log.error(f"job #{idx} ({' '.join(filter_overrides(overrides))}) crashed: {reason}")
         run_dir.mkdir(parents=True, exist_ok=True)
         record_failed_start(run_dir, reason, started)
-        task_cfg = OmegaConf.masked_copy(sweep_config, [k for k in sweep_config if k != "hydra"])
+        task_cfg = OmegaConf.masked_copy(sweep_config, [str(k) for k in sweep_config if k != "hydra"])
         return JobReturn(
             overrides=overrides,
             cfg=task_cfg,
