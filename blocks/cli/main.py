@@ -253,7 +253,6 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
-    from blocks.core.overrides import without_sweeps
     from blocks.launch.driver import PLANNED, job_key
     from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
     from blocks.spec.imports import refuse_objects
@@ -302,7 +301,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     if multirun and sweeper == "basic":
         job_overrides = expand_sweep(overrides)
     elif multirun:
-        job_overrides = [without_sweeps(overrides)]  # what Hydra composes for the sweep itself
+        job_overrides = [_searched_trial(overrides, parsed.config_dir)]
     else:
         return _check_single(overrides, parsed.config_dir)
     failed = 0
@@ -338,6 +337,28 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
+
+
+def _searched_trial(overrides: list[str], config_dir: str | None) -> list[str]:
+    """One trial of another sweeper's search (Optuna's): each searched key at a value of its space.
+
+    The keys are those swept on the command line and those of ``hydra.sweeper.params`` (read
+    from the sweep's own composition, without the swept keys); planning this trial catches an
+    unknown key or a value of the wrong type before the search starts.
+    """
+    from omegaconf import OmegaConf
+
+    from blocks.core import jobs
+    from blocks.core.overrides import without_sweeps
+    from blocks.core.sweeper import searched_trial
+
+    try:
+        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
+    except BlocksError:
+        return searched_trial(overrides, {})  # planning it reports why the sweep does not compose
+    params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
+    searched = OmegaConf.to_container(params) if params is not None else {}
+    return searched_trial(overrides, searched if isinstance(searched, dict) else {})
 
 
 def _check_composes(overrides: list[str], config_dir: str | None) -> int | None:
