@@ -358,7 +358,9 @@ def test_a_sweep_job_whose_ray_task_dies_fails_alone(tmp_path: Path, monkeypatch
     killer = "trainer.callbacks=[{_target_: tests.lightning_habits.KillOwnProcess, max_steps: 3}]"
     args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2,3", "monitor.progress=off", killer]
     args += ["hydra/launcher=ray", f"hydra.sweep.dir={sweep}"]
-    result = run_cli(args, cwd=tmp_path, timeout=300, env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)})
+    result = run_cli(
+        args, cwd=tmp_path, timeout=300, env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)}
+    )
     assert result.returncode == 1, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
     assert read_summary(sweep / "0")["status"] == "completed"
