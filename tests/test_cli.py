@@ -110,6 +110,8 @@ def test_the_keys_a_preset_searches_are_checked_before_any_trial(cli_in_process,
     result = cli_in_process("run", "-m", *args, f"hydra.sweep.dir={tmp_path}/sweep")
     assert_clean_failure(result, "optim.lrr", "did you mean 'lr'")
     assert not (tmp_path / "sweep").exists()
+    planned = cli_in_process("plan", "-m", *args, "optim.lr=interval(0.1,0.2)")
+    assert_clean_failure(planned, "optim.lrr", "did you mean 'lr'")
 
 
 def test_an_interval_without_optuna_names_its_key_and_optuna(cli_in_process, tmp_path) -> None:

@@ -87,7 +87,7 @@ def cmd_plan(
     """
     from blocks.cli.render import plan_panel, print_problems
     from blocks.core import jobs
-    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
+    from blocks.launch.sweep import shared_checkpoint_dirs
 
     chosen = _pipeline_of(overrides)
     if chosen is not None:
@@ -101,7 +101,7 @@ def cmd_plan(
         return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
     plans = []
     try:
-        job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
+        job_overrides = _sweep_jobs(list(overrides), config_dir) if multirun else [list(overrides)]
     except BlocksError as exc:
         return _invalid_plan(exc, list(overrides), as_json=as_json)
     for one in job_overrides:
@@ -124,6 +124,16 @@ def cmd_plan(
         if shared:
             print_problems(stderr, shared, header="blocks plan: the jobs of the sweep clash")
     return 0 if all(plan.ok for _, plan in plans) and not shared else EXIT_INVALID
+
+
+def _sweep_jobs(overrides: list[str], config_dir: str | None) -> list[list[str]]:
+    """The jobs ``blocks plan -m`` plans: every job of a basic sweep, or one trial of a search."""
+    from blocks.launch.sweep import expand_sweep
+
+    searches = any(o.startswith("hparams_search=") for o in overrides) or any(
+        o.startswith("hydra/sweeper=") and o != "hydra/sweeper=basic" for o in overrides
+    )
+    return [_searched_trial(overrides, config_dir)] if searches else expand_sweep(overrides)
 
 
 def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
