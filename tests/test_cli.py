@@ -58,6 +58,75 @@ def test_a_bad_job_in_a_sweep_stops_the_whole_sweep(cli, tmp_path) -> None:
     assert not (tmp_path / "sweep").exists()
 
 
+OPTUNA = ["run", "-m", "hparams_search=optuna", "recipe=blobs", "hydra.sweeper.n_trials=2"]
+
+
+def _old_sqlalchemy_for_optuna() -> bool:
+    from importlib.metadata import version
+
+    return int(version("optuna").split(".")[0]) >= 3 or int(version("sqlalchemy").split(".")[0]) < 2
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "fragments"),
+    [
+        (
+            ["monitor.objective=val/accuracy", "monitor.objective_mode=max", "optim.lr=choice(0.01,-1)"],
+            "hydra.sweeper.direction",
+            ["is minimize, but monitor.objective_mode=max", "hydra.sweeper.direction=maximize"],
+        ),
+        (["hydra.sweeper.direction=[minimize,maximize]"], "hydra.sweeper.direction", ["multi-objective"]),
+        (["optim.lrr=interval(1e-4,1e-1)"], "optim.lrr", ["did you mean 'lr'"]),
+        (["optim.lr=choice(fast,slow)"], "optim.lr", ["'fast'", "float"]),
+        (
+            ["hydra.sweeper.params.optim.lr=interval(1e-4,1e-1)"],
+            "hydra.sweeper.params.optim.lr",
+            ["'optim.lr=interval(1e-4,1e-1)'"],
+        ),
+        pytest.param(
+            ["hydra.sweeper.storage=sqlite:///study.db"],
+            "hydra.sweeper.storage",
+            ["SQLAlchemy", "hydra.sweeper.storage=null"],
+            marks=pytest.mark.skipif(_old_sqlalchemy_for_optuna(), reason="Optuna can use this SQLAlchemy"),
+        ),
+    ],
+    ids=["direction", "multi-objective", "unknown-key", "wrong-type", "hydra-key", "storage"],
+)
+def test_an_optuna_search_is_checked_before_any_trial(cli_in_process, tmp_path, args, key, fragments) -> None:
+    result = cli_in_process(*OPTUNA, *args, f"hydra.sweep.dir={tmp_path}/sweep")
+    assert_clean_failure(result, key, *fragments)
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "study.db").exists()
+
+
+def test_the_keys_a_preset_searches_are_checked_before_any_trial(cli_in_process, tmp_path) -> None:
+    presets = tmp_path / "presets" / "hparams_search"
+    presets.mkdir(parents=True)
+    (presets / "typo.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /hydra/sweeper: optuna\n"
+        "hydra:\n  sweeper:\n    params:\n      optim.lrr: interval(1e-4, 1e-1)\n"
+    )
+    args = ["--config-dir", str(tmp_path / "presets"), "hparams_search=typo", "recipe=blobs"]
+    result = cli_in_process("run", "-m", *args, f"hydra.sweep.dir={tmp_path}/sweep")
+    assert_clean_failure(result, "optim.lrr", "did you mean 'lr'")
+    assert not (tmp_path / "sweep").exists()
+    planned = cli_in_process("plan", "-m", *args, "optim.lr=interval(0.1,0.2)")
+    assert_clean_failure(planned, "optim.lrr", "did you mean 'lr'")
+
+
+def test_an_interval_without_optuna_names_its_key_and_optuna(cli_in_process, tmp_path) -> None:
+    result = cli_in_process("run", "-m", "recipe=blobs", "optim.lr=interval(0.1,0.2)")
+    assert_clean_failure(result, "optim.lr: interval(0.1,0.2)", "hparams_search=optuna")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ray_sweep_without_ray_is_refused_with_the_install(cli_in_process, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as without Ray
+    result = cli_in_process("run", "-m", "recipe=blobs", "hydra/launcher=ray", "trainer.seed=1,2")
+    assert_clean_failure(result, "hydra/launcher", "Ray is not installed", "pip install 'blocks[ray]'")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plan_prints_derived_numbers(cli_in_process) -> None:
     result = cli_in_process("plan", "data.batch_size=8", "optim.accumulate=2")
     assert result.returncode == 0, result.output

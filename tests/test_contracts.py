@@ -44,6 +44,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "sweep-checkpoint-dir",  # a check across a sweep's jobs: tests/test_faults_silent.py
     "checkpoint-storage",
     "ray-placement",
+    "optuna-storage",  # depends on the installed SQLAlchemy: tests/test_run_cli.py
 ]
 
 

@@ -24,7 +24,7 @@ from blocks.checkpoint import store
 from blocks.core import jobs
 from blocks.launch import driver
 from blocks.launch.ray_workers import placement_problems
-from tests.conftest import free_port, job_pids, read_summary, run_cli, spawned
+from tests.conftest import REPO, free_port, job_pids, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -346,3 +346,24 @@ def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tm
     assert [s["status"] for s in summaries] == ["completed", "completed"]
     assert all(s["world_size"] == 2 for s in summaries)
     assert summaries[0]["state_digest"] != summaries[1]["state_digest"]  # two seeds, two jobs
+
+
+@pytest.mark.slow
+def test_a_sweep_job_whose_ray_task_dies_fails_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that kills its own Ray worker (SIGKILL: no handler runs) gets a ``failed`` summary
+    naming the crash; the other job completes, and the sweep exits 1 naming the failed one.
+    On a local Ray instance: the cluster's raylets would not pass BLOCKS_ALLOW_IMPORTS on."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sweep = tmp_path / "sweep"
+    killer = "trainer.callbacks=[{_target_: tests.lightning_habits.KillOwnProcess, max_steps: 3}]"
+    args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2,3", "monitor.progress=off", killer]
+    args += ["hydra/launcher=ray", f"hydra.sweep.dir={sweep}"]
+    result = run_cli(
+        args, cwd=tmp_path, timeout=300, env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)}
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    assert read_summary(sweep / "0")["status"] == "completed"
+    crashed = read_summary(sweep / "1")
+    assert crashed["status"] == "failed" and "Ray task died" in crashed["reason"], crashed
+    assert str(sweep / "1") in result.output

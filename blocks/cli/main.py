@@ -87,7 +87,7 @@ def cmd_plan(
     """
     from blocks.cli.render import plan_panel, print_problems
     from blocks.core import jobs
-    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
+    from blocks.launch.sweep import shared_checkpoint_dirs
 
     chosen = _pipeline_of(overrides)
     if chosen is not None:
@@ -101,7 +101,7 @@ def cmd_plan(
         return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
     plans = []
     try:
-        job_overrides = expand_sweep(overrides) if multirun else [list(overrides)]
+        job_overrides = _sweep_jobs(list(overrides), config_dir) if multirun else [list(overrides)]
     except BlocksError as exc:
         return _invalid_plan(exc, list(overrides), as_json=as_json)
     for one in job_overrides:
@@ -124,6 +124,16 @@ def cmd_plan(
         if shared:
             print_problems(stderr, shared, header="blocks plan: the jobs of the sweep clash")
     return 0 if all(plan.ok for _, plan in plans) and not shared else EXIT_INVALID
+
+
+def _sweep_jobs(overrides: list[str], config_dir: str | None) -> list[list[str]]:
+    """The jobs ``blocks plan -m`` plans: every job of a basic sweep, or one trial of a search."""
+    from blocks.launch.sweep import expand_sweep
+
+    searches = any(o.startswith("hparams_search=") for o in overrides) or any(
+        o.startswith("hydra/sweeper=") and o != "hydra/sweeper=basic" for o in overrides
+    )
+    return [_searched_trial(overrides, config_dir)] if searches else expand_sweep(overrides)
 
 
 def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
@@ -253,7 +263,6 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.core import jobs
-    from blocks.core.overrides import without_sweeps
     from blocks.launch.driver import PLANNED, job_key
     from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
     from blocks.spec.imports import refuse_objects
@@ -302,7 +311,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     if multirun and sweeper == "basic":
         job_overrides = expand_sweep(overrides)
     elif multirun:
-        job_overrides = [without_sweeps(overrides)]  # what Hydra composes for the sweep itself
+        job_overrides = [_searched_trial(overrides, parsed.config_dir)]
     else:
         return _check_single(overrides, parsed.config_dir)
     failed = 0
@@ -338,6 +347,28 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
+
+
+def _searched_trial(overrides: list[str], config_dir: str | None) -> list[str]:
+    """One trial of another sweeper's search (Optuna's): each searched key at a value of its space.
+
+    The keys are those swept on the command line and those of ``hydra.sweeper.params`` (read
+    from the sweep's own composition, without the swept keys); planning this trial catches an
+    unknown key or a value of the wrong type before the search starts.
+    """
+    from omegaconf import OmegaConf
+
+    from blocks.core import jobs
+    from blocks.core.overrides import without_sweeps
+    from blocks.core.sweeper import searched_trial
+
+    try:
+        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
+    except BlocksError:
+        return searched_trial(overrides, {})  # planning it reports why the sweep does not compose
+    params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
+    searched = OmegaConf.to_container(params) if params is not None else {}
+    return searched_trial(overrides, searched if isinstance(searched, dict) else {})
 
 
 def _check_composes(overrides: list[str], config_dir: str | None) -> int | None:

@@ -201,6 +201,13 @@ CHECKS: tuple[Check, ...] = (
         ("hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2"),
     ),
     Check(
+        "sweeper-direction",
+        ("sweeper", "monitor"),
+        "hydra.sweeper.direction",
+        "an Optuna search optimizes in the direction monitor.objective_mode says, with one objective",
+        ("hparams_search=optuna", "monitor.objective=val/accuracy", "monitor.objective_mode=max"),
+    ),
+    Check(
         "validation-split",
         ("trainer", "data"),
         "trainer.val_every",
@@ -591,6 +598,13 @@ CHECKS: tuple[Check, ...] = (
         ("trainer",),
         "trainer.devices",
         "with trainer.launcher=ray, the Ray cluster is reachable and has trainer.nodes nodes that fit trainer.devices workers each (checked before anything starts)",
+        (),
+    ),
+    Check(
+        "optuna-storage",
+        ("sweeper",),
+        "hydra.sweeper.storage",
+        "an Optuna study kept in a database needs an SQLAlchemy the installed Optuna can use (SQLAlchemy<2 for Optuna 2)",
         (),
     ),
     Check(

@@ -33,6 +33,7 @@ from blocks.core.masking import hidden, hide_environment_values, hide_environmen
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
 from blocks.core.secrets import KeyPath, env_interpolations
+from blocks.core.sweeper import sweeper_problems
 from blocks.data.base import DataBlock
 from blocks.spec.block import Block
 from blocks.spec.errors import BlocksError, ConfigError, Problem
@@ -150,7 +151,7 @@ def _job_once(
                 raise
             raw = _compose_raw(overrides, config_dir)  # again, with every recipe's presets as options
         _refuse_hydra_targets(raw)
-        launcher = launcher_problems(raw)
+        launcher = launcher_problems(raw) + sweeper_problems(raw)
         if launcher:
             raise ConfigError(launcher)
         return Job(hydra_config=raw, composed=split_hydra(raw))

@@ -26,6 +26,12 @@ def launcher_problems(cfg: DictConfig) -> list[Problem]:
     ``trainer.devices``.
     """
     launcher = _get(cfg, "hydra", "launcher")
+    if isinstance(launcher, DictConfig) and launcher.get("_target_") == RAY_LAUNCHER_NODE["_target_"]:
+        missing = ray_missing(
+            "hydra/launcher",
+            "pip install 'blocks[ray]' (or drop hydra/launcher=ray to run the jobs one by one)",
+        )
+        return [missing] if missing else []
     if not isinstance(launcher, DictConfig) or SUBMITIT not in str(launcher.get("_target_", "")):
         return []
     devices = _get(cfg, "trainer", "devices")
@@ -65,6 +71,15 @@ def launcher_problems(cfg: DictConfig) -> list[Problem]:
             )
         )
     return problems
+
+
+def ray_missing(key: str, fix: str) -> Problem | None:
+    """The problem of *key* choosing Ray when Ray cannot be imported (None when it can); *fix* says what to do."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return Problem(key, "is 'ray', but Ray is not installed", fix, check="ray-placement")
+    return None
 
 
 def _get(cfg: DictConfig, *keys: str) -> Any:

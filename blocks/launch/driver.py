@@ -99,7 +99,7 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
-            _record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems), started)
+            record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems), started)
             return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
     except Exception as exc:
@@ -107,12 +107,12 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
             raise
         print(f"blocks: the job crashed (run dir: {run_dir})", file=sys.stderr)
         traceback.print_exc()
-        _record_failed_start(run_dir, f"{type(exc).__name__}: {exc}", started)
+        record_failed_start(run_dir, f"{type(exc).__name__}: {exc}", started)
         return failed_objective(cfg)
     return objective(plan, summary)
 
 
-def _record_failed_start(run_dir: Path, reason: str, started: float) -> None:
+def record_failed_start(run_dir: Path, reason: str, started: float) -> None:
     """Make ``summary.json`` of a sweep job that ended before its run did say ``failed`` (*reason*).
 
     The sweep counts its jobs' outcomes from their summaries (:mod:`blocks.launch.sweep`): a job

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class RayLauncher(Launcher):
             log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
         remote = ray.remote(num_cpus=self.job_cpus, max_retries=0)(_execute_job)
         state = Singleton.get_state()
+        started = time.time()
         futures = [
             remote.remote(
                 initial_job_idx + idx,
@@ -78,8 +80,47 @@ class RayLauncher(Launcher):
             )
             for idx, overrides in enumerate(job_overrides)
         ]
-        results: list[JobReturn] = ray.get(futures)
+        results: list[JobReturn] = []
+        for idx, (overrides, future) in enumerate(zip(job_overrides, futures, strict=True)):
+            try:  # one at a time: a job whose task dies fails alone, the others run on
+                results.append(ray.get(future))
+            except ray.exceptions.RayError as exc:
+                results.append(self._crashed(initial_job_idx + idx, list(overrides), exc, started))
         return results
+
+    def _crashed(self, idx: int, overrides: list[str], error: Exception, started: float) -> JobReturn:
+        """The result of job *idx*, whose Ray task died (its worker killed, its node lost): a failed job.
+
+        Its run dir gets a ``failed`` summary naming the crash (unless this attempt wrote one),
+        and the sweeper gets the worst value for ``monitor.objective_mode``, as for a job that
+        failed in the basic launcher: Hydra's sweepers end the sweep on a job whose status is
+        FAILED, so the job's return says COMPLETED and its value ranks it last.
+        """
+        from hydra.core.hydra_config import HydraConfig
+
+        from blocks.launch.driver import failed_objective, record_failed_start
+
+        assert self.config is not None and self.hydra_context is not None
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
+        reason = f"the job's Ray task died ({type(error).__name__}): " + str(error).splitlines()[0]
+        log.error(f"job #{idx} ({' '.join(filter_overrides(overrides))}) crashed: {reason}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record_failed_start(run_dir, reason, started)
+        task_cfg = OmegaConf.masked_copy(sweep_config, [str(k) for k in sweep_config if k != "hydra"])
+        return JobReturn(
+            overrides=overrides,
+            cfg=task_cfg,
+            hydra_cfg=sweep_config,
+            working_dir=str(run_dir),
+            task_name=str(sweep_config.hydra.job.name),
+            status=JobStatus.COMPLETED,
+            _return_value=failed_objective(task_cfg),
+        )
 
 
 def _execute_job(

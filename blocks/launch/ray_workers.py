@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from blocks.core.launcher import ray_missing
 from blocks.launch.lifeline import PARENT_ENV
 from blocks.launch.torchrun import EXIT_INTERRUPTED, FAILURES_FILE
 from blocks.spec.errors import BlocksError, Problem
@@ -99,17 +100,11 @@ def _describe(resources: dict[str, float]) -> str:
 
 
 def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise BlocksError(
-            Problem(
-                "trainer.launcher",
-                "is 'ray', but Ray is not installed",
-                "pip install 'blocks[ray]' (or trainer.launcher=torchrun)",
-                check="ray-placement",
-            )
-        ) from None
+    missing = ray_missing("trainer.launcher", "pip install 'blocks[ray]' (or trainer.launcher=torchrun)")
+    if missing:
+        raise BlocksError(missing)
+    import ray
+
     return ray
 
 

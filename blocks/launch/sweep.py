@@ -80,12 +80,27 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
         raise ConfigError(malformed)
     try:
         parsed = parser.parse_overrides(list(overrides))
+        searched = [o for o in parsed if o.is_interval_sweep()]
+        if searched:
+            raise ConfigError([_interval_problem(o) for o in searched])
         batches = split_sweep(parsed)
     except HydraException as exc:
         raise ConfigError(
             Problem("", str(exc).splitlines()[0], "check the sweep syntax, e.g. optim.lr=1e-3,3e-4")
         ) from None
     return [list(job) for batch in batches for job in batch]
+
+
+def _interval_problem(override: Any) -> Problem:
+    """``key=interval(lo,hi)`` under the basic sweeper, which runs listed values and cannot sample a range."""
+    key = override.get_key_element().lstrip("+~")
+    return Problem(
+        key,
+        f"{str(override.input_line).split('=', 1)[1]} is a range to search, but the basic sweeper only runs "
+        "listed values",
+        f"let Optuna search it: add hparams_search=optuna (pip install 'blocks[optuna]'), or list "
+        f"values: {key}=0.1,0.2",
+    )
 
 
 def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[Problem]:

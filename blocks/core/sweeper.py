@@ -1,0 +1,158 @@
+"""An Optuna sweep's settings checked against the job (direction, storage), and the trial the precheck plans."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig
+
+from blocks.spec.errors import ConfigError, Problem
+
+OPTUNA = "hydra_optuna_sweeper"
+
+_DIRECTION = {"min": "minimize", "max": "maximize"}
+
+
+def sweeper_problems(cfg: DictConfig) -> list[Problem]:
+    """Problems of a composed config (with its ``hydra`` node) whose Optuna sweeper would mis-rank or not start.
+
+    The direction must be the one ``monitor.objective_mode`` says (a failed trial returns the
+    worst value for that mode, so the opposite direction would pick it as the best), and a
+    stored study needs an SQLAlchemy the installed Optuna can use.
+    """
+    hydra = cfg.get("hydra") if isinstance(cfg, DictConfig) else None
+    sweeper = hydra.get("sweeper") if isinstance(hydra, DictConfig) else None
+    if not isinstance(sweeper, DictConfig) or OPTUNA not in str(sweeper.get("_target_", "")):
+        return []
+    return [*_direction_problems(cfg, sweeper), *_storage_problems(sweeper)]
+
+
+def _direction_problems(cfg: DictConfig, sweeper: DictConfig) -> list[Problem]:
+    raw = sweeper.get("direction")
+    listed = list(raw) if isinstance(raw, (ListConfig, list, tuple)) else [raw]
+    directions = [str(getattr(d, "name", d)) for d in listed]
+    monitor = cfg.get("monitor")
+    mode = str(monitor.get("objective_mode", "min")) if isinstance(monitor, DictConfig) else "min"
+    objective = str(monitor.get("objective", "")) if isinstance(monitor, DictConfig) else ""
+    wanted = _DIRECTION.get(mode, "minimize")
+    if len(directions) > 1:
+        return [
+            Problem(
+                "hydra.sweeper.direction",
+                f"is {directions}, a multi-objective search, but each blocks job returns one value "
+                f"(monitor.objective={objective})",
+                f"hydra.sweeper.direction={wanted} (one direction, as monitor.objective_mode={mode} says)",
+                check="sweeper-direction",
+                related=("monitor.objective_mode",),
+            )
+        ]
+    if directions == [wanted]:
+        return []
+    worst = "-inf" if mode == "max" else "inf"
+    other = "min" if mode == "max" else "max"
+    return [
+        Problem(
+            "hydra.sweeper.direction",
+            f"is {directions[0]}, but monitor.objective_mode={mode}: Optuna would rank the trials "
+            f"backwards, and a failed trial (which returns {worst}) would be the best",
+            f"hydra.sweeper.direction={wanted} (or monitor.objective_mode={other} "
+            f"hydra.sweeper.direction={_DIRECTION[other]})",
+            check="sweeper-direction",
+            related=("monitor.objective_mode",),
+        )
+    ]
+
+
+def _storage_problems(sweeper: DictConfig) -> list[Problem]:
+    """Optuna 2.x keeps a study in an SQL database through SQLAlchemy 1.x; with 2.x it fails on any database."""
+    storage = sweeper.get("storage")
+    if not storage or str(storage).startswith("redis"):
+        return []
+    optuna, sqlalchemy = _version("optuna"), _version("sqlalchemy")
+    if optuna is None or sqlalchemy is None or int(optuna.split(".")[0]) >= 3:
+        return []
+    if int(sqlalchemy.split(".")[0]) < 2:
+        return []
+    return [
+        Problem(
+            "hydra.sweeper.storage",
+            f"is a database URL, but Optuna {optuna} (the version hydra-optuna-sweeper installs) cannot "
+            f"keep a study in a database with SQLAlchemy {sqlalchemy} (installed here, e.g. by "
+            "blocks[monitor] for mlflow): it fails on any database, new or not",
+            "hydra.sweeper.storage=null (the study lives in memory for this sweep; the trials' run "
+            "dirs and optimization_results.yaml stay), or run the sweep from an environment with "
+            "SQLAlchemy<2 (without blocks[monitor])",
+            check="optuna-storage",
+        )
+    ]
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def searched_trial(overrides: Sequence[str], params: Mapping[Any, Any]) -> list[str]:
+    """*overrides* as one trial of a search could run them: each searched key at a value of its space.
+
+    A search dimension (``choice(a,b)``, ``range(...)``, ``interval(lo,hi)``, also under
+    ``tag(...)``) on the command line or in ``hydra.sweeper.params`` (*params*) becomes its
+    first choice or its low end, so planning this trial catches an unknown key or a value of
+    the wrong type before the search starts. A command-line key replaces the same key of
+    *params*, as the sweeper does. Raises ``ConfigError`` for a search over a ``hydra.*`` key.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    out, seen, problems = [], set(), []
+    for override in overrides:
+        try:
+            (parsed,) = parser.parse_overrides([override])
+        except HydraException:
+            out.append(override)  # the plan reports it
+            continue
+        seen.add(parsed.key_or_group)
+        if parsed.is_sweep_override() and parsed.key_or_group.startswith(("hydra.", "hydra/")):
+            problems.append(_hydra_sweep_problem(parsed.key_or_group, override.split("=", 1)[1]))
+        out.append(_representative(parsed) if parsed.is_sweep_override() else override)
+    for key, value in params.items():
+        if str(key).lstrip("+~") in seen:
+            continue
+        try:
+            (parsed,) = parser.parse_overrides([f"{key}={value}"])
+        except HydraException:
+            out.append(f"{key}={value}")
+            continue
+        out.append(_representative(parsed) if parsed.is_sweep_override() else f"{key}={value}")
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _hydra_sweep_problem(key: str, value: str) -> Problem:
+    """A search over a key of Hydra's own config, e.g. ``hydra.sweeper.params.optim.lr=interval(...)``."""
+    searched = key.removeprefix("hydra.sweeper.params.")
+    return Problem(
+        key,
+        f"{value} searches a key of Hydra's own config, which no sweeper can sweep",
+        f"search the job's key itself: '{searched}={value}'"
+        if searched != key
+        else "drop it; search keys of the job (e.g. 'optim.lr=interval(1e-4,1e-1)')",
+    )
+
+
+def _representative(override: Any) -> str:
+    """``key=value`` for the first value a sweep override can take (its first choice, its low end)."""
+    from hydra.core.override_parser.types import IntervalSweep, Override, Transformer
+
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        first = Override._get_value_element_as_str(value.start)
+    else:
+        first = next(iter(override.sweep_iterator(transformer=Transformer.str)))
+    return f"{override.get_key_element()}={first}"
