@@ -103,7 +103,13 @@ def ray_address() -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
     port = free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # its workers may import the tests' own callbacks (tests.lightning_habits), as a job's driver may
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "BLOCKS_ALLOW_IMPORTS": "tests",
+        "PYTHONPATH": str(REPO),
+    }
     head = [
         "--head",
         f"--port={port}",
@@ -349,11 +355,9 @@ def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tm
 
 
 @pytest.mark.slow
-def test_a_sweep_job_whose_ray_task_dies_fails_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sweep_job_whose_ray_task_dies_fails_alone(on_ray: str, tmp_path: Path) -> None:
     """A job that kills its own Ray worker (SIGKILL: no handler runs) gets a ``failed`` summary
-    naming the crash; the other job completes, and the sweep exits 1 naming the failed one.
-    On a local Ray instance: the cluster's raylets would not pass BLOCKS_ALLOW_IMPORTS on."""
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    naming the crash; the other job completes, and the sweep exits 1 naming the failed one."""
     sweep = tmp_path / "sweep"
     killer = "trainer.callbacks=[{_target_: tests.lightning_habits.KillOwnProcess, max_steps: 3}]"
     args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2,3", "monitor.progress=off", killer]
