@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from blocks.checkpoint.sources import Weights
 from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
 from blocks.core.jobs import plan_blocks
 from blocks.core.masking import hide_environment_values_in_overrides
-from blocks.data.base import SPLITS
+from blocks.data.base import SPLITS, DataBlock
 from blocks.spec.errors import BlocksError, Problem
 
 
@@ -39,12 +41,32 @@ def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
     return config
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluation` scored.
+
+    Attributes:
+        metrics: ``<split>/<name>`` → value.
+        weights: the weights scored (file or checkpoint, and its step).
+        notes: what a reader comparing them with the run's ``summary.json`` should know.
+    """
+
+    metrics: dict[str, float]
+    weights: Weights
+    notes: tuple[str, ...] = ()
+
+
 def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> dict[str, float]:
     """Metrics ``<split>/<name>`` of the model at *source* on its run's data block (with *overrides*)."""
+    return evaluation(source, overrides, split).metrics
+
+
+def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -> Evaluation:
+    """The metrics of the model at *source* on its run's data block (with *overrides*), and which weights they score."""
     import torch
     from torch.utils.data import DataLoader
 
-    from blocks.checkpoint.sources import load_weights
+    from blocks.checkpoint.sources import find_weights, load_found
     from blocks.core import catalog
     from blocks.runtime.init import load_into
 
@@ -52,15 +74,16 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     if split not in SPLITS:
         raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
     config = eval_config(source, overrides)
-    if split == "test":
-        refuse_moved_test_split(source, config)
     plan = plan_blocks(
         config_to_blocks(config), None, check_storage=False, config=config
     )  # evaluation resumes nothing
     plan.raise_for_errors()
+    if split in ("val", "test"):
+        refuse_moved_split(source, plan.data, split)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
-    load_into(model, load_weights(source, key="source"), key="source", source=source)
+    weights = find_weights(source, key="source")
+    load_into(model, load_found(weights, source, key="source"), key="source", source=weights.url)
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
     device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
@@ -74,7 +97,8 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
         for batch in loader:
             batch = {k: v.to(device) for k, v in batch.items()}
             objective.update(model(batch["inputs"]), batch)
-    return {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
+    metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
+    return Evaluation(metrics, weights)
 
 
 def empty_split(split: str, name: str, data: object) -> Problem:
@@ -90,22 +114,27 @@ def empty_split(split: str, name: str, data: object) -> Problem:
     return Problem("--split", f"data={name} has no {split} split (0 samples)", fix)
 
 
-def refuse_moved_test_split(source: str, config: DictConfig) -> None:
-    """Refuse a ``data.test_fraction`` override on the run's own data: its test samples were not held out in training."""
+def refuse_moved_split(source: str, data: DataBlock, split: str) -> None:
+    """Refuse changing a field that decides the run's own data split: *split* would hold samples it trained on.
+
+    The fields are the data block's :meth:`~blocks.data.base.DataBlock.split_defining_fields`
+    (``seed``, ``val_fraction``, ``test_fraction``, ...); another data block is other data.
+    """
     from blocks.runtime.model_export import run_config
 
-    trained = run_config(source).get("data", {})
-    data = config.get("data", {})
-    if trained.get(BLOCK_KEY) != data.get(BLOCK_KEY) or "test_fraction" not in data:
+    trained = config_to_blocks(run_config(source)).get("data")
+    if not isinstance(trained, DataBlock) or type(trained) is not type(data):
         return
-    before, after = trained.get("test_fraction", 0.0), data.get("test_fraction")
-    if before != after:
-        raise BlocksError(
-            Problem(
-                "data.test_fraction",
-                f"is {after} but the run trained with {before}: the test samples would include "
-                "samples the model saw in training",
-                f"drop the override (--split test scores the run's own test_fraction={before}), "
-                "or train again with data.test_fraction=0.1",
+    for name in data.split_defining_fields():
+        before, after = getattr(trained, name), getattr(data, name)
+        if before != after:
+            raise BlocksError(
+                Problem(
+                    f"data.{name}",
+                    f"is {after} but the run trained with {before}: the {split} split would include "
+                    "samples the model saw in training",
+                    f"drop the override (--split {split} scores the run's own held-out samples with "
+                    f"data.{name}={before}), or train again with the split you want to score",
+                    check="eval-split",
+                )
             )
-        )
