@@ -15,6 +15,7 @@ stage runs again from scratch.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,7 @@ def run_pipeline(
             assert isinstance(stage, Export)
             from blocks.runtime.model_export import export_model
 
+            shutil.rmtree(stage_dir / EXPORT_DIR, ignore_errors=True)  # an unfinished export's leftovers
             export_model(source, stage_dir / EXPORT_DIR)
             metrics = {}
         (stage_dir / STAGE_FILE).write_text(json.dumps(settings, indent=2) + "\n")
