@@ -35,20 +35,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.slow  # shares four tiny training runs
 def test_a_later_session_of_the_run_dir_is_what_eval_and_export_read(
-    runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Path], tmp_path: Path, cli_in_process
 ) -> None:
-    from blocks.checkpoint.sources import find_weights
-    from blocks.launch.evaluate import evaluation
-    from blocks.runtime.model_export import export_model
+    from blocks.checkpoint.sources import resolve_weights
+    from blocks.launch.evaluate import evaluate
 
     run = runs["extended"]
     newest = sorted((run / "checkpoints").glob("step-*"))[-1]
     assert newest.name.endswith("20")
-    assert not (run / "model.safetensors").exists(), "the step-10 weights file was set aside"
-    scored = evaluation(str(run))
-    assert scored.weights.url == str(newest) and scored.weights.step == 20
-    assert scored.metrics == evaluation(str(newest)).metrics
+    assert resolve_weights(str(run)) == str(newest), "the step-10 weights file is not the run's weights"
+    assert evaluate(str(run)) == evaluate(str(newest))
+    assert not (run / "model.safetensors").exists(), "a new attempt sets the old weights file aside"
+    said = cli_in_process("eval", str(run))
+    assert said.returncode == 0 and f"weights: {newest} (step 20)" in said.output, said.output
     # A weights file an older session left (it says its step) loses to the newer checkpoint too.
+    from blocks.checkpoint.sources import find_weights
+    from blocks.runtime.model_export import export_model
+
     shutil.copy(run / ".completed-model.safetensors", tmp_path / "old.safetensors")
     assert find_weights(str(tmp_path / "old.safetensors")).step == 10
     (run / "model.safetensors").symlink_to(tmp_path / "old.safetensors")
@@ -62,17 +65,16 @@ def test_a_later_session_of_the_run_dir_is_what_eval_and_export_read(
 
 @pytest.mark.slow  # shares four tiny training runs
 def test_a_moved_run_dir_reads_its_own_checkpoints_never_another_runs(runs: dict[str, Path]) -> None:
-    from blocks.checkpoint.sources import find_weights
+    from blocks.checkpoint.sources import resolve_weights
 
     moved, other = runs["moved"], runs["other"]
     assert str(other) in (moved / "config.yaml").read_text()  # its frozen checkpoint.dir: B's now
-    found = find_weights(str(moved), key="source")
-    assert found.url.startswith(str(moved / "checkpoints")) and found.step == 10
-    assert find_weights(str(other)).step == 20
+    assert resolve_weights(str(moved), key="source") == str(moved / "checkpoints" / "step-000000010")
+    assert resolve_weights(str(other)) == str(other / "checkpoints" / "step-000000020")
     shutil.move(moved / "checkpoints", runs["root"] / "a_old_checkpoints")
     try:
         with pytest.raises(BlocksError) as info:
-            find_weights(str(moved), key="source")
+            resolve_weights(str(moved), key="source")
     finally:
         shutil.move(runs["root"] / "a_old_checkpoints", moved / "checkpoints")
     (problem,) = info.value.problems
