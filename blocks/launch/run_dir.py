@@ -61,8 +61,9 @@ def retire_summary(run_dir: Path) -> None:
         completed = Summary.read(run_dir).status == "completed"
     except (OSError, ValueError, TypeError):
         completed = False
-    with contextlib.suppress(FileNotFoundError):
-        os.replace(run_dir / WEIGHTS_FILE, run_dir / COMPLETED_WEIGHTS_FILE)
+    if (run_dir / WEIGHTS_FILE).is_file():  # anything else there is no weights file (and its write fails)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(run_dir / WEIGHTS_FILE, run_dir / COMPLETED_WEIGHTS_FILE)
     with contextlib.suppress(FileNotFoundError):
         if completed:
             os.replace(path, run_dir / COMPLETED_SUMMARY_FILE)
