@@ -206,10 +206,8 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 
     scored = evaluation(source, overrides, split=split)
     said = [f"weights: {scored.weights.describe()}", *scored.notes]
-    if as_json:
+    if as_json:  # the metrics alone, for a program to read
         print(json.dumps(scored.metrics, indent=2))
-        for line in said:  # stdout stays the metrics alone
-            print(f"blocks eval: {line}", file=sys.stderr)
         return 0
     table = Table(title=f"{escape(source)} on the {escape(split)} split", title_justify="left")
     table.add_column("metric")
