@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -13,6 +14,12 @@ from blocks.core.jobs import plan_blocks
 from blocks.core.masking import hide_environment_values_in_overrides
 from blocks.data.base import SPLITS, DataBlock
 from blocks.spec.errors import BlocksError, Problem
+
+if TYPE_CHECKING:
+    import torch
+    from pytorch_lightning.plugins.precision import Precision
+
+    from blocks.core.plan import Plan
 
 
 def eval_config(source: str, overrides: Sequence[str]) -> DictConfig:
@@ -87,18 +94,47 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
     device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
-    model.to(device).eval()
-    objective.to(device)
+    precision = precision_plugin(plan.precision.lightning, device)  # the run's own, as validation used it
+    model = precision.convert_module(model.to(device)).eval()
+    objective = precision.convert_module(objective.to(device))
     if plan.data.num_samples(split) == 0:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
     objective.reset()
     with torch.no_grad():
         for batch in loader:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            objective.update(model(batch["inputs"]), batch)
+            batch = precision.convert_input({k: v.to(device) for k, v in batch.items()})
+            with precision.val_step_context():
+                objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
-    return Evaluation(metrics, weights)
+    return Evaluation(metrics, weights, subset_note(plan, split))
+
+
+def precision_plugin(lightning: str, device: torch.device) -> Precision:
+    """Lightning's precision plugin for *lightning* (``bf16-true``, ``16-mixed``, ...) on *device*."""
+    from pytorch_lightning.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+
+    if lightning in ("bf16-true", "16-true"):
+        return HalfPrecision(lightning)  # type: ignore[arg-type]
+    if lightning in ("bf16-mixed", "16-mixed"):
+        return MixedPrecision(lightning, device.type)  # type: ignore[arg-type]
+    if lightning == "64-true":
+        return DoublePrecision()
+    return Precision()
+
+
+def subset_note(plan: Plan, split: str) -> tuple[str, ...]:
+    """A note when the run's validation scored fewer samples than this evaluation (``trainer.limit_val_batches``)."""
+    limit = plan.trainer.limit_val_batches
+    if split != "val" or limit is None:
+        return ()
+    if limit * plan.data.batch_size * max(1, plan.derived.world_size) >= plan.data.num_samples("val"):
+        return ()  # the limit left out nothing
+    return (
+        f"note: the run validated on its first {limit} val batch(es) per process "
+        f"(trainer.limit_val_batches={limit}), so its summary.json val metrics cover a subset; "
+        "this scores the whole val split",
+    )
 
 
 def empty_split(split: str, name: str, data: object) -> Problem:
