@@ -691,6 +691,17 @@ def take_recipes_option(argv: list[str]) -> list[str]:
     return rest
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """*argv* parsed; ``blocks eval``'s overrides may also come after its options (``--split test data.seed=1``)."""
+    if argv[:1] != ["eval"]:
+        return parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if any(arg.startswith("-") for arg in extra):
+        return parser.parse_args(argv)  # argparse names the unknown option
+    args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``blocks`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -710,7 +721,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         plan_help = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
         try:
-            args = build_parser(plan_help=plan_help).parse_args(argv)
+            args = _parse(build_parser(plan_help=plan_help), argv)
         except BlocksError as exc:
             sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
         if args.command == "plan":
