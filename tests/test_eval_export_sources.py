@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from blocks.spec.errors import BlocksError
 from tests.conftest import run_in_process
@@ -22,7 +23,7 @@ def _run(root: Path, run_dir: Path, *overrides: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``extended``: 10 steps completed, then on to 20 without a weights file; ``moved``: a run
-    moved aside, another in its old place; ``fresh``: one plain completed run."""
+    moved aside, another in its old place (``other``); ``bf16``: a run in ``precision=bf16-true``."""
     root = tmp_path_factory.mktemp("sources")
     extended = root / "extended"
     _run(root, extended, "trainer.max_steps=10")
@@ -30,7 +31,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _run(root, root / "a", "trainer.max_steps=10", "checkpoint.save_weights=false")
     (root / "a").rename(root / "a_old")
     _run(root, root / "a", "trainer.max_steps=20", "checkpoint.save_weights=false")
-    return {"extended": extended, "moved": root / "a_old", "other": root / "a", "root": root}
+    _run(root, root / "bf16", "trainer.max_steps=5", "precision=bf16-true")
+    return {
+        "extended": extended,
+        "moved": root / "a_old",
+        "other": root / "a",
+        "bf16": root / "bf16",
+        "root": root,
+    }
 
 
 @pytest.mark.slow  # shares four tiny training runs
@@ -130,3 +138,26 @@ def test_new_package_refuses_a_module_name_python_cannot_import_as_its_own(
         result.output
     )
     assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_eval_scores_as_the_run_validated_and_says_where_it_cannot(
+    runs: dict[str, Path], tmp_path: Path, cli_in_process
+) -> None:
+    from blocks.launch.evaluate import evaluate
+
+    expected = json.loads((runs["bf16"] / "summary.json").read_text())["metrics"]["val/loss"]
+    assert evaluate(str(runs["bf16"]))["val/loss"] == pytest.approx(expected, abs=1e-7), "in bf16, as trained"
+    limited = tmp_path / "limited"
+    shutil.copytree(runs["other"], limited)
+    config = (limited / "config.yaml").read_text()
+    edited = OmegaConf.create(config)
+    edited.trainer.limit_val_batches, edited.data.batch_size = 1, 8  # 8 of its 30 val samples
+    OmegaConf.save(edited, limited / "config.yaml")
+    result = cli_in_process("eval", str(limited))
+    assert result.returncode == 0 and "trainer.limit_val_batches=1" in result.output, result.output
+    result = cli_in_process("eval", str(runs["other"] / "summary.json"))
+    assert result.returncode == 2 and "it is a file, not a run dir" in result.output, result.output
+    (limited / "config.yaml").write_text(config.replace("_block_: mlp", "_block_: acme/wide"))
+    result = cli_in_process("eval", str(limited))
+    assert result.returncode == 2 and "install the block package of the namespace 'acme'" in result.output

@@ -170,5 +170,11 @@ def test_eval_refuses_any_override_that_moves_trained_samples_into_the_scored_sp
         (problem,) = info.value.problems
         field = "samples" if override == "data=blobs" else override.split("=")[0].removeprefix("data.")
         assert problem.key == f"data.{field}" and "samples the model saw in training" in problem.message
+    after_options = run_in_process(
+        ["eval", str(runs["with"]), "--split", "test", "data.seed=1"], cwd=runs["with"]
+    )
+    assert after_options.returncode == 2 and "error data.seed: is 1" in after_options.output, (
+        after_options.output
+    )
     assert evaluate(str(runs["with"]), ["data.batch_size=7"], split="test")  # reading fields are free
     assert evaluate(str(runs["with"]), ["data.seed=1"], split="train")
