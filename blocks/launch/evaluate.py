@@ -95,8 +95,8 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     accelerator = plan.trainer.accelerator
     device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
     precision = precision_plugin(plan.precision.lightning, device)  # the run's own, as validation used it
-    model = precision.convert_module(model.to(device)).eval()
-    objective = precision.convert_module(objective.to(device))
+    precision.convert_module(model.to(device)).eval()  # in place, like .to()
+    precision.convert_module(objective.to(device))
     if plan.data.num_samples(split) == 0:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
