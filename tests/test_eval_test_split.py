@@ -149,3 +149,32 @@ def test_lightning_data_uses_the_datamodules_test_dataloader(monkeypatch, tmp_pa
         without.build("test")
     assert info.value.problems[0].key == "data.test_samples" and "no test_dataloader()" in str(info.value)
     assert without.replace(test_samples=0).num_samples("test") == 0
+
+
+@pytest.mark.slow  # shares two tiny training runs (~25 s)
+def test_eval_refuses_any_override_that_moves_trained_samples_into_the_scored_split(
+    runs: dict[str, Path],
+) -> None:
+    from blocks.launch.evaluate import evaluate
+
+    refused = (
+        ("data.seed=1", "test"),
+        ("data.val_fraction=0.3", "test"),
+        ("data.val_fraction=0.5", "val"),
+        ("data.samples=600", "val"),
+        ("data=blobs", "test"),  # the block's defaults: another sample count
+    )
+    for override, split in refused:
+        with pytest.raises(BlocksError) as info:
+            evaluate(str(runs["with"]), [override], split=split)
+        (problem,) = info.value.problems
+        field = "samples" if override == "data=blobs" else override.split("=")[0].removeprefix("data.")
+        assert problem.key == f"data.{field}" and "samples the model saw in training" in problem.message
+    after_options = run_in_process(
+        ["eval", str(runs["with"]), "--split", "test", "data.seed=1"], cwd=runs["with"]
+    )
+    assert after_options.returncode == 2 and "error data.seed: is 1" in after_options.output, (
+        after_options.output
+    )
+    assert evaluate(str(runs["with"]), ["data.batch_size=7"], split="test")  # reading fields are free
+    assert evaluate(str(runs["with"]), ["data.seed=1"], split="train")

@@ -137,7 +137,7 @@ def test_eval_reproduces_the_runs_validation_metrics(
     assert metrics["val/accuracy"] == pytest.approx(expected["val/accuracy"], abs=1e-6)
     assert metrics["val/loss"] == pytest.approx(expected["val/loss"], rel=1e-5)
     checkpoint = sorted((trained / "checkpoints").glob("step-*"))[-1]
-    result = cli_in_process("eval", str(checkpoint), "data.val_fraction=0.5", "--split", "val", "--json")
+    result = cli_in_process("eval", str(checkpoint), "data.batch_size=256", "--split", "val", "--json")
     assert result.returncode == 0, result.output[-3000:]
     assert json.loads(result.stdout)["val/accuracy"] > 0.8
     result = cli_in_process("eval", str(trained), "data=text")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fsspec.core import url_to_fs
 
@@ -14,44 +16,166 @@ if TYPE_CHECKING:
 
 WEIGHTS_FILE = "model.safetensors"
 RUN_CHECKPOINTS = "checkpoints"
+EXPORT_FILE = "model.json"
+START_FILE = ".resume-start.json"  # blocks.checkpoint.resume.START_FILE: the run dir's last job
+STEP_KEY = "step"
+"""The safetensors metadata key that holds the optimizer step a weights file was taken after."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The weights a source resolved to.
+
+    Attributes:
+        url: a ``.safetensors`` file or a committed checkpoint directory.
+        step: the optimizer step they were taken after (None: a file that does not say).
+    """
+
+    url: str
+    step: int | None
+
+    def describe(self) -> str:
+        """``<url> (step N)``, for what eval and export say they used."""
+        return f"{self.url} (step {self.step if self.step is not None else 'unknown'})"
 
 
 def resolve_weights(source: str, key: str = "model.init_from") -> str:
-    """The file or committed checkpoint that *source* names; a clear error naming *key* otherwise.
+    """The file or committed checkpoint that *source* names (see :func:`find_weights`)."""
+    return find_weights(source, key).url
+
+
+def find_weights(source: str, key: str = "model.init_from") -> Weights:
+    """The file or committed checkpoint that *source* names, with its step; a clear error naming *key* otherwise.
 
     *source* is a ``.safetensors`` file, a committed checkpoint (a ``step-N`` directory with
-    a manifest), or a run dir: its ``model.safetensors`` when the run completed, else the
-    newest committed checkpoint in its ``checkpoint.dir`` (from its ``config.yaml``).
+    a manifest), an export directory (its ``model.safetensors``), or a run dir: its
+    ``model.safetensors`` unless a newer committed checkpoint of the run exists (one an
+    interrupted later session of the same run dir saved), else that newest checkpoint. A run
+    dir's checkpoints are those of its own ``checkpoints/`` (also when the run dir was moved)
+    or its ``checkpoint.dir``, and only those its last job saved or continued.
     """
     fs, root = url_to_fs(source)
     if source.endswith(".safetensors"):
         if fs.isfile(root):
-            return source
+            return Weights(source, file_step(source))
         raise _missing(key, source, "the file does not exist")
-    if not fs.isdir(root):
+    if not fs.exists(root):
         raise _missing(key, source, "nothing exists there")
+    if not fs.isdir(root):
+        raise _missing(
+            key, source, "it is a file, not a run dir, a checkpoint directory or a .safetensors weights file"
+        )
     if fs.exists(store.join(root, store.MANIFEST)):
-        return source
-    if fs.isfile(store.join(root, WEIGHTS_FILE)):
-        return store.join(source, WEIGHTS_FILE)
-    newest = store.newest_valid(_checkpoint_dir(source))
+        try:
+            return Weights(source, store.read_manifest(source).step)
+        except store.CheckpointError as exc:
+            raise _missing(key, source, str(exc)) from None
+    weights_file = store.join(source, WEIGHTS_FILE)
+    has_file = fs.isfile(store.join(root, WEIGHTS_FILE))
+    if has_file and fs.isfile(store.join(root, EXPORT_FILE)):  # an export: its config names the run's dir
+        return Weights(weights_file, file_step(weights_file))
+    newest = _newest_checkpoint(source, key)
+    if has_file:
+        step = file_step(weights_file)
+        step = step if step is not None else _completed_step(source)  # a file written before steps were
+        if newest is None or (step is not None and step >= newest.manifest.step):
+            return Weights(weights_file, step)
     if newest is not None:
-        return newest.url
+        return Weights(newest.url, newest.manifest.step)
     raise _missing(key, source, f"it holds no {WEIGHTS_FILE} and no committed checkpoint")
 
 
-def _checkpoint_dir(run_dir: str) -> str:
-    """The checkpoint directory a run dir's ``config.yaml`` names (default ``<run_dir>/checkpoints``)."""
+def file_step(url: str) -> int | None:
+    """The step recorded in the metadata of the safetensors file at *url* (None when it records none)."""
+    fs, path = url_to_fs(url)
+    try:
+        with fs.open(path, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            if size > 100_000_000:
+                return None
+            header = json.loads(fh.read(size))
+        return int(header.get("__metadata__", {})[STEP_KEY])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _completed_step(run_dir: str) -> int | None:
+    """The step of the run dir's ``summary.json`` when it says the run completed (it wrote the weights file then)."""
+    data = _read_json(run_dir, "summary.json")
+    if data.get("status") == "completed" and isinstance(data.get("global_step"), int):
+        return int(data["global_step"])
+    return None
+
+
+def _read_json(run_dir: str, name: str) -> dict[str, Any]:
+    fs, root = url_to_fs(run_dir)
+    try:
+        data = json.loads(fs.cat_file(store.join(root, name)).decode())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _newest_checkpoint(run_dir: str, key: str) -> store.Committed | None:
+    """The newest valid checkpoint the run in *run_dir* saved or continued; refused when only another run's are there.
+
+    Its ``checkpoint.dir`` is an absolute path frozen in ``config.yaml``: the run dir's default
+    ``<run dir>/checkpoints`` stays there when the run dir is moved, and another run may fill
+    it. So the run dir's own ``checkpoints/`` is looked in too, and only checkpoints of the
+    run dir's last job (``.resume-start.json``) or of the lineage it continued count.
+    """
+    frozen = _frozen_checkpoint_dir(run_dir)
+    own = store.join(run_dir, RUN_CHECKPOINTS)
+    directories = [frozen] if frozen is None or frozen.rstrip("/") == own.rstrip("/") else [frozen, own]
+    directories = [d for d in directories if d] or [own]
+    start = _read_json(run_dir, START_FILE)
+    job = start.get("job")
+    if not isinstance(job, str) or not job:
+        return store.newest_valid(directories[0])  # a run from before jobs were recorded: anything there
+    seen = []
+    for directory in directories:
+        lineage, foreign = (
+            [_moved(u, frozen, directory) for u in start.get(k) or []] for k in ("lineage", "foreign")
+        )
+        found = store.newest_valid(directory, store.Candidates(job, frozenset(lineage), frozenset(foreign)))
+        if found is not None:
+            return found
+        if store.list_dir(directory).committed:
+            seen.append(directory)
+    if seen:
+        raise BlocksError(
+            Problem(
+                key,
+                f"the checkpoints in {' and '.join(seen)} were saved by another run than the one in "
+                f"{run_dir} (their manifests name another job): they are not this run's weights",
+                f"{key}=<the run dir that saved them>, or {key}=<one of the checkpoint directories "
+                "(.../step-N)> to use it anyway",
+                check="weights-source",
+            )
+        )
+    return None
+
+
+def _moved(url: str, frozen: str | None, directory: str) -> str:
+    """*url* of a checkpoint in *frozen*, as it is named in *directory* (the run dir's own, after a move)."""
+    if frozen and directory != frozen and str(url).startswith(frozen.rstrip("/") + "/"):
+        return directory.rstrip("/") + str(url)[len(frozen.rstrip("/")) :]
+    return str(url)
+
+
+def _frozen_checkpoint_dir(run_dir: str) -> str | None:
+    """The ``checkpoint.dir`` the run dir's ``config.yaml`` froze (None when it names none)."""
     fs, root = url_to_fs(run_dir)
     config_path = store.join(root, "config.yaml")
-    if fs.isfile(config_path):
-        from omegaconf import OmegaConf
+    if not fs.isfile(config_path):
+        return None
+    from omegaconf import OmegaConf
 
-        config = OmegaConf.create(fs.cat_file(config_path).decode())
-        directory = OmegaConf.select(config, "checkpoint.dir")
-        if directory:
-            return str(directory)
-    return store.join(run_dir, RUN_CHECKPOINTS)
+    try:
+        directory = OmegaConf.select(OmegaConf.create(fs.cat_file(config_path).decode()), "checkpoint.dir")
+    except Exception:  # not blocks' config: run_config names that problem
+        return None
+    return str(directory) if directory else None
 
 
 def _missing(key: str, source: str, why: str) -> BlocksError:
@@ -66,17 +190,21 @@ def _missing(key: str, source: str, why: str) -> BlocksError:
 
 
 def load_weights(source: str, key: str = "model.init_from") -> dict[str, torch.Tensor]:
-    """The model weights at *source* (see :func:`resolve_weights`), as CPU tensors by name."""
-    resolved = resolve_weights(source, key)
-    if resolved.endswith(".safetensors"):
+    """The model weights at *source* (see :func:`find_weights`), as CPU tensors by name."""
+    return load_found(find_weights(source, key), source, key)
+
+
+def load_found(weights: Weights, source: str, key: str = "model.init_from") -> dict[str, torch.Tensor]:
+    """The tensors of *weights* (what :func:`find_weights` found for *source*), as CPU tensors by name."""
+    if weights.url.endswith(".safetensors"):
         from safetensors.torch import load
 
-        fs, root = url_to_fs(resolved)
+        fs, root = url_to_fs(weights.url)
         return load(fs.cat_file(root))
     from blocks.checkpoint.export import checkpoint_weights
 
     try:
-        return checkpoint_weights(resolved)
+        return checkpoint_weights(weights.url)
     except store.CheckpointError as exc:
         raise _missing(key, source, str(exc)) from None
 

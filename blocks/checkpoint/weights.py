@@ -40,8 +40,11 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
+def save_weights(state: dict[str, torch.Tensor], path: Path, step: int | None = None) -> None:
     """Write *state* as safetensors at the local *path* (shared tensors, like tied embeddings, are stored once each).
+
+    *step*, the optimizer step the weights were taken after, goes into the file's metadata
+    (``step``): a reader tells them from a newer checkpoint of the same run dir by it.
 
     Atomic: written beside *path*, then renamed over it, so a reader (or a crash) never finds
     half a file and a failed write leaves what was there. Written through Python's ``open`` so
@@ -50,7 +53,11 @@ def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
     """
     from safetensors.torch import save
 
-    data = save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()})
+    metadata = None if step is None else {"step": str(step)}
+    data = save(
+        {name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()},
+        metadata=metadata,
+    )
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         tmp.write_bytes(data)

@@ -208,32 +208,38 @@ def cmd_new_package(name: str, directory: str | None, namespace: str | None) -> 
 
 
 def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool) -> int:
-    """Print the metrics of the model at *source* on its data block (with *overrides*)."""
+    """Print the metrics of the model at *source* on its data block (with *overrides*), and the weights scored."""
     from rich.table import Table
     from rich.text import Text
 
-    from blocks.launch.evaluate import evaluate
+    from blocks.launch.evaluate import evaluation
 
-    metrics = evaluate(source, overrides, split=split)
-    if as_json:
-        print(json.dumps(metrics, indent=2))
+    scored = evaluation(source, overrides, split=split)
+    said = [f"weights: {scored.weights.describe()}", *scored.notes]
+    if as_json:  # the metrics alone, for a program to read
+        print(json.dumps(scored.metrics, indent=2))
         return 0
     table = Table(title=f"{escape(source)} on the {escape(split)} split", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, value in metrics.items():
+    for name, value in scored.metrics.items():
         table.add_row(Text(name), f"{value:.6g}")
     stdout.print(table)
+    for line in said:
+        stdout.print(line, highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
 def cmd_export(source: str, out: str) -> int:
     """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
-    from blocks.runtime.model_export import export_model
+    from blocks.runtime.model_export import MODEL_FILE, export_model
 
     written = export_model(source, Path(out))
+    weights = json.loads((written / MODEL_FILE).read_text())["weights"]
+    step = weights["step"] if weights["step"] is not None else "unknown"
     stdout.print(
-        f"exported to {written}: load it with blocks.load_model({str(written)!r})",
+        f"exported the weights of {weights['url']} (step {step}) to {written}: "
+        f"load it with blocks.load_model({str(written)!r})",
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -718,6 +724,17 @@ def take_recipes_option(argv: list[str]) -> list[str]:
     return rest
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """*argv* parsed; ``blocks eval``'s overrides may also come after its options (``--split test data.seed=1``)."""
+    if argv[:1] != ["eval"]:
+        return parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if any(arg.startswith("-") for arg in extra):
+        return parser.parse_args(argv)  # argparse names the unknown option
+    args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``blocks`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -737,7 +754,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         plan_help = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
         try:
-            args = build_parser(plan_help=plan_help).parse_args(argv)
+            args = _parse(build_parser(plan_help=plan_help), argv)
         except BlocksError as exc:
             sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
         if args.command == "plan":

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import keyword
 import re
+import sys
 from pathlib import Path
 from string import Template
 
@@ -165,6 +168,49 @@ FILES = {
 }
 
 
+def module_name(name: str) -> str:
+    """The import name of the package *name* (``acme-vision`` → ``acme_vision``)."""
+    return re.sub(r"[-.]+", "_", name).lower()
+
+
+def _module_problem(module: str) -> str | None:
+    """Why *module* cannot be a new package's import name, or None."""
+    if not module.isidentifier() or keyword.iskeyword(module):
+        return f"its module '{module}' is a Python keyword or not a Python name"
+    try:
+        spec = importlib.util.find_spec(module)
+        taken = spec is not None and spec.origin is not None  # a bare directory (namespace) is no module
+    except (ImportError, ValueError):
+        taken = True
+    if taken or module in sys.builtin_module_names:
+        return f"its module '{module}' already exists here (import {module} finds it): installing it would shadow or overwrite that one"
+    return None
+
+
+def refuse_module(name: str, module: str) -> None:
+    """Refuse a package *name* whose import name *module* is a keyword or an importable module."""
+    why = _module_problem(module)
+    if why is None:
+        return
+    suggestion = next(
+        (
+            candidate
+            for candidate in (
+                (f"my-{name}", f"{name}-blocks")
+                if name.endswith("blocks")
+                else (f"{name}-blocks", f"my-{name}")
+            )
+            if _module_problem(module_name(candidate)) is None
+        ),
+        "acme-vision",
+    )
+    raise BlocksError(
+        Problem(
+            "NAME", f"'{name}' cannot be a package name: {why}", f"choose another name, e.g. {suggestion}"
+        )
+    )
+
+
 def new_package(name: str, directory: Path, namespace: str | None = None) -> list[Path]:
     """Write the package *name* into *directory* (which must not exist); the files written."""
     if not _DIST.match(name):
@@ -175,7 +221,7 @@ def new_package(name: str, directory: Path, namespace: str | None = None) -> lis
                 "use letters, digits, '-', '_' and '.', e.g. acme-vision",
             )
         )
-    module = re.sub(r"[-.]+", "_", name).lower()
+    module = module_name(name)
     namespace = namespace or re.sub(r"_blocks$", "", module)
     if not _NAMESPACE.match(namespace):
         raise BlocksError(
@@ -189,6 +235,7 @@ def new_package(name: str, directory: Path, namespace: str | None = None) -> lis
                 "choose a new directory with --dir",
             )
         )
+    refuse_module(name, module)
     values = {"dist": name, "module": module, "namespace": namespace, "api": str(API_VERSION)}
     written = []
     for relative, text in FILES.items():

@@ -201,14 +201,16 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
     try:
         cls = active_registry().get(kind, name).cls
     except RegistryError as exc:
-        raise ConfigError(
-            Problem(
-                kind,
-                exc.problems[0].message,
-                f"{kind}=<one of {', '.join(active_registry().names(kind))}>",
-                check="unknown-option",
+        namespace = name.split("/", 1)[0] if "/" in name else ""
+        installed = any(n.startswith(namespace + "/") for n in active_registry().names(kind))
+        if namespace and not installed:  # the package that registered it is not installed here
+            fix = (
+                f"install the block package of the namespace '{namespace}' (its entry point "
+                f"blocks: {namespace}), e.g. pip install <its distribution>; blocks list shows the installed ones"
             )
-        ) from None
+        else:
+            fix = f"{kind}=<one of {', '.join(active_registry().names(kind))}>"
+        raise ConfigError(Problem(kind, exc.problems[0].message, fix, check="unknown-option")) from None
     fields = {f.name: f for f in dataclasses.fields(cls)}
     # Keys only: reading a value would resolve it, and a ``???`` value raises on read.
     keys = field_keys(node)

@@ -26,6 +26,14 @@ An attempt removes ``summary.json`` before it writes anything else, so a reader 
 earlier outcome for this attempt's; a rerun that trains no further keeps that run's figures.
 """
 
+COMPLETED_WEIGHTS_FILE = ".completed-model.safetensors"
+"""The ``model.safetensors`` of the run dir's last completed run, set aside with its summary.
+
+A new attempt trains on from a checkpoint that may be newer, so the old file no longer stands
+for the run's weights (``blocks eval``/``export`` and ``init_from`` would read it); an attempt
+that completes writes its own and removes this one.
+"""
+
 Status = Literal["completed", "failed", "interrupted"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -79,8 +80,20 @@ class DataBlock(Block):
     """Fields that say where the content is (a path, a URL): when :meth:`content_digest` identifies
     the content, a resume may change them (a copy of the same files elsewhere)."""
 
+    split_fields: ClassVar[tuple[str, ...] | None] = None
+    """Fields that decide which samples fall in which split (a seed, the hold-out fractions):
+    ``blocks eval`` refuses changing them on the run's own data, which would score trained-on
+    samples as held-out ones. None: every field but the reading and location fields."""
+
     batch_size: int = 32
     num_workers: int = 0
+
+    def split_defining_fields(self) -> tuple[str, ...]:
+        """The fields of :attr:`split_fields` (all but the reading and location fields when None)."""
+        if self.split_fields is not None:
+            return self.split_fields
+        skipped = {*self.reading_fields, *self.location_fields}
+        return tuple(f.name for f in dataclasses.fields(self) if f.name not in skipped)
 
     def batch_spec(self) -> BatchSpec:
         """The shape of the batches this block yields (torch-free)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from blocks.data.base import DataBlock, FeatureBatch, check_holdout, holdout_sizes
 from blocks.spec.registry import register
@@ -29,6 +29,8 @@ class Blobs(DataBlock):
             (disjoint from train and val; 0 means no test split).
         seed: seed of the generator; the same seed gives the same set.
     """
+
+    split_fields: ClassVar[tuple[str, ...] | None] = ("samples", "val_fraction", "test_fraction", "seed")
 
     samples: int = 4096
     num_features: int = 32

@@ -40,6 +40,8 @@ class BundledData(DataBlock):
     total: ClassVar[int] = 0
     """Samples in the whole set."""
 
+    split_fields: ClassVar[tuple[str, ...] | None] = ("val_fraction", "test_fraction", "seed")
+
     val_fraction: float = 0.2
     test_fraction: float = 0.0
     seed: int = 0

@@ -37,6 +37,8 @@ class Text(DataBlock):
 
     location_fields: ClassVar[tuple[str, ...]] = ("path",)
 
+    split_fields: ClassVar[tuple[str, ...] | None] = ("val_fraction",)
+
     batch_size: int = 32
     path: str = ""
     level: str = "byte"

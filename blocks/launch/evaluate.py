@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from blocks.checkpoint.sources import Weights
 from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
 from blocks.core.jobs import plan_blocks
 from blocks.core.masking import hide_environment_values_in_overrides
-from blocks.core.plan import Plan
-from blocks.data.base import SPLITS
+from blocks.data.base import SPLITS, DataBlock
 from blocks.spec.errors import BlocksError, Problem
+
+if TYPE_CHECKING:
+    import torch
+    from pytorch_lightning.plugins.precision import Precision
+
+    from blocks.core.plan import Plan
 
 
 def eval_config(trained: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -40,12 +48,32 @@ def eval_config(trained: DictConfig, overrides: Sequence[str]) -> DictConfig:
     return config
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluation` scored.
+
+    Attributes:
+        metrics: ``<split>/<name>`` → value.
+        weights: the weights scored (file or checkpoint, and its step).
+        notes: what a reader comparing them with the run's ``summary.json`` should know.
+    """
+
+    metrics: dict[str, float]
+    weights: Weights
+    notes: tuple[str, ...] = ()
+
+
 def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> dict[str, float]:
     """Metrics ``<split>/<name>`` of the model at *source* on its run's data block (with *overrides*)."""
+    return evaluation(source, overrides, split).metrics
+
+
+def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -> Evaluation:
+    """The metrics of the model at *source* on its run's data block (with *overrides*), and which weights they score."""
     import torch
     from torch.utils.data import DataLoader
 
-    from blocks.checkpoint.sources import load_weights
+    from blocks.checkpoint.sources import find_weights, load_found
     from blocks.core import catalog
     from blocks.runtime.init import load_into
     from blocks.runtime.model_export import run_config
@@ -54,21 +82,52 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
     config, plan = eval_plan(run_config(source), overrides, split)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
-    load_into(model, load_weights(source, key="source"), key="source", source=source)
+    weights = find_weights(source, key="source")
+    load_into(model, load_found(weights, source, key="source"), key="source", source=weights.url)
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
     device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
-    model.to(device).eval()
-    objective.to(device)
+    precision = precision_plugin(plan.precision.lightning, device)  # the run's own, as validation used it
+    precision.convert_module(model.to(device)).eval()  # in place, like .to()
+    precision.convert_module(objective.to(device))
     if plan.data.num_samples(split) == 0:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
     objective.reset()
     with torch.no_grad():
         for batch in loader:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            objective.update(model(batch["inputs"]), batch)
-    return {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
+            batch = precision.convert_input({k: v.to(device) for k, v in batch.items()})
+            with precision.val_step_context():
+                objective.update(model(batch["inputs"]), batch)
+    metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
+    return Evaluation(metrics, weights, subset_note(plan, split))
+
+
+def precision_plugin(lightning: str, device: torch.device) -> Precision:
+    """Lightning's precision plugin for *lightning* (``bf16-true``, ``16-mixed``, ...) on *device*."""
+    from pytorch_lightning.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+
+    if lightning in ("bf16-true", "16-true"):
+        return HalfPrecision(lightning)  # type: ignore[arg-type]
+    if lightning in ("bf16-mixed", "16-mixed"):
+        return MixedPrecision(lightning, device.type)  # type: ignore[arg-type]
+    if lightning == "64-true":
+        return DoublePrecision()
+    return Precision()
+
+
+def subset_note(plan: Plan, split: str) -> tuple[str, ...]:
+    """A note when the run's validation scored fewer samples than this evaluation (``trainer.limit_val_batches``)."""
+    limit = plan.trainer.limit_val_batches
+    if split != "val" or limit is None:
+        return ()
+    if limit * plan.data.batch_size * max(1, plan.derived.world_size) >= plan.data.num_samples("val"):
+        return ()  # the limit left out nothing
+    return (
+        f"note: the run validated on its first {limit} val batch(es) per process "
+        f"(trainer.limit_val_batches={limit}), so its summary.json val metrics cover a subset; "
+        "this scores the whole val split",
+    )
 
 
 def eval_plan(trained: DictConfig, overrides: Sequence[str], split: str) -> tuple[DictConfig, Plan]:
@@ -80,12 +139,12 @@ def eval_plan(trained: DictConfig, overrides: Sequence[str], split: str) -> tupl
     if split not in SPLITS:
         raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
     config = eval_config(trained, overrides)
-    if split == "test":
-        refuse_moved_test_split(trained, config)
     plan = plan_blocks(
         config_to_blocks(config), None, check_storage=False, config=config
     )  # evaluation resumes nothing
     plan.raise_for_errors()
+    if split in ("val", "test"):
+        refuse_moved_split(trained, plan.data, split)
     return config, plan
 
 
@@ -102,20 +161,25 @@ def empty_split(split: str, name: str, data: object) -> Problem:
     return Problem("--split", f"data={name} has no {split} split (0 samples)", fix)
 
 
-def refuse_moved_test_split(run: DictConfig, config: DictConfig) -> None:
-    """Refuse a ``data.test_fraction`` override on the run's own data: its test samples were not held out in training."""
-    trained = run.get("data", {})
-    data = config.get("data", {})
-    if trained.get(BLOCK_KEY) != data.get(BLOCK_KEY) or "test_fraction" not in data:
+def refuse_moved_split(run: DictConfig, data: DataBlock, split: str) -> None:
+    """Refuse changing a field that decides the split of the run (config *run*) on its own data: *split* would hold samples it trained on.
+
+    The fields are the data block's :meth:`~blocks.data.base.DataBlock.split_defining_fields`
+    (``seed``, ``val_fraction``, ``test_fraction``, ...); another data block is other data.
+    """
+    trained = config_to_blocks(run).get("data")
+    if not isinstance(trained, DataBlock) or type(trained) is not type(data):
         return
-    before, after = trained.get("test_fraction", 0.0), data.get("test_fraction")
-    if before != after:
-        raise BlocksError(
-            Problem(
-                "data.test_fraction",
-                f"is {after} but the run trained with {before}: the test samples would include "
-                "samples the model saw in training",
-                f"drop the override (--split test scores the run's own test_fraction={before}), "
-                "or train again with data.test_fraction=0.1",
+    for name in data.split_defining_fields():
+        before, after = getattr(trained, name), getattr(data, name)
+        if before != after:
+            raise BlocksError(
+                Problem(
+                    f"data.{name}",
+                    f"is {after} but the run trained with {before}: the {split} split would include "
+                    "samples the model saw in training",
+                    f"drop the override (--split {split} scores the run's own held-out samples with "
+                    f"data.{name}={before}), or train again with the split you want to score",
+                    check="eval-split",
+                )
             )
-        )

@@ -17,6 +17,7 @@ from blocks.core.plan import Plan
 from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exported for launch)
     CHECKPOINTS_DIR,
     COMPLETED_SUMMARY_FILE,
+    COMPLETED_WEIGHTS_FILE,
     CONFIG_FILE,
     METRICS_FILE,
     PLAN_FILE,
@@ -51,13 +52,18 @@ def retire_summary(run_dir: Path) -> None:
     Until this attempt writes its own, nothing claims how it ended (a process killed meanwhile
     leaves none, and the driver writes ``failed``). A completed one is moved to
     :data:`COMPLETED_SUMMARY_FILE` (in one rename), where a rerun that trains no further finds
-    its figures (:func:`completed_before`); any other is removed.
+    its figures (:func:`completed_before`); any other is removed. Its ``model.safetensors`` is
+    set aside the same way (:data:`COMPLETED_WEIGHTS_FILE`): the attempt may train past it, and
+    until it completes and writes its own, the run's weights are its newest checkpoint.
     """
     path = run_dir / SUMMARY_FILE
     try:
         completed = Summary.read(run_dir).status == "completed"
     except (OSError, ValueError, TypeError):
         completed = False
+    if (run_dir / WEIGHTS_FILE).is_file():  # anything else there is no weights file (and its write fails)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(run_dir / WEIGHTS_FILE, run_dir / COMPLETED_WEIGHTS_FILE)
     with contextlib.suppress(FileNotFoundError):
         if completed:
             os.replace(path, run_dir / COMPLETED_SUMMARY_FILE)

@@ -21,7 +21,14 @@ from blocks.core.environment import restart_count
 from blocks.core.masking import hiding_output
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
-from blocks.launch.run_dir import WEIGHTS_FILE, Summary, completed_before, load_run, retire_summary
+from blocks.launch.run_dir import (
+    COMPLETED_WEIGHTS_FILE,
+    WEIGHTS_FILE,
+    Summary,
+    completed_before,
+    load_run,
+    retire_summary,
+)
 from blocks.spec.errors import BlocksError, TrainingError
 
 if TYPE_CHECKING:
@@ -99,7 +106,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
                     summary.state_digest = state_digest(state)
                     if summary.status == "completed" and plan.checkpoint.save_weights:
                         try:
-                            save_weights(state, run_dir / WEIGHTS_FILE)
+                            save_weights(state, run_dir / WEIGHTS_FILE, step=trainer.global_step)
+                            (run_dir / COMPLETED_WEIGHTS_FILE).unlink(missing_ok=True)
                         except Exception as exc:
                             weights_error = exc
                             reason = failure_reason(exc, plan)

@@ -27,6 +27,7 @@ def load_model(path: str | Path) -> nn.Module:
         model = blocks.load_model("export/")
         logits = model(torch.rand(1, 64))
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from blocks.core.compose import node_to_block
@@ -50,5 +51,14 @@ def load_model(path: str | Path) -> nn.Module:
     spec_json = dict(meta["batch_spec"])
     spec = _SPECS[spec_json.pop("type")](**spec_json)
     module = block.build(spec)  # type: ignore[attr-defined]
-    module.load_state_dict(load_file(str(directory / "model.safetensors")))
+    from blocks.runtime.init import load_into
+
+    weights = directory / "model.safetensors"
+    try:
+        state = load_file(str(weights))
+    except (OSError, SafetensorError) as exc:
+        raise BlocksError(
+            Problem("path", f"cannot read {weights}: {exc}", "export the model again with blocks export")
+        ) from None
+    load_into(module, state, key="path", source=str(weights))  # a clear error when they do not fit
     return module.eval()

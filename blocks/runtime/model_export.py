@@ -15,7 +15,7 @@ import yaml
 from fsspec.core import url_to_fs
 from omegaconf import DictConfig, OmegaConf
 
-from blocks.checkpoint.sources import find_run_config, load_weights
+from blocks.checkpoint.sources import find_run_config
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
 from blocks.core.run_files import CONFIG_FILE, WEIGHTS_FILE
 from blocks.data.base import BatchSpec
@@ -56,21 +56,68 @@ def run_config(source: str) -> DictConfig:
 
 
 def export_model(source: str, out: Path) -> Path:
-    """Write the model of *source* (run dir, checkpoint or export) to the directory *out*; returns *out*."""
+    """Write the model of *source* (run dir, checkpoint or export) to the directory *out*; returns *out*.
+
+    *out* must be new or an empty directory: an export never replaces files. The weights are
+    loaded into the model first, so weights that do not fit it are refused before anything is
+    written. ``model.json`` names the weights exported (``weights``: file or checkpoint, step).
+    """
+    from blocks.checkpoint.sources import find_weights, load_found
     from blocks.checkpoint.weights import save_weights
     from blocks.core import catalog
+    from blocks.runtime.init import load_into
 
     catalog.load()
+    refuse_out(out)
     config = run_config(source)
     blocks = config_to_blocks(config)
     model = blocks["model"].replace(init_from=None, freeze=())
     blocks["data"].prepare()  # type: ignore[attr-defined]  # data=stream's source, if its cache was cleared
     spec = blocks["data"].batch_spec()  # type: ignore[attr-defined]
-    weights = load_weights(source, key="source")
-    out.mkdir(parents=True, exist_ok=True)
-    save_weights(weights, out / WEIGHTS_FILE)
+    found = find_weights(source, key="source")
+    weights = load_found(found, source, key="source")
+    load_into(model.build(spec), weights, key="source", source=found.url)  # type: ignore[attr-defined]
     node = {BLOCK_KEY: model.block_name, **dataclasses.asdict(model)}
-    meta = {"format": FORMAT, "model": node, "batch_spec": spec_to_json(spec), "source": source}
-    (out / MODEL_FILE).write_text(json.dumps(meta, indent=2, default=list) + "\n")
-    (out / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
+    meta = {
+        "format": FORMAT,
+        "model": node,
+        "batch_spec": spec_to_json(spec),
+        "source": source,
+        "weights": {"url": found.url, "step": found.step},
+    }
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        save_weights(weights, out / WEIGHTS_FILE, step=found.step)
+        (out / MODEL_FILE).write_text(json.dumps(meta, indent=2, default=list) + "\n")
+        (out / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
+    except OSError as exc:
+        raise BlocksError(
+            Problem(
+                "OUT",
+                f"cannot write the export to {out}: {exc.strerror or exc}",
+                "choose a new or empty directory you can write to",
+            )
+        ) from None
     return out
+
+
+def refuse_out(out: Path) -> None:
+    """Refuse an export directory *out* that is a file or holds files already (a run dir above all)."""
+    if out.is_symlink() and not out.exists():
+        why = "is a broken link"
+    elif out.exists() and not out.is_dir():
+        why = "is a file"
+    elif out.is_dir() and any(out.iterdir()):
+        is_run = (
+            (out / "summary.json").exists() or (out / "checkpoints").exists() or (out / CONFIG_FILE).exists()
+        )
+        why = "is a run dir or an export" if is_run else "is not empty"
+    else:
+        return
+    raise BlocksError(
+        Problem(
+            "OUT",
+            f"{out} {why}: an export writes into a new or empty directory and replaces nothing",
+            "choose an empty or new directory",
+        )
+    )

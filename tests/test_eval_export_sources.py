@@ -1,0 +1,163 @@
+"""Which weights ``blocks eval``/``export`` read from a run dir, and what an export refuses to write."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from blocks.spec.errors import BlocksError
+from tests.conftest import run_in_process
+
+TINY = ["recipe=blobs", "data.samples=300", "monitor.progress=off"]
+
+
+def _run(root: Path, run_dir: Path, *overrides: str) -> None:
+    result = run_in_process(["run", *TINY, *overrides, f"hydra.run.dir={run_dir}"], cwd=root)
+    assert result.returncode == 0, result.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``extended``: 10 steps completed, then on to 20 without a weights file; ``moved``: a run
+    moved aside, another in its old place (``other``); ``bf16``: a run in ``precision=bf16-true``."""
+    root = tmp_path_factory.mktemp("sources")
+    extended = root / "extended"
+    _run(root, extended, "trainer.max_steps=10")
+    _run(root, extended, "trainer.max_steps=20", "checkpoint.save_weights=false")
+    _run(root, root / "a", "trainer.max_steps=10", "checkpoint.save_weights=false")
+    (root / "a").rename(root / "a_old")
+    _run(root, root / "a", "trainer.max_steps=20", "checkpoint.save_weights=false")
+    _run(root, root / "bf16", "trainer.max_steps=5", "precision=bf16-true")
+    return {
+        "extended": extended,
+        "moved": root / "a_old",
+        "other": root / "a",
+        "bf16": root / "bf16",
+        "root": root,
+    }
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_a_later_session_of_the_run_dir_is_what_eval_and_export_read(
+    runs: dict[str, Path], tmp_path: Path, cli_in_process
+) -> None:
+    from blocks.checkpoint.sources import resolve_weights
+    from blocks.launch.evaluate import evaluate
+
+    run = runs["extended"]
+    newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+    assert newest.name.endswith("20")
+    assert resolve_weights(str(run)) == str(newest), "the step-10 weights file is not the run's weights"
+    assert evaluate(str(run)) == evaluate(str(newest))
+    assert not (run / "model.safetensors").exists(), "a new attempt sets the old weights file aside"
+    said = cli_in_process("eval", str(run))
+    assert said.returncode == 0 and f"weights: {newest} (step 20)" in said.output, said.output
+    # A weights file an older session left (it says its step) loses to the newer checkpoint too.
+    from blocks.checkpoint.sources import find_weights
+    from blocks.runtime.model_export import export_model
+
+    shutil.copy(run / ".completed-model.safetensors", tmp_path / "old.safetensors")
+    assert find_weights(str(tmp_path / "old.safetensors")).step == 10
+    (run / "model.safetensors").symlink_to(tmp_path / "old.safetensors")
+    try:
+        assert find_weights(str(run)).url == str(newest)
+        meta = json.loads((export_model(str(run), tmp_path / "out") / "model.json").read_text())
+    finally:
+        (run / "model.safetensors").unlink()
+    assert meta["weights"] == {"url": str(newest), "step": 20} and meta["source"] == str(run)
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_a_moved_run_dir_reads_its_own_checkpoints_never_another_runs(runs: dict[str, Path]) -> None:
+    from blocks.checkpoint.sources import resolve_weights
+
+    moved, other = runs["moved"], runs["other"]
+    assert str(other) in (moved / "config.yaml").read_text()  # its frozen checkpoint.dir: B's now
+    assert resolve_weights(str(moved), key="source") == str(moved / "checkpoints" / "step-000000010")
+    assert resolve_weights(str(other)) == str(other / "checkpoints" / "step-000000020")
+    shutil.move(moved / "checkpoints", runs["root"] / "a_old_checkpoints")
+    try:
+        with pytest.raises(BlocksError) as info:
+            resolve_weights(str(moved), key="source")
+    finally:
+        shutil.move(runs["root"] / "a_old_checkpoints", moved / "checkpoints")
+    (problem,) = info.value.problems
+    assert problem.key == "source" and "saved by another run" in problem.message
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_export_refuses_files_it_would_replace_and_weights_that_do_not_fit(
+    runs: dict[str, Path], tmp_path: Path, cli_in_process
+) -> None:
+    import blocks
+
+    source, target = str(runs["other"]), runs["extended"]
+    config = (target / "config.yaml").read_bytes()
+    into_run = cli_in_process("export", source, str(target))
+    assert into_run.returncode == 2 and "is a run dir or an export" in into_run.output, into_run.output
+    assert "choose an empty or new directory" in into_run.output
+    assert (target / "config.yaml").read_bytes() == config, "nothing was replaced"
+    (tmp_path / "afile").write_text("x")
+    for out, said in (("afile", "is a file"), ("afile/sub", "cannot write the export to")):
+        result = cli_in_process("export", source, str(tmp_path / out))
+        assert result.returncode == 2 and said in result.output and "Traceback" not in result.output, (
+            result.output
+        )
+    misfit = tmp_path / "misfit"
+    shutil.copytree(runs["other"], misfit)
+    (misfit / "config.yaml").write_text(
+        (misfit / "config.yaml").read_text().replace("  - 64\n  - 64\n", "  - 32\n")
+    )
+    result = cli_in_process("export", str(misfit), str(tmp_path / "misfit-out"))
+    assert result.returncode == 2 and "do not fit this model" in result.output, result.output
+    assert not (tmp_path / "misfit-out").exists()
+    exported = cli_in_process("export", source, str(tmp_path / "ok"))
+    assert exported.returncode == 0 and "(step 20)" in exported.output, exported.output
+    meta = tmp_path / "ok" / "model.json"
+    meta.write_text(
+        meta.read_text().replace('"hidden": [\n      64,\n      64\n    ]', '"hidden": [\n      32\n    ]')
+    )
+    with pytest.raises(BlocksError) as info:
+        blocks.load_model(tmp_path / "ok")
+    assert info.value.problems[0].check == "weights-fit"
+
+
+@pytest.mark.parametrize(
+    "name, why, suggested",
+    [("for", "Python keyword", "for-blocks"), ("blocks", "already exists here", "my-blocks")],
+)
+def test_new_package_refuses_a_module_name_python_cannot_import_as_its_own(
+    cli_in_process, tmp_path: Path, name: str, why: str, suggested: str
+) -> None:
+    result = cli_in_process("new-package", name, "--dir", str(tmp_path / "pkg"))
+    assert result.returncode == 2 and why in result.output and f"e.g. {suggested}" in result.output, (
+        result.output
+    )
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_eval_scores_as_the_run_validated_and_says_where_it_cannot(
+    runs: dict[str, Path], tmp_path: Path, cli_in_process
+) -> None:
+    from blocks.launch.evaluate import evaluate
+
+    expected = json.loads((runs["bf16"] / "summary.json").read_text())["metrics"]["val/loss"]
+    assert evaluate(str(runs["bf16"]))["val/loss"] == pytest.approx(expected, abs=1e-7), "in bf16, as trained"
+    limited = tmp_path / "limited"
+    shutil.copytree(runs["other"], limited)
+    config = (limited / "config.yaml").read_text()
+    edited = OmegaConf.create(config)
+    edited.trainer.limit_val_batches, edited.data.batch_size = 1, 8  # 8 of its 30 val samples
+    OmegaConf.save(edited, limited / "config.yaml")
+    result = cli_in_process("eval", str(limited))
+    assert result.returncode == 0 and "trainer.limit_val_batches=1" in result.output, result.output
+    result = cli_in_process("eval", str(runs["other"] / "summary.json"))
+    assert result.returncode == 2 and "it is a file, not a run dir" in result.output, result.output
+    (limited / "config.yaml").write_text(config.replace("_block_: mlp", "_block_: acme/wide"))
+    result = cli_in_process("eval", str(limited))
+    assert result.returncode == 2 and "install the block package of the namespace 'acme'" in result.output
