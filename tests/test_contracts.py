@@ -42,6 +42,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "checkpoint-unsafe",
     "resume-usable",
     "sweep-checkpoint-dir",  # a check across a sweep's jobs: tests/test_faults_silent.py
+    "sweep-run-dir",  # a check across a sweep's jobs: tests/test_faults_silent.py, tests/test_faults_processes.py
     "checkpoint-storage",
     "ray-placement",
     "optuna-storage",  # depends on the installed SQLAlchemy: tests/test_run_cli.py

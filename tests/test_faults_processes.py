@@ -268,7 +268,15 @@ def test_a_stale_lock_is_taken_over_with_a_warning_and_released_at_the_end(
 
 
 def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli_in_process, tmp_path: Path) -> None:
-    """Through the CLI entry in this process: Hydra's basic launcher runs the jobs in the sweep's own process."""
+    """Through the CLI entry in this process: Hydra's basic launcher runs the jobs in the sweep's own process.
+
+    Then two more sweeps into the same sweep dir. Each job resumed whatever job had its number
+    before: job 0 of ``optim.lr=1e-2,1e-3`` resumed lr=1e12's run, reported its result and
+    overwrote its config.yaml. Now a job whose swept values differ from its run dir's job is
+    refused, and nothing of that job is touched; a job with the same values resumes, also with
+    a longer ``trainer.max_steps``. And a sweep is judged by its own jobs only: one that
+    completes exits 0, however many failed summaries an earlier sweep left in the sweep dir.
+    """
     sweep = tmp_path / "sweep"
     result = cli_in_process(
         "run", "-m", "recipe=blobs", "trainer.max_steps=20", "optim.lr=1e12,1e-3", f"hydra.sweep.dir={sweep}"
@@ -281,6 +289,69 @@ def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli_in_process,
     assert cli_in_process("report", str(sweep)).returncode == 0
     report = (sweep / "report" / "report.md").read_text()
     assert "| failed |" in report and "| completed |" in report
+
+    diverged = read_summary(sweep / "0")
+    config = (sweep / "0" / "config.yaml").read_text()
+    other = [
+        "run",
+        "-m",
+        "recipe=blobs",
+        "trainer.max_steps=30",
+        "optim.lr=1e-2,1e-3",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    result = cli_in_process(*other)
+    assert result.returncode == 1, result.output[-3000:]
+    assert f"hydra.sweep.dir: {sweep / '0'} holds another job, of an earlier sweep" in result.output
+    assert "optim.lr=1000000000000.0 there, 0.01 here" in result.output
+    assert "fix: sweep into a new hydra.sweep.dir" in result.output
+    assert f"1 job(s) of the sweep did not complete: {sweep / '0'} (refused" in result.output
+    assert read_summary(sweep / "0") == diverged and (sweep / "0" / "config.yaml").read_text() == config
+    assert f"resuming from step 20 of {sweep / '1' / 'checkpoints'}" in result.output  # the same job, longer
+    assert read_summary(sweep / "1")["global_step"] == 30
+
+    one_job = ["run", "-m", "recipe=blobs", "trainer.max_steps=30", "optim.lr=1e-3", "hydra.sweep.subdir=1"]
+    result = cli_in_process(*one_job, f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.output[-3000:]
+    assert "did not complete" not in result.output
+
+
+def test_a_sweep_hears_of_its_jobs_in_other_processes_and_of_no_other_job(cli, tmp_path: Path) -> None:
+    """Jobs under hydra/launcher=joblib end in processes of their own: each reports how it ended to
+    the sweep (through a directory of the sweep's own, removed at the end). A failed summary an
+    earlier sweep left in the sweep dir was blamed on this one."""
+    sweep = tmp_path / "sweep"
+    (sweep / "5").mkdir(parents=True)
+    (sweep / "5" / "summary.json").write_text(
+        json.dumps({"status": "failed", "reason": "an earlier sweep's"})
+    )
+    result = cli(
+        "run",
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",  # 1 would run them in this process
+        "recipe=blobs",
+        "trainer.max_steps=3",
+        "optim.lr=1e30,1e-3",
+        "monitor.progress=off",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert f"1 job(s) of the sweep did not complete: {sweep / '0'} (their" in result.output
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "5", "multirun.yaml"]
+
+
+def test_a_sweep_whose_jobs_land_in_several_sweep_dirs_counts_each_of_them(
+    cli_in_process, tmp_path: Path
+) -> None:
+    """The default sweep dir names the recipe, so a sweep over recipes puts its jobs in several
+    dirs: the failed jobs were looked for in one of them only, and the sweep exited 0."""
+    result = cli_in_process(
+        "run", "-m", "recipe=blobs,digits_mlp", "trainer.max_steps=3", "optim.lr=1e30", "monitor.progress=off"
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    blobs, digits = (next((tmp_path / "multirun" / recipe).iterdir()) for recipe in ("blobs", "digits_mlp"))
+    assert f"2 job(s) of the sweep did not complete: {blobs / '0'}, {digits / '1'}" in result.output
 
 
 @pytest.mark.slow
@@ -302,6 +373,44 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path
     assert "failed" in statuses and "completed" in statuses
     best = (sweep / "optimization_results.yaml").read_text()
     assert "optim.lr: 0.001" in best
+
+    # Another study into the same sweep dir numbers its trials from 0 again: each resumed the
+    # first study's trial of its number, and best_params came with another trial's value.
+    summaries = [read_summary(sweep / str(n)) for n in range(2)]
+    result = cli_in_process(
+        "run",
+        "-m",
+        "hparams_search=optuna",
+        "recipe=blobs",
+        "trainer.max_steps=20",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.seed=7",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert result.output.count("holds another job, of an earlier sweep") == 2
+    assert (
+        "resuming" not in result.output
+        and "best_value: .inf" in (sweep / "optimization_results.yaml").read_text()
+    )
+    assert [read_summary(sweep / str(n)) for n in range(2)] == summaries
+
+    # Its trials are not known in advance, so trials sharing a run dir are refused as they start.
+    result = cli_in_process(
+        "run",
+        "-m",
+        "hparams_search=optuna",
+        "recipe=blobs",
+        "trainer.max_steps=5",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={tmp_path / 'shared'}",
+        "hydra.sweep.subdir=same",
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert f"hydra.sweep.subdir: jobs 0 and 1 of this sweep both run in {tmp_path / 'shared' / 'same'}" in (
+        result.output
+    )
+    assert read_summary(tmp_path / "shared" / "same")["status"] == "completed"  # trial 0's
 
 
 def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra: str) -> str:

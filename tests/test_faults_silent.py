@@ -97,6 +97,29 @@ def test_sweep_jobs_may_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
     assert per_job.returncode == 0, per_job.output[-3000:]
 
 
+def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
+    """With ``hydra.sweep.subdir=same`` the second job of ``optim.lr=0.01,0.003`` resumed the first's
+    checkpoint in the run dir they shared, reported its result as its own, and the sweep exited 0."""
+    sweep = ["-m", "recipe=blobs", "trainer.max_steps=2", "optim.lr=0.01,0.003", "monitor.progress=off"]
+    for command in ("plan", "run"):
+        args = [command, *sweep, f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=same"]
+        result = run_in_process(args, cwd=tmp_path)
+        assert result.returncode == 2, result.output[-3000:]
+        assert (
+            f"error hydra.sweep.subdir: 2 jobs of the sweep would run in {tmp_path / 'sweep' / 'same'}"
+            in (" ".join(result.output.split()))
+        )
+        assert "hydra.sweep.subdir=${hydra.job.num}" in result.output
+    assert not (tmp_path / "sweep").exists()
+    per_job = [
+        "plan",
+        *sweep,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+    ]
+    assert run_in_process(per_job, cwd=tmp_path).returncode == 0
+
+
 def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_path: Path) -> None:
     """A job that failed before training (its data's preflight: shards missing from storage) wrote no
     summary, so the sweep counted nothing and exited 0 with no job run."""

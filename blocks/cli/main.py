@@ -27,6 +27,7 @@ from blocks.spec.errors import BlocksError, Problem, TrainingError, did_you_mean
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from blocks.core.jobs import Job
     from blocks.core.pipeline import Pipeline
     from blocks.core.plan import Plan
     from blocks.launch.driver import Checked
@@ -86,8 +87,7 @@ def cmd_plan(
     *config_dir* is ``--config-dir``: a directory of presets searched first, as ``blocks run`` does.
     """
     from blocks.cli.render import plan_panel, print_problems
-    from blocks.core import jobs
-    from blocks.launch.sweep import shared_checkpoint_dirs
+    from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
 
     chosen = _pipeline_of(overrides)
     if chosen is not None:
@@ -104,12 +104,15 @@ def cmd_plan(
         job_overrides = _sweep_jobs(list(overrides), config_dir) if multirun else [list(overrides)]
     except BlocksError as exc:
         return _invalid_plan(exc, list(overrides), as_json=as_json)
+    hydra_configs = []
     for one in job_overrides:
         try:
-            plans.append((one, jobs.plan(one, config_dir=config_dir)))
+            composed, plan = _plan_job(one, config_dir)
         except BlocksError as exc:
             return _invalid_plan(exc, one, as_json=as_json)
-    shared = shared_checkpoint_dirs(plans) if multirun else []
+        plans.append((one, plan))
+        hydra_configs.append((one, composed.hydra_config))
+    shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs) if multirun else []
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         if shared:  # every job of the sweep takes part in the clash
@@ -268,9 +271,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     """
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
-    from blocks.core import jobs
     from blocks.launch.driver import PLANNED, job_key
-    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs
+    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs, shared_run_dirs
     from blocks.spec.imports import refuse_objects
 
     PLANNED.clear()
@@ -321,12 +323,14 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     else:
         return _check_single(overrides, parsed.config_dir)
     failed = 0
+    hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
     for one in job_overrides:
         header = RUN_HEADER
         if len(job_overrides) > 1:
             header = f"blocks: job [{' '.join(one)}] has problems; no job of the sweep was started"
         try:
-            plan = jobs.plan(one, config_dir=parsed.config_dir)
+            job, plan = _plan_job(one, parsed.config_dir)
+            hydra_configs.append((one, job.hydra_config))
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1
@@ -345,6 +349,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     shared = shared_checkpoint_dirs(
         [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
     )
+    if sweeper == "basic" and len(hydra_configs) == len(job_overrides):
+        shared += shared_run_dirs(hydra_configs)
     if shared:
         print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")
         failed += 1
@@ -375,6 +381,15 @@ def _searched_trial(overrides: list[str], config_dir: str | None) -> list[str]:
     params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
     searched = OmegaConf.to_container(params) if params is not None else {}
     return searched_trial(overrides, searched if isinstance(searched, dict) else {})
+
+
+def _plan_job(overrides: Sequence[str], config_dir: str | None) -> tuple[Job, Plan]:
+    """Compose and plan one job of a sweep (as :func:`blocks.core.jobs.plan`), with Hydra's config of it."""
+    from blocks.core import catalog, jobs
+
+    with catalog.current().active():
+        job, _, plan = jobs.plan_job(overrides, None, config_dir)
+    return job, plan
 
 
 def _check_composes(overrides: list[str], config_dir: str | None) -> int | None:

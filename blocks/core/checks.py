@@ -587,6 +587,14 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "sweep-run-dir",
+        ("checkpoint",),
+        "hydra.sweep.subdir",
+        "each job of a sweep has a run dir of its own (hydra.sweep.dir/hydra.sweep.subdir): checked before "
+        "any job starts, and by each job as it starts (a job of a sweep resumes only its own earlier attempt)",
+        (),
+    ),
+    Check(
         "checkpoint-storage",
         ("checkpoint", "trainer"),
         "checkpoint.dir",

@@ -48,6 +48,7 @@ from blocks.launch.run_dir import (
     retire_summary,
     write_job_files,
 )
+from blocks.launch.sweep import REFUSED, RunDirTaken, SweepJob, current_job, job_ended
 from blocks.launch.torchrun import (
     EXIT_INTERRUPTED,
     FAILURES_FILE,
@@ -81,14 +82,16 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
     # In a sweep a failed job is recorded (its summary.json) and the sweep goes on; the sweeper
     # gets the worst value there is. An interrupted job stops the sweep.
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    sweep_job = current_job() if in_sweep else None
     started = time.time() - 1.0  # some file systems keep modification times to the second
     try:
         if in_sweep and checked is None:
             checked = _planned_by_precheck(cfg, choices, run_dir, list(hydra_cfg.overrides.task))
-        with held(run_dir, cfg, choices, checked) as plan:
+        with held(run_dir, cfg, choices, checked, sweep_job) as plan:
             summary = launch(run_dir, plan)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
+        job_ended(run_dir, exc.summary.status)
         if in_sweep and exc.summary.status != "interrupted":
             return failed_objective(cfg)
         raise SystemExit(exit_code(exc.summary)) from None
@@ -99,7 +102,13 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
-            record_failed_start(run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems), started)
+            if isinstance(exc, RunDirTaken):  # the run dir is another job's: its summary stays
+                job_ended(run_dir, REFUSED)
+            else:
+                job_ended(run_dir, "failed")
+                record_failed_start(
+                    run_dir, "; ".join(f"{p.key}: {p.message}" for p in exc.problems), started
+                )
             return failed_objective(cfg)
         raise SystemExit(exc.exit_code) from None
     except Exception as exc:
@@ -107,8 +116,10 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
             raise
         print(f"blocks: the job crashed (run dir: {run_dir})", file=sys.stderr)
         traceback.print_exc()
+        job_ended(run_dir, "failed")
         record_failed_start(run_dir, f"{type(exc).__name__}: {exc}", started)
         return failed_objective(cfg)
+    job_ended(run_dir, summary.status)
     return objective(plan, summary)
 
 
@@ -285,7 +296,11 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
 
 @contextlib.contextmanager
 def held(
-    run_dir: Path, config: DictConfig, choices: dict[str, str], checked: Checked | None = None
+    run_dir: Path,
+    config: DictConfig,
+    choices: dict[str, str],
+    checked: Checked | None = None,
+    sweep_job: SweepJob | None = None,
 ) -> Iterator[Plan]:
     """Check the job, lock its run dir (and checkpoint dir), write its job files; locked until the block ends.
 
@@ -293,7 +308,9 @@ def held(
     by a live job, or a resume or storage that cannot work, is refused before anything is
     written. Multi-node jobs under torchrun share one run dir between the nodes' drivers, so
     they are not locked (under Ray one driver starts every node's workers, so they are). A
-    *checked* run for this run dir is not planned again.
+    *checked* run for this run dir is not planned again. A job of a sweep (*sweep_job*) is
+    refused a run dir that holds another job (:meth:`SweepJob.claim`): it would resume that
+    job's checkpoints and replace its files.
     """
     if checked is not None and checked.run_dir == run_dir:
         frozen, plan = checked.config, checked.plan
@@ -305,7 +322,10 @@ def held(
             locks.enter_context(locked(run_dir))
             if locks_checkpoint_dir(run_dir, plan):
                 locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir))
+        identity = sweep_job.claim(run_dir, frozen, dict(plan.choices)) if sweep_job is not None else None
         _write_job_files(run_dir, frozen, plan)
+        if sweep_job is not None and identity is not None:
+            sweep_job.record(run_dir, identity)
         yield plan
 
 

@@ -99,6 +99,7 @@ class RayLauncher(Launcher):
         from hydra.core.hydra_config import HydraConfig
 
         from blocks.launch.driver import failed_objective, record_failed_start
+        from blocks.launch.sweep import job_lost
 
         assert self.config is not None and self.hydra_context is not None
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
@@ -111,6 +112,7 @@ class RayLauncher(Launcher):
         log.error(f"job #{idx} ({' '.join(filter_overrides(overrides))}) crashed: {reason}")
         run_dir.mkdir(parents=True, exist_ok=True)
         record_failed_start(run_dir, reason, started)
+        job_lost(idx, run_dir)
         task_cfg = OmegaConf.masked_copy(sweep_config, [str(k) for k in sweep_config if k != "hydra"])
         return JobReturn(
             overrides=overrides,

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import re
+import shutil
 import sys
+import uuid
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
-from blocks.compat.hydra_private import hydra_config_loader, split_sweep
+from blocks.compat.hydra_private import hydra_config_loader, hydra_config_set, split_sweep
 from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
 from blocks.core.overrides import syntax_problems
-from blocks.spec.errors import ConfigError, Problem
+from blocks.core.run_files import CONFIG_FILE, PLAN_FILE, SUMMARY_FILE
+from blocks.spec.errors import BlocksError, ConfigError, Problem
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
@@ -129,33 +135,304 @@ def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[P
     ]
 
 
+def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Problem]:
+    """A problem for each run dir several jobs of one sweep would share.
+
+    *jobs* are each job's overrides and Hydra's config of it, in launch order (the job
+    number). A job's run dir is ``hydra.sweep.dir``/``hydra.sweep.subdir`` as Hydra's launcher
+    resolves them (``${hydra.job.num}``, ``${hydra.job.override_dirname}``, any key of the job):
+    sharing one, a later job would resume an earlier one's checkpoints and report its result.
+    """
+    by_dir: dict[str, list[Sequence[str]]] = {}
+    for num, (overrides, config) in enumerate(jobs):
+        run_dir = job_run_dir(config, num)
+        if run_dir is not None:
+            by_dir.setdefault(run_dir, []).append(overrides)
+    return [
+        Problem(
+            "hydra.sweep.subdir",
+            f"{len(sharing)} jobs of the sweep would run in {directory} and resume from each other's "
+            f"checkpoints ([{' '.join(sharing[0])}] and [{' '.join(sharing[1])}])",
+            "give each job a run dir of its own: leave hydra.sweep.subdir unset, or make it name the job, "
+            "e.g. hydra.sweep.subdir=${hydra.job.num}",
+            check="sweep-run-dir",
+        )
+        for directory, sharing in by_dir.items()
+        if len(sharing) > 1
+    ]
+
+
+def job_run_dir(config: DictConfig, num: int) -> str | None:
+    """The absolute run dir of job *num* of a sweep, given Hydra's composed *config* of the job (None: unresolvable)."""
+    config = copy.deepcopy(config)
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.job.num = num
+        config.hydra.job.id = f"{config.hydra.job.name}_{num}"
+    try:
+        with hydra_config_set(config):  # ${hydra:...} resolves as in the job
+            sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
+            subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
+    except (
+        Exception
+    ):  # a subdir naming what only the launcher knows: each job checks its run dir as it starts
+        return None
+    return os.path.abspath(os.path.join(sweep_dir, subdir))
+
+
+def swept_keys(config: DictConfig) -> tuple[str, ...]:
+    """The keys a sweep varies between its jobs, from Hydra's config of the sweep (``multirun.yaml``).
+
+    Those the command line sweeps (``optim.lr=0.1,0.01``, ``optim=glob(*)``, Optuna's
+    ``interval(...)``) and those ``hydra.sweeper.params`` searches. Hydra's own keys are left out.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    keys: set[str] = set()
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    except HydraException:
+        parsed = []
+    keys.update(o.key_or_group for o in parsed if o.is_sweep_override())
+    params = OmegaConf.select(config, "hydra.sweeper.params")
+    searched = OmegaConf.to_container(params, resolve=False) if isinstance(params, DictConfig) else None
+    if isinstance(searched, dict):
+        keys.update(_flat_keys(searched))
+    return tuple(sorted(k for k in keys if k != "hydra" and not k.startswith(("hydra.", "hydra/"))))
+
+
+def _flat_keys(node: dict[Any, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of the leaves of *node* (``{"optim": {"lr": ...}}`` → ``optim.lr``)."""
+    keys = []
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        keys += _flat_keys(value, f"{name}.") if isinstance(value, dict) else [name]
+    return keys
+
+
+SWEEP_JOB_FILE = ".sweep-job.json"
+"""In a sweep job's run dir: the sweep that ran the job there, its number, and the values that identify it."""
+
+
+class RunDirTaken(BlocksError):
+    """A sweep job's run dir holds another job (of an earlier sweep, or of this one): refused, nothing written."""
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """A job of a running sweep, as its driver sees it.
+
+    Attributes:
+        sweep: what tells this invocation of the sweep from any other (random).
+        num: the job's number in the sweep (``hydra.job.num``).
+        swept: the keys the sweep varies (:func:`swept_keys`): their values identify the job.
+    """
+
+    sweep: str
+    num: int
+    swept: tuple[str, ...]
+
+    def claim(self, run_dir: Path, config: DictConfig, choices: dict[str, str]) -> dict[str, Any]:
+        """The job's identity in *run_dir*, once nothing there belongs to another job; raises :class:`RunDirTaken`.
+
+        A run dir with a ``config.yaml`` holds a job already: this one's own earlier attempt
+        when it has the values of every key that identifies either of them (those its sweep
+        varies and those the earlier one's did), whatever else changed (a longer
+        ``trainer.max_steps``). Another job of this very sweep there means two jobs share
+        one ``hydra.sweep.subdir``.
+        """
+        if not (run_dir / CONFIG_FILE).exists():
+            return {key: job_value(config, choices, key) for key in self.swept}
+        before = _read_json(run_dir / SWEEP_JOB_FILE)
+        if before.get("sweep") == self.sweep and before.get("job") != self.num:
+            raise RunDirTaken(
+                Problem(
+                    "hydra.sweep.subdir",
+                    f"jobs {before.get('job')} and {self.num} of this sweep both run in {run_dir}: the later "
+                    "would resume the earlier's checkpoints and replace its files",
+                    "give each job a run dir of its own: leave hydra.sweep.subdir unset, or make it name "
+                    "the job, e.g. hydra.sweep.subdir=${hydra.job.num}",
+                    check="sweep-run-dir",
+                )
+            )
+        recorded = before.get("identity")
+        earlier = dict(recorded) if isinstance(recorded, dict) else {}
+        keys = sorted({*self.swept, *earlier})
+        missing = [key for key in keys if key not in earlier]
+        if missing:  # a key the earlier sweep did not vary: its value as that job ran
+            old_config, old_choices = _job_files(run_dir)
+            earlier |= {key: job_value(old_config, old_choices, key) for key in missing}
+        identity = {key: job_value(config, choices, key) for key in keys}
+        differing = [key for key in keys if earlier[key] != identity[key]]
+        if differing:
+            values = ", ".join(f"{key}={earlier[key]} there, {identity[key]} here" for key in differing)
+            raise RunDirTaken(
+                Problem(
+                    "hydra.sweep.dir",
+                    f"{run_dir} holds another job, of an earlier sweep into this sweep dir ({values}): "
+                    "this job would resume its checkpoints and replace its files; nothing was written",
+                    "sweep into a new hydra.sweep.dir, or run the earlier sweep's command again to resume "
+                    "its jobs",
+                )
+            )
+        return identity
+
+    def record(self, run_dir: Path, identity: dict[str, Any]) -> None:
+        """Write :data:`SWEEP_JOB_FILE`: *run_dir* holds this job of this sweep, identified by *identity*."""
+        record = {"sweep": self.sweep, "job": self.num, "identity": identity}
+        (run_dir / SWEEP_JOB_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def job_value(config: DictConfig, choices: dict[str, str], key: str) -> Any:
+    """The value of *key* in a job: the option chosen for a group (``optim``), else the config's (plain data, None when absent)."""
+    if key in choices:
+        return choices[key]
+    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=False)  # values from the environment stay ${oc.env:...}
+    return value
+
+
+def _job_files(run_dir: Path) -> tuple[DictConfig, dict[str, str]]:
+    """The config and the choices a run dir's job ran with (empty when unreadable)."""
+    try:
+        config = OmegaConf.load(run_dir / CONFIG_FILE)
+    except Exception:
+        config = OmegaConf.create()
+    choices = _read_json(run_dir / PLAN_FILE).get("choices")
+    return (
+        config if isinstance(config, DictConfig) else OmegaConf.create(),
+        {str(k): str(v) for k, v in choices.items()} if isinstance(choices, dict) else {},
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How one job of a sweep ended: its number, run dir, and status (``completed``, ``failed``, ``interrupted``, :data:`REFUSED`)."""
+
+    num: int
+    run_dir: str
+    status: str
+
+
+REFUSED = "refused"
+"""The outcome of a job refused its run dir (:class:`RunDirTaken`): the run dir's files are another job's."""
+
+_CURRENT: list[SweepJob] = []
+"""The sweep job this process runs now (set when Hydra starts it, see :meth:`SweepOutcome.on_job_start`)."""
+
+_ENDED: list[JobOutcome] = []
+"""How the driver says this process's current sweep job ended, for :meth:`SweepOutcome.on_job_end`."""
+
+
+def current_job() -> SweepJob | None:
+    """The sweep job this process runs now (None outside a sweep)."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
+_LOST: list[JobOutcome] = []
+"""Jobs whose process died before Hydra's ``on_job_end`` could run there, as the sweep's launcher reported them."""
+
+
+def job_lost(num: int, run_dir: Path) -> None:
+    """A launcher's word, in the sweep's process, on job *num* whose process died before it could report (a Ray task killed)."""
+    _LOST.append(JobOutcome(num, str(run_dir), "failed"))
+
+
+def job_ended(run_dir: Path, status: str) -> None:
+    """The driver's word on how the current sweep job ended (nothing outside a sweep)."""
+    job = current_job()
+    if job is not None:
+        _ENDED[:] = [JobOutcome(job.num, str(run_dir), status)]
+
+
 FAILED_JOBS: list[Path] = []
 """The job dirs of the last sweep that did not complete (set when the sweep ends)."""
 
 
-def failed_jobs(sweep_dir: Path) -> list[Path]:
-    """The job dirs under *sweep_dir* whose ``summary.json`` says anything but ``completed``."""
-    failed = []
-    for path in sorted(sweep_dir.rglob("summary.json")):
-        try:
-            status = json.loads(path.read_text()).get("status")
-        except (OSError, ValueError):
-            status = None
-        if status != "completed":
-            failed.append(path.parent)
-    return failed
-
-
 class SweepOutcome(Callback):
-    """A Hydra callback: when a sweep ends, name its failed jobs so ``blocks run -m`` can exit non-zero."""
+    """A Hydra callback: follows a sweep's own jobs, so ``blocks run -m`` names those that failed and exits non-zero.
+
+    Hydra calls it in the sweep's process (``on_multirun_*``) and in each job's process
+    (``on_job_*``: the sweep's own under the basic launcher; joblib's, submitit's or a Ray
+    task's otherwise, each with a copy made when the sweep started). A job in the sweep's
+    process hands its outcome over in memory; one elsewhere writes it into a directory of this
+    sweep's own under the sweep dir, read and removed when the sweep ends. Nothing else in the
+    sweep dir counts: an earlier sweep's jobs there, or jobs of this one elsewhere (a sweep dir
+    that interpolates the recipe) are told apart.
+    """
+
+    def __init__(self) -> None:
+        self.sweep = ""
+        self.swept: tuple[str, ...] = ()
+        self.records = ""
+        self.pid = 0
+        self.outcomes: list[JobOutcome] = []
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Name this sweep, note the keys it varies and where jobs in other processes report."""
+        self.sweep = uuid.uuid4().hex
+        self.swept = swept_keys(config)
+        self.records = str(Path(str(config.hydra.sweep.dir)).resolve() / f".blocks-sweep-{self.sweep}")
+        self.pid = os.getpid()
+        self.outcomes = []
+        _LOST.clear()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Tell the job's driver which sweep job it runs (:func:`current_job`)."""
+        _ENDED.clear()
+        _CURRENT[:] = [SweepJob(self.sweep, int(config.hydra.job.num), self.swept)] if self.sweep else []
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        """Keep the job's outcome (in memory here, in a file from another process)."""
+        job = current_job()
+        _CURRENT.clear()
+        if not self.sweep or job is None:
+            return
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        outcome = _ENDED.pop() if _ENDED else JobOutcome(job.num, str(run_dir), _summary_status(run_dir))
+        if os.getpid() == self.pid:
+            self.outcomes.append(outcome)
+            return
+        records = Path(self.records)
+        records.mkdir(parents=True, exist_ok=True)
+        (records / f"{outcome.num}-{uuid.uuid4().hex}.json").write_text(json.dumps(asdict(outcome)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """Collect the failed jobs of the sweep dir into :data:`FAILED_JOBS` and say which they are."""
-        FAILED_JOBS[:] = failed_jobs(Path(str(config.hydra.sweep.dir)))
+        """Collect the sweep's failed jobs into :data:`FAILED_JOBS` and say which they are."""
+        outcomes = [*self.outcomes, *_LOST]
+        _LOST.clear()
+        records = Path(self.records) if self.records else None
+        if records is not None and records.is_dir():
+            for path in records.glob("*.json"):
+                data = _read_json(path)
+                if {"num", "run_dir", "status"} <= data.keys():
+                    outcomes.append(JobOutcome(int(data["num"]), str(data["run_dir"]), str(data["status"])))
+            shutil.rmtree(records, ignore_errors=True)
+        outcomes.sort(key=lambda o: o.num)
+        failed = [o for o in outcomes if o.status != "completed"]
+        FAILED_JOBS[:] = [Path(o.run_dir) for o in failed]
         if FAILED_JOBS:
-            names = ", ".join(str(p) for p in FAILED_JOBS)
+            names = ", ".join(
+                o.run_dir + (" (refused: it holds another job)" if o.status == REFUSED else "")
+                for o in failed
+            )
             print(
                 f"blocks: {len(FAILED_JOBS)} job(s) of the sweep did not complete: {names} "
                 "(their summary.json says why; blocks report SWEEP_DIR ranks every job)",
                 file=sys.stderr,
             )
+
+
+def _summary_status(run_dir: Path) -> str:
+    """What a job's ``summary.json`` says of it (``failed`` when it has none)."""
+    status = _read_json(run_dir / SUMMARY_FILE).get("status")
+    return str(status) if status else "failed"
