@@ -23,7 +23,8 @@ def _run(root: Path, run_dir: Path, *overrides: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``extended``: 10 steps completed, then on to 20 without a weights file; ``moved``: a run
-    moved aside, another in its old place (``other``); ``bf16``: a run in ``precision=bf16-true``."""
+    moved aside, another in its old place (``other``); ``bf16``: a run in ``precision=bf16-true``;
+    ``unfinished``: 10 steps completed without checkpoints, then a rerun that failed."""
     root = tmp_path_factory.mktemp("sources")
     extended = root / "extended"
     _run(root, extended, "trainer.max_steps=10")
@@ -32,11 +33,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (root / "a").rename(root / "a_old")
     _run(root, root / "a", "trainer.max_steps=20", "checkpoint.save_weights=false")
     _run(root, root / "bf16", "trainer.max_steps=5", "precision=bf16-true")
+    unfinished, no_checkpoints = root / "unfinished", "checkpoint.enabled=false"
+    _run(root, unfinished, "trainer.max_steps=10", no_checkpoints)
+    rerun = [
+        "run",
+        *TINY,
+        "trainer.max_steps=10",
+        no_checkpoints,
+        "optim.lr=1e12",
+        f"hydra.run.dir={unfinished}",
+    ]
+    assert run_in_process(rerun, cwd=root).returncode == 1  # diverges: it writes no weights
     return {
         "extended": extended,
         "moved": root / "a_old",
         "other": root / "a",
         "bf16": root / "bf16",
+        "unfinished": unfinished,
         "root": root,
     }
 
@@ -69,6 +82,39 @@ def test_a_later_session_of_the_run_dir_is_what_eval_and_export_read(
     finally:
         (run / "model.safetensors").unlink()
     assert meta["weights"] == {"url": str(newest), "step": 20} and meta["source"] == str(run)
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_the_last_completed_weights_stay_the_run_dirs_while_a_later_attempt_has_not_completed(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Regression: a rerun that failed (or was stopped) set the completed run's weights aside, and
+    eval, export and init_from found no weights in the run dir at all."""
+    from blocks.checkpoint.sources import find_weights
+    from blocks.launch.evaluate import evaluate
+
+    run = runs["unfinished"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    found = find_weights(str(run), key="source")
+    assert (found.url, found.step) == (str(run / ".completed-model.safetensors"), 10)
+    assert evaluate(str(run))["val/loss"] == pytest.approx(
+        json.loads((run / ".completed-summary.json").read_text())["metrics"]["val/loss"], abs=1e-6
+    )
+    # A rerun that completes without writing weights (checkpoint.save_weights=false): the set-aside
+    # file is the run's again when it trained the same weights, and gone when it trained others.
+    for seed, kept in ((0, True), (7, False)):  # 0: the seed it was trained with
+        copy = tmp_path / f"seed{seed}"
+        shutil.copytree(run, copy)
+        _run(
+            tmp_path,
+            copy,
+            "trainer.max_steps=10",
+            "checkpoint.enabled=false",
+            "checkpoint.save_weights=false",
+            f"trainer.seed={seed}",
+        )
+        assert (copy / "model.safetensors").exists() is kept
+        assert not (copy / ".completed-model.safetensors").exists()
 
 
 @pytest.mark.slow  # shares four tiny training runs

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     import torch
 
 WEIGHTS_FILE = "model.safetensors"
+COMPLETED_WEIGHTS_FILE = ".completed-model.safetensors"
+"""Run-dir names (as :mod:`blocks.core.run_files`, which this layer may not import): a completed run's weights,
+and those of the last completed run while a later attempt that has not completed set them aside."""
 RUN_CHECKPOINTS = "checkpoints"
 EXPORT_FILE = "model.json"
 START_FILE = ".resume-start.json"  # blocks.checkpoint.resume.START_FILE: the run dir's last job
@@ -49,7 +52,8 @@ def find_weights(source: str, key: str = "model.init_from") -> Weights:
 
     *source* is a ``.safetensors`` file, a committed checkpoint (a ``step-N`` directory with
     a manifest), an export directory (its ``model.safetensors``), or a run dir: its
-    ``model.safetensors`` unless a newer committed checkpoint of the run exists (one an
+    ``model.safetensors`` (or, while a later session that has not completed set it aside,
+    :data:`COMPLETED_WEIGHTS_FILE`) unless a newer committed checkpoint of the run exists (one an
     interrupted later session of the same run dir saved), else that newest checkpoint. A run
     dir's checkpoints are those of its own ``checkpoints/`` (also when the run dir was moved)
     or its ``checkpoint.dir``, and only those its last job saved or continued.
@@ -75,11 +79,14 @@ def find_weights(source: str, key: str = "model.init_from") -> Weights:
     if has_file and fs.isfile(store.join(root, EXPORT_FILE)):  # an export: its config names the run's dir
         return Weights(weights_file, file_step(weights_file))
     newest = _newest_checkpoint(source, key)
-    if has_file:
-        step = file_step(weights_file)
-        step = step if step is not None else _completed_step(source)  # a file written before steps were
+    set_aside = store.join(source, COMPLETED_WEIGHTS_FILE)
+    if has_file or fs.isfile(store.join(root, COMPLETED_WEIGHTS_FILE)):
+        url = weights_file if has_file else set_aside
+        step = file_step(url)
+        if step is None and has_file:
+            step = _completed_step(source)  # a file written before steps were
         if newest is None or (step is not None and step >= newest.manifest.step):
-            return Weights(weights_file, step)
+            return Weights(url, step)
     if newest is not None:
         return Weights(newest.url, newest.manifest.step)
     raise _missing(key, source, f"it holds no {WEIGHTS_FILE} and no committed checkpoint")

@@ -115,6 +115,8 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
                                 "failed",
                                 f"could not write {WEIGHTS_FILE}: {reason}",
                             )
+                    elif summary.status == "completed":  # checkpoint.save_weights=false
+                        _settle_set_aside_weights(run_dir, summary)
             summary.wall_s = time.perf_counter() - started
             if summary.status == "completed" and not built.recorder.samples_seen:
                 keep_finished_figures(summary, completed_before(run_dir))
@@ -130,6 +132,18 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
             if built.preemption is not None:
                 built.preemption.disarm()  # the grace timer and the signal handlers it armed
     return summary
+
+
+def _settle_set_aside_weights(run_dir: Path, summary: Summary) -> None:
+    """A completed run that writes no weights file: the last completed run's, set aside, are its own again if it trained nothing, else stale."""
+    set_aside = run_dir / COMPLETED_WEIGHTS_FILE
+    if not set_aside.exists():
+        return
+    finished = completed_before(run_dir)
+    if finished is not None and finished.state_digest and finished.state_digest == summary.state_digest:
+        os.replace(set_aside, run_dir / WEIGHTS_FILE)
+    else:
+        set_aside.unlink()
 
 
 def keep_finished_figures(summary: Summary, finished: Summary | None) -> None:
