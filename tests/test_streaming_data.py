@@ -13,6 +13,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import string
@@ -582,6 +583,52 @@ def test_data_source_prepares_the_files_added_since(tmp_path: Path) -> None:
     (corpus / "more.txt").write_text("more text " * 30)
     block.prepare()
     assert block.num_samples("train") > samples
+
+
+def as_prepared_before_shards_were_named_by_content(out: Path) -> None:
+    """Rewrite a prepared directory *out* as blocks prepared it before: shard names without their
+    content hash, records without options and largest id, shards without their sha256."""
+
+    def old(shard: dict) -> dict:
+        name = re.sub(r"-[0-9a-f]{16}(?=\.bin$)", "", shard["file"])
+        if name != shard["file"]:
+            (out / shard["file"]).rename(out / name)
+        return {"file": name, "tokens": shard["tokens"]}
+
+    for part in sorted((out / "parts").glob("*.json")):
+        record = json.loads(part.read_text())
+        record.pop("options"), record.pop("max_id")
+        record["splits"] = {k: [old(s) for s in v] for k, v in record["splits"].items()}
+        part.write_text(json.dumps(record))
+    raw = json.loads((out / MANIFEST).read_text())
+    raw.pop("max_id", None)
+    for split in raw["splits"].values():
+        split["shards"] = [
+            {"file": s["file"].rsplit("-", 1)[0] + ".bin", "tokens": s["tokens"]} for s in split["shards"]
+        ]
+    (out / MANIFEST).write_text(json.dumps(raw))
+
+
+def test_data_source_shards_prepared_by_an_earlier_release_are_kept_and_read_as_the_same_data(
+    tmp_path: Path,
+) -> None:
+    """Regression: shards data.source prepared before records held their options were prepared again
+    on the next plan, under new names (the old ones deleted), and a checkpoint trained on them was
+    refused as trained on other data (the content digest hashed the new names)."""
+    corpus = write_corpus(tmp_path / "corpus", files=2)
+    block = Stream(source=str(corpus), seq_len=SEQ_LEN, cache_dir=str(tmp_path / "cache"))
+    block.prepare()
+    digest = block.content_digest()
+    (out,) = (tmp_path / "cache" / "prepared").iterdir()
+    as_prepared_before_shards_were_named_by_content(out)
+    read_manifest.cache_clear()
+    assert block.content_digest() == digest, "the same tokens under the names they had"
+    files = sorted(p.name for p in out.glob("*.bin"))
+    assert files and all(re.fullmatch(r"(train|val)-\d{5}-\d{3}\.bin", name) for name in files), files
+    block.prepare()
+    read_manifest.cache_clear()
+    assert sorted(p.name for p in out.glob("*.bin")) == files, "nothing prepared again, nothing removed"
+    assert block.content_digest() == digest
 
 
 def test_a_manifest_the_reader_cannot_use_is_refused_naming_the_field(

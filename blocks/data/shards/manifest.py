@@ -6,6 +6,7 @@ import bisect
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -138,9 +139,17 @@ def content_digest(manifest: Manifest) -> str:
         key: value for key, value in manifest_json(manifest).items() if key not in ("sources", "max_id")
     }
     for split in content["splits"].values():  # as digested before shards carried their sha256 (in their name)
-        split["shards"] = [{"file": s["file"], "tokens": s["tokens"]} for s in split["shards"]]
+        split["shards"] = [{"file": _unversioned(s["file"]), "tokens": s["tokens"]} for s in split["shards"]]
     content["sources"] = [[source.get("size"), source.get("sha256")] for source in manifest.sources]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+_CONTENT_SUFFIX = re.compile(r"-[0-9a-f]{16}(?=\.bin$)")
+
+
+def _unversioned(name: str) -> str:
+    """A shard's file name without the content hash that names of shards prepared since carry (``-<16 hex>``)."""
+    return _CONTENT_SUFFIX.sub("", name)
 
 
 def plain_file_name(name: object) -> str:

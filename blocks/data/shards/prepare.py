@@ -302,8 +302,15 @@ def _vocab_of(tokenizer_json: str) -> int:
     return int(Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True))
 
 
-def prepare(source: str, out: str, options: PrepareOptions, *, progress: bool = True) -> Manifest:
-    """Prepare the shards of SOURCE in OUT (resuming a previous, interrupted prepare) and return the manifest."""
+def prepare(
+    source: str, out: str, options: PrepareOptions, *, progress: bool = True, legacy_options: bool = False
+) -> Manifest:
+    """Prepare the shards of SOURCE in OUT (resuming a previous, interrupted prepare) and return the manifest.
+
+    *legacy_options*: a ``parts`` record written before records held their options was made
+    with *options* (true where they never vary, as for ``data.source``); otherwise its source
+    is prepared again, since it may have been made with others.
+    """
     sources = source_files(source)
     if not sources:
         raise BlocksError(
@@ -324,7 +331,7 @@ def prepare(source: str, out: str, options: PrepareOptions, *, progress: bool = 
             done
             and done["source"] == url
             and done["tokenizer"] == tok_digest
-            and done.get("options") == options.shaping()
+            and done.get("options", options.shaping() if legacy_options else None) == options.shaping()
             and done["fingerprint"] == fingerprint(url)
         ):
             records[index] = done
@@ -342,12 +349,16 @@ def prepare(source: str, out: str, options: PrepareOptions, *, progress: bool = 
         documents=sum(r["documents"] for r in ordered),
         splits={
             split: tuple(
-                Shard(s["file"], s["tokens"], s["sha256"]) for r in ordered for s in r["splits"][split]
+                Shard(s["file"], s["tokens"], s.get("sha256", ""))
+                for r in ordered
+                for s in r["splits"][split]
             )
             for split in ("train", "val")
         },
         sources=tuple({"url": r["source"], "size": r["size"], "sha256": r["sha256"]} for r in ordered),
-        max_id=max((r["max_id"] for r in ordered), default=-1),
+        max_id=-1
+        if any("max_id" not in r for r in ordered)
+        else max((r["max_id"] for r in ordered), default=-1),
     )
     state = {"tokenizer": options.tokenizer, "tokenizer_sha256": tok_digest, **options.shaping()}
     if _read_json(f"{out}/prepare.json") != state:
@@ -407,4 +418,4 @@ def ensure_prepared(source: str, out: str, tokenizer: str) -> Manifest:
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return prepare(source, out, PrepareOptions(tokenizer=tokenizer), progress=False)
+        return prepare(source, out, PrepareOptions(tokenizer=tokenizer), progress=False, legacy_options=True)
