@@ -493,6 +493,11 @@ def test_the_cache_limit_holds_for_the_whole_cache_directory(s3, tmp_path: Path)
     options = PrepareOptions(val_fraction=0, shard_tokens=25, workers=1)
     corpus, cache = write_corpus(tmp_path / "corpus", files=2), tmp_path / "cache"
     limit = 200  # bytes: a shard holds at most 50, each data set 260
+    foreign = (
+        cache / "0123456789abcdef" / "notes.txt"
+    )  # another tool's file in a folder named like the cache's
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("not a shard")
     for url in ("s3://stream/limit-1", "s3://stream/limit-2"):
         prepare(str(corpus), url, options, progress=False)
         read_all(
@@ -506,6 +511,7 @@ def test_the_cache_limit_holds_for_the_whole_cache_directory(s3, tmp_path: Path)
             )
         )
     assert 0 < sum(p.stat().st_size for p in cache.rglob("*.bin")) <= limit
+    assert foreign.read_text() == "not a shard", "eviction removes the cache's own copies only"
 
 
 def test_an_unreadable_manifest_says_check_the_url_and_credentials(

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 URL_DIR = re.compile(r"[0-9a-f]{16}")
 """The cache's folders of fetched shards, one per shard directory URL (``data.source``'s prepared shards live elsewhere)."""
 
+CACHED_COPY = re.compile(r"[0-9a-f]{16}-")
+"""How the name of a fetched shard's copy begins (its content key): eviction removes nothing else."""
+
 
 def default_cache_dir() -> str:
     """``$BLOCKS_CACHE_DIR`` or ``~/.cache/blocks/shards``."""
@@ -194,7 +197,7 @@ class ShardCache:
                 continue
             for path in folder.iterdir():
                 try:
-                    if not path.name.startswith(".") and path.is_file():
+                    if CACHED_COPY.match(path.name) and path.is_file():
                         stats.append((path, path.stat()))
                 except FileNotFoundError:  # another process evicted it meanwhile
                     continue
