@@ -114,6 +114,35 @@ def test_the_keys_a_preset_searches_are_checked_before_any_trial(cli_in_process,
     assert_clean_failure(planned, "optim.lrr", "did you mean 'lr'")
 
 
+def test_a_search_is_planned_inside_its_intervals_under_a_sweeper_a_preset_chose(
+    cli_in_process, tmp_path
+) -> None:
+    """Regression: the trial planned before a search took an interval's low end (lr=0 refused for
+    ``interval(0,0.1)``, a search that runs), and a sweeper chosen by a preset was taken for the basic one."""
+    presets = tmp_path / "presets" / "experiment"
+    presets.mkdir(parents=True)
+    (presets / "search.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\nhydra:\n  sweeper:\n    n_trials: 2\n"
+    )
+    for args in (
+        [
+            "recipe=blobs",
+            "hparams_search=optuna",
+            "optim.lr=interval(0,0.1)",
+            "optim.weight_decay=tag(log,interval(1e-6,1))",
+        ],
+        [
+            "--config-dir",
+            str(tmp_path / "presets"),
+            "recipe=blobs",
+            "experiment=search",
+            "optim.lr=interval(0.01,0.1)",
+        ],
+    ):
+        planned = cli_in_process("plan", "-m", *args)
+        assert planned.returncode == 0 and "error" not in planned.output, planned.output
+
+
 def test_an_interval_without_optuna_names_its_key_and_optuna(cli_in_process, tmp_path) -> None:
     result = cli_in_process("run", "-m", "recipe=blobs", "optim.lr=interval(0.1,0.2)")
     assert_clean_failure(result, "optim.lr: interval(0.1,0.2)", "hparams_search=optuna")

@@ -355,19 +355,28 @@ def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tm
 
 
 @pytest.mark.slow
-def test_a_sweep_job_whose_ray_task_dies_fails_alone(on_ray: str, tmp_path: Path) -> None:
+def test_a_sweep_job_whose_ray_task_dies_fails_alone_and_an_interrupted_one_stops_the_sweep(
+    on_ray: str, tmp_path: Path
+) -> None:
     """A job that kills its own Ray worker (SIGKILL: no handler runs) gets a ``failed`` summary
-    naming the crash; the other job completes, and the sweep exits 1 naming the failed one."""
+    naming the crash while the others run on; a job a SIGTERM stopped (its driver exits 130, which
+    ends its task as a crash would) stops the sweep with 130, as under the basic launcher."""
     sweep = tmp_path / "sweep"
-    killer = "trainer.callbacks=[{_target_: tests.lightning_habits.KillOwnProcess, max_steps: 3}]"
-    args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2,3", "monitor.progress=off", killer]
+    callbacks = (
+        "trainer.callbacks=[{_target_: tests.lightning_habits.KillOwnProcess, max_steps: 3},"
+        " {_target_: tests.lightning_habits.SignalAtStep, step: 3}]"
+    )
+    args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2,3,20", "monitor.progress=off", callbacks]
     args += ["hydra/launcher=ray", f"hydra.sweep.dir={sweep}"]
     result = run_cli(
         args, cwd=tmp_path, timeout=300, env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)}
     )
-    assert result.returncode == 1, result.output[-3000:]
+    assert result.returncode == 130, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
     assert read_summary(sweep / "0")["status"] == "completed"
     crashed = read_summary(sweep / "1")
     assert crashed["status"] == "failed" and "Ray task died" in crashed["reason"], crashed
-    assert str(sweep / "1") in result.output
+    assert read_summary(sweep / "2")["status"] == "interrupted"
+    assert "job #2 was interrupted" in result.output and "the sweep stops" in result.output, result.output[
+        -3000:
+    ]

@@ -12,6 +12,7 @@ import functools
 import io
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -133,10 +134,42 @@ def _sweep_jobs(overrides: list[str], config_dir: str | None) -> list[list[str]]
     """The jobs ``blocks plan -m`` plans: every job of a basic sweep, or one trial of a search."""
     from blocks.launch.sweep import expand_sweep
 
-    searches = any(o.startswith("hparams_search=") for o in overrides) or any(
-        o.startswith("hydra/sweeper=") and o != "hydra/sweeper=basic" for o in overrides
+    return (
+        [_searched_trial(overrides, config_dir)]
+        if _searches(overrides, config_dir)
+        else expand_sweep(overrides)
     )
-    return [_searched_trial(overrides, config_dir)] if searches else expand_sweep(overrides)
+
+
+def _searches(overrides: list[str], config_dir: str | None) -> bool:
+    """Whether the sweep's sweeper searches a space (Optuna's) rather than running listed values (Hydra's basic one).
+
+    Read from the command line when it chooses the sweeper (``hydra/sweeper=``,
+    ``hparams_search=``); a search space there (``interval``, ``tag``) may belong to a sweeper a
+    preset chose, so only then is the sweep composed to read its ``hydra.sweeper``.
+    """
+    if any(o.startswith("hparams_search=") for o in overrides):
+        return True
+    named = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), None)
+    if named is not None:
+        return named != "basic"
+    if not any(_SEARCH_SPACE.search(o.split("=", 1)[-1]) for o in overrides):
+        return False
+    from omegaconf import OmegaConf
+
+    from blocks.core import jobs
+    from blocks.core.overrides import without_sweeps
+
+    try:
+        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
+    except BlocksError:
+        return False  # planning the jobs reports why it does not compose
+    target = OmegaConf.select(job.hydra_config, "hydra.sweeper._target_", default="")
+    return not str(target).endswith("BasicSweeper")
+
+
+_SEARCH_SPACE = re.compile(r"\b(interval|tag)\(")
+"""A value only a searching sweeper (Optuna's) takes: Hydra's basic sweeper runs listed values."""
 
 
 def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
@@ -311,17 +344,10 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         return _check_composes(list(parsed.overrides), parsed.config_dir)
     overrides = list(parsed.overrides)
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
-    sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "basic")
-    if any(
-        o.startswith("hparams_search=") for o in overrides
-    ):  # a conf/hparams_search preset picks its sweeper
-        sweeper = "preset"
-    if multirun and sweeper == "basic":
-        job_overrides = expand_sweep(overrides)
-    elif multirun:
-        job_overrides = [_searched_trial(overrides, parsed.config_dir)]
-    else:
+    if not multirun:
         return _check_single(overrides, parsed.config_dir)
+    searches = _searches(overrides, parsed.config_dir)
+    job_overrides = [_searched_trial(overrides, parsed.config_dir)] if searches else expand_sweep(overrides)
     failed = 0
     hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
     for one in job_overrides:
@@ -349,7 +375,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     shared = shared_checkpoint_dirs(
         [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
     )
-    if sweeper == "basic" and len(hydra_configs) == len(job_overrides):
+    if not searches and len(hydra_configs) == len(job_overrides):
         shared += shared_run_dirs(hydra_configs)
     if shared:
         print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -147,12 +148,19 @@ def _hydra_sweep_problem(key: str, value: str) -> Problem:
 
 
 def _representative(override: Any) -> str:
-    """``key=value`` for the first value a sweep override can take (its first choice, its low end)."""
+    """``key=value`` for a value a sweep override can take: its first choice, or a point inside its interval.
+
+    Inside, not an end: a search over ``interval(0, 0.1)`` never tries 0, which a key that must
+    be positive would refuse (the middle, or the geometric middle of a ``log`` interval).
+    """
     from hydra.core.override_parser.types import IntervalSweep, Override, Transformer
 
     value = override.value()
     if isinstance(value, IntervalSweep):
-        first = Override._get_value_element_as_str(value.start)
+        assert value.start is not None and value.end is not None  # the grammar requires both
+        start, end = float(value.start), float(value.end)
+        log = "log" in (value.tags or ()) and start > 0 and end > 0
+        first = Override._get_value_element_as_str(math.sqrt(start * end) if log else (start + end) / 2)
     else:
         first = next(iter(override.sweep_iterator(transformer=Transformer.str)))
     return f"{override.get_key_element()}={first}"

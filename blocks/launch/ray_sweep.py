@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -51,6 +52,7 @@ class RayLauncher(Launcher):
         import ray
 
         from blocks.launch.ray_workers import ADDRESS_ENV
+        from blocks.launch.torchrun import EXIT_INTERRUPTED
 
         setup_globals()
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
@@ -85,7 +87,13 @@ class RayLauncher(Launcher):
             try:  # one at a time: a job whose task dies fails alone, the others run on
                 results.append(ray.get(future))
             except ray.exceptions.RayError as exc:
-                results.append(self._crashed(initial_job_idx + idx, list(overrides), exc, started))
+                try:
+                    results.append(self._crashed(initial_job_idx + idx, list(overrides), exc, started))
+                except JobInterrupted as stop:  # as the basic launcher: an interrupted job ends the sweep
+                    for other in futures[idx + 1 :]:
+                        ray.cancel(other, force=True)
+                    print(f"blocks: {stop}; the sweep stops", file=sys.stderr)
+                    raise SystemExit(EXIT_INTERRUPTED) from None
         return results
 
     def _crashed(self, idx: int, overrides: list[str], error: Exception, started: float) -> JobReturn:
@@ -108,6 +116,8 @@ class RayLauncher(Launcher):
             sweep_config.hydra.job.num = idx
         HydraConfig.instance().set_config(sweep_config)
         run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
+        if interrupted_since(run_dir, started):  # its driver ended the task with exit status 130
+            raise JobInterrupted(f"job #{idx} was interrupted (its summary.json in {run_dir} says why)")
         reason = f"the job's Ray task died ({type(error).__name__}): " + str(error).splitlines()[0]
         log.error(f"job #{idx} ({' '.join(filter_overrides(overrides))}) crashed: {reason}")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +133,24 @@ class RayLauncher(Launcher):
             status=JobStatus.COMPLETED,
             _return_value=failed_objective(task_cfg),
         )
+
+
+class JobInterrupted(Exception):
+    """A sweep job's Ray task ended because a signal stopped the job (its ``summary.json`` says ``interrupted``)."""
+
+
+def interrupted_since(run_dir: Path, started: float) -> bool:
+    """Whether *run_dir*'s ``summary.json``, written since *started* (``time.time()``), says the job was interrupted.
+
+    A stopped job's driver exits 130, which ends its Ray task the way a crash would.
+    """
+    from blocks.launch.run_dir import SUMMARY_FILE, Summary
+
+    path = run_dir / SUMMARY_FILE
+    try:
+        return path.stat().st_mtime >= started and Summary.read(run_dir).status == "interrupted"
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _execute_job(
