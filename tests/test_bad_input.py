@@ -19,7 +19,7 @@ from blocks.cli.main import run_captured
 from blocks.core import jobs
 from blocks.core.checks import CPU
 from blocks.spec.errors import BlocksError, Problem
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 
 @contextlib.contextmanager
@@ -307,3 +307,57 @@ def test_a_validation_objective_without_a_validation_split_warns() -> None:
     found = [p for p in problems("recipe=blobs", "data.val_fraction=0") if p.key == "monitor.objective"]
     assert [p.check for p in found] == ["objective-validation"]
     assert not found[0].is_error
+
+
+# where the run dir goes (an unset shell variable, a file, an interpolation)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("hydra.run.dir=", "hydra.run.dir"),
+        ("hydra.sweep.dir=", "hydra.sweep.dir"),
+        ("hydra.run.dir=${nosuch}", "hydra.run.dir"),
+        ("hydra.run.dir=${oc.env:BLOCKS_TEST_NEVER_SET}", "hydra.run.dir"),
+        ("hydra.run.dir=/x/${hydra:nosuch}", "hydra.run.dir"),
+        ("hydra.sweep.dir=${nosuch}", "hydra.sweep.dir"),
+        ("hydra.sweep.subdir=${nosuch}", "hydra.sweep.subdir"),
+    ],
+)
+def test_a_run_dir_that_is_empty_or_unresolvable_is_an_error(override: str, key: str) -> None:
+    code, output = plan_cli("recipe=blobs", override)
+    assert code == 2, output
+    problem = problem_on(key, "recipe=blobs", override)
+    assert problem.fix.startswith(key) or "BLOCKS_TEST_NEVER_SET" in problem.fix
+
+
+def test_a_run_dir_at_or_under_a_file_is_an_error(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for override, key in (
+        (f"hydra.run.dir={afile}", "hydra.run.dir"),
+        (f"hydra.run.dir={afile}/x", "hydra.run.dir"),
+        (f"hydra.sweep.dir={afile}", "hydra.sweep.dir"),
+    ):
+        assert "is a file" in problem_on(key, "recipe=blobs", override).message
+
+
+def test_run_refuses_an_empty_run_dir_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("mine\n")
+    for override in ("hydra.run.dir=", "hydra.run.dir=/proc/blocks-nope/x"):
+        result = run_in_process(["run", "recipe=blobs", "trainer.max_steps=1", override], cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        assert "hydra.run.dir" in result.output
+        assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+    assert (tmp_path / "config.yaml").read_text() == "mine\n"
+
+
+def test_a_preset_run_dir_that_cannot_resolve_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nhydra:\n  run:\n    dir: ${nosuch}\n"
+    )
+    code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "experiment=mine")
+    assert code == 2, output
+    assert "hydra.run.dir" in output

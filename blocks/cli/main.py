@@ -405,7 +405,10 @@ def _pipeline_of(args: Sequence[str]) -> tuple[str, Pipeline] | None:
         entry = RECIPES.get(chosen[-1])
     except BlocksError:
         return None  # Hydra reports an unknown recipe with its own hint
-    pipeline = entry.pipeline()
+    try:
+        pipeline = entry.pipeline()
+    except Exception:  # composing makes the recipe again, and reports its file and line
+        return None
     return (entry.name, pipeline) if pipeline is not None else None
 
 
@@ -428,6 +431,10 @@ def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
     rest = []
     for arg in args:
         if arg.startswith("hydra.run.dir="):
+            if not arg.split("=", 1)[1].strip():
+                raise BlocksError(
+                    Problem("hydra.run.dir", "is empty, which is no directory", "hydra.run.dir=<a directory>")
+                )
             root = Path(arg.split("=", 1)[1])
         elif arg.startswith("-") or arg.startswith("hydra"):
             raise BlocksError(
@@ -491,6 +498,7 @@ def cmd_run(args: Sequence[str]) -> int:
 
     if checked is not None:
         assert checked.hydra_config is not None
+        _make_run_dir(checked.run_dir)
         run_composed(checked.hydra_config, functools.partial(run_and_say_where, checked=checked))
         return 0
     FAILED_JOBS.clear()
@@ -499,6 +507,20 @@ def cmd_run(args: Sequence[str]) -> int:
     finally:
         PLANNED.clear()
     return 1 if FAILED_JOBS else 0
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    """Create the run dir before Hydra does, so a path that cannot be created is a config error, not a traceback."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BlocksError(
+            Problem(
+                "hydra.run.dir",
+                f"the run dir '{run_dir}' cannot be created: {exc.strerror or exc}",
+                "hydra.run.dir=<a directory you can write>",
+            )
+        ) from None
 
 
 RUN_USAGE = """usage: blocks run [OVERRIDE ...] [-m] [--config-dir DIR] [--cfg job] [--info] [-sc install=bash]
