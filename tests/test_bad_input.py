@@ -361,3 +361,27 @@ def test_a_preset_run_dir_that_cannot_resolve_is_an_error(tmp_path: Path) -> Non
     code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "experiment=mine")
     assert code == 2, output
     assert "hydra.run.dir" in output
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["hydra.job_logging.root.level=NOPE", "hydra.hydra_logging.root.level=debug"],
+)
+def test_a_logging_level_that_is_not_one_is_an_error(override: str) -> None:
+    key = override.split("=")[0]
+    problem = problem_on(key, "recipe=blobs", override)
+    assert "not a logging level" in problem.message
+    assert f"{key}=INFO" in problem.fix
+    assert not [
+        p for p in problems("recipe=blobs", f"{key}=DEBUG", "hydra.job_logging.root.level=10") if p.is_error
+    ]
+
+
+def test_run_refuses_a_bad_logging_level_before_the_run_dir_exists(tmp_path: Path) -> None:
+    result = run_in_process(
+        ["run", "recipe=blobs", f"hydra.run.dir={tmp_path}/run", "hydra.job_logging.root.level=NOPE"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output
+    assert "hydra.job_logging.root.level" in result.output
+    assert not (tmp_path / "run").exists()

@@ -11,6 +11,7 @@ refuses them before Hydra starts and before any run dir exists.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -452,6 +453,26 @@ def _ext_problem(value: str, key: str) -> Problem:
     )
 
 
+LOG_LEVEL_AT = re.compile(r"hydra\.(?:job|hydra)_logging\.(?:root|(?:loggers|handlers)\.[^.]+)\.level")
+"""Where ``logging.config.dictConfig`` reads a level: the root logger, each logger, each handler."""
+
+
+def _level_problems(level: Any, key: str) -> list[Problem]:
+    """A logging level is one of logging's names (``INFO``) or a number; dictConfig raises on others when the job starts."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        return []
+    if isinstance(level, str) and ("${" in level or level in logging.getLevelNamesMapping()):
+        return []
+    names = [name for name in logging.getLevelNamesMapping() if name not in ("WARN", "FATAL")]
+    return [
+        Problem(
+            key,
+            f"'{level}' is not a logging level; logging would refuse it when the job starts",
+            f"{key}=<one of {', '.join(names)}> (e.g. {key}=INFO)",
+        )
+    ]
+
+
 def _logging_problems(value: Any, key: str) -> list[Problem]:
     """``logging.config.dictConfig`` imports ``class`` values, calls ``()`` factories, resolves ``ext://`` and opens ``filename``."""
     problems: list[Problem] = []
@@ -479,6 +500,8 @@ def _logging_problems(value: Any, key: str) -> list[Problem]:
                     )
             elif name == "filename":
                 problems += _log_file_problems(item, here)
+            elif name == "level" and LOG_LEVEL_AT.fullmatch(here):
+                problems += _level_problems(item, here)
             elif name == LOGGING_ATTRIBUTES:
                 problems.append(
                     Problem(
