@@ -385,3 +385,15 @@ def test_run_refuses_a_bad_logging_level_before_the_run_dir_exists(tmp_path: Pat
     assert result.returncode == 2, result.output
     assert "hydra.job_logging.root.level" in result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_appending_a_block_field_that_exists_is_refused_with_the_set_fix(
+    command: str, tmp_path: Path
+) -> None:
+    for given in (["+trainer.max_steps=5"], ["trainer.max_steps=10", "+trainer.max_steps=5"]):
+        result = run_in_process([command, "recipe=blobs", *given], cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        assert "error trainer.max_steps: '+trainer.max_steps=5' adds trainer.max_steps" in result.output
+        assert "fix: trainer.max_steps=5" in result.output
+    assert list(tmp_path.iterdir()) == []

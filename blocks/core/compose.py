@@ -420,6 +420,9 @@ def translate_compose_error(
                 check="unknown-key",
             )
         )
+    appended = next((o for o in overrides if o.startswith("+") and _key_of(o) == _key_of(override)), "")
+    if message.startswith("Could not append to config") and appended:
+        return ConfigError(appended_key_problem(appended))
     match = hydra_message("could_not_override", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
@@ -432,6 +435,45 @@ def translate_compose_error(
         f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
     )
     return ConfigError(Problem(key, message, fix if key else ""))
+
+
+def appended_key_problem(override: str) -> Problem:
+    """``+trainer.max_steps=5``: ``+`` adds a new key, and this one is there already (set it instead)."""
+    key, _, value = override.lstrip("+").partition("=")
+    return Problem(
+        key,
+        f"'{override}' adds {key}, which is already there ('+' adds a new key; a block's fields always exist)",
+        f"{key}={value}",
+        check="override-syntax",
+    )
+
+
+def appended_block_fields(overrides: Sequence[str], config: DictConfig) -> list[Problem]:
+    """A problem for each ``+kind.field=VALUE`` whose field the chosen block has.
+
+    Hydra refuses to add a plain value at a key that holds one, yet adds it where the field is
+    null: ``+trainer.max_steps=5`` would pass or fail by the recipe's default. A mapping or a
+    list is merged into the field, as Hydra does.
+    """
+    problems = []
+    for override in overrides:
+        value = override.partition("=")[2].strip()
+        if not override.startswith("+") or override.startswith("++") or value.startswith(("{", "[")):
+            continue  # Hydra merges a mapping or list into the field, as '+' says
+        kind, _, field = _key_of(override).partition(".")
+        node = config.get(kind) if kind in KINDS else None
+        if isinstance(node, DictConfig) and field in _block_fields(kind, node):
+            problems.append(appended_key_problem(override))
+    return problems
+
+
+def _block_fields(kind: str, node: DictConfig) -> set[str]:
+    """The fields of the block *node* chooses (none when it chooses no registered block)."""
+    try:
+        cls = active_registry().get(kind, str(node[BLOCK_KEY])).cls
+    except (RegistryError, OmegaConfBaseException):
+        return set()
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _sweep_without_multirun_problem(message: str, override: str) -> Problem:

@@ -21,6 +21,7 @@ from blocks.core.compose import (
     DEFAULT_RECIPE,
     PRIMARY_CONFIG,
     Composed,
+    appended_block_fields,
     config_to_blocks,
     field_keys,
     split_hydra,
@@ -149,6 +150,9 @@ def _job_once(
             if not catalogs.current().make_recipes():
                 raise
             raw = _compose_raw(overrides, config_dir)  # again, with every recipe's presets as options
+        appended = appended_block_fields(overrides, raw)
+        if appended:
+            raise ConfigError(appended)
         _refuse_hydra_targets(raw)
         launcher = launcher_problems(raw)
         if launcher:
