@@ -397,3 +397,22 @@ def test_appending_a_block_field_that_exists_is_refused_with_the_set_fix(
         assert "error trainer.max_steps: '+trainer.max_steps=5' adds trainer.max_steps" in result.output
         assert "fix: trainer.max_steps=5" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+# flags among the overrides
+
+
+def test_flags_may_come_between_overrides(tmp_path: Path) -> None:
+    plan = run_in_process(["plan", "recipe=blobs", "--json", "optim.lr=0.1"], cwd=tmp_path)
+    assert plan.returncode == 0, plan.output
+    assert '"lr": 0.1' in plan.output
+    sweep = run_in_process(
+        ["run", "recipe=blobs", "-m", "optim.lr=0.1,0.2", "trainer.max_steps=0"], cwd=tmp_path
+    )
+    assert sweep.returncode == 2, sweep.output
+    assert "no job of the sweep was started" in sweep.output and "error trainer.max_steps" in sweep.output
+    for command in ("plan", "run"):
+        unknown = run_in_process([command, "recipe=blobs", "--nosuch-flag", "optim.lr=0.1"], cwd=tmp_path)
+        assert unknown.returncode == 2, unknown.output
+        assert "--nosuch-flag" in unknown.output and "Traceback" not in unknown.output
+    assert list(tmp_path.iterdir()) == []

@@ -483,7 +483,7 @@ def cmd_run(args: Sequence[str]) -> int:
 
     if any(arg in ("-h", "--help") for arg in args):
         return cmd_run_help()
-    args = expand_group_globs(args)
+    args = expand_group_globs(_flags_first(args))
     chosen = _pipeline_of(args)
     if chosen is not None:
         return cmd_run_pipeline(*chosen, args)
@@ -707,6 +707,42 @@ def take_recipes_option(argv: list[str]) -> list[str]:
     return rest
 
 
+def _parse_intermixed(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """*argv* parsed with flags anywhere among the overrides (``plan recipe=x --json optim.lr=1``).
+
+    argparse takes one run of positionals; the overrides after a flag come back as extras, and
+    join the command's overrides in their order. An unknown flag is still an error.
+    """
+    args, extras = parser.parse_known_args(argv)
+    flags = [extra for extra in extras if extra.startswith("-")]
+    if flags or (extras and not isinstance(getattr(args, "overrides", None), list)):
+        parser.error(f"unrecognized arguments: {' '.join(flags or extras)}")
+    if extras:
+        args.overrides = [*args.overrides, *extras]
+    return args
+
+
+def _flags_first(args: Sequence[str]) -> list[str]:
+    """``blocks run``'s arguments with Hydra's flags before the overrides, so a flag may come anywhere.
+
+    Hydra's parser takes one run of overrides; ``run recipe=x -m optim.lr=1,2`` would end in its
+    usage text. An unknown flag is a config error naming it.
+    """
+    from blocks.compat.hydra_private import hydra_args_parser
+
+    parsed, extras = hydra_args_parser().parse_known_args(list(args))
+    flags = [extra for extra in extras if extra.startswith("-")]
+    if flags:
+        raise BlocksError(
+            Problem(flags[0], "is not a flag of blocks run", "see `blocks run --help` (overrides are key=value)")
+        )
+    overrides = [*parsed.overrides, *extras]
+    rest = list(args)
+    for override in overrides:
+        rest.remove(override)
+    return [*rest, *overrides]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``blocks`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -726,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         plan_help = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
         try:
-            args = build_parser(plan_help=plan_help).parse_args(argv)
+            args = _parse_intermixed(build_parser(plan_help=plan_help), argv)
         except BlocksError as exc:
             sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
         if args.command == "plan":
