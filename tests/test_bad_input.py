@@ -416,3 +416,43 @@ def test_flags_may_come_between_overrides(tmp_path: Path) -> None:
         assert unknown.returncode == 2, unknown.output
         assert "--nosuch-flag" in unknown.output and "Traceback" not in unknown.output
     assert list(tmp_path.iterdir()) == []
+
+
+# messages that named no key or gave a wrong fix
+
+
+@pytest.mark.parametrize("override", ["~trainer.max_steps", "~model.init_from", "~data.batch_size"])
+def test_deleting_a_block_field_says_fields_cannot_be_deleted(override: str) -> None:
+    problem = problem_on(override.lstrip("~"), "recipe=blobs", override)
+    assert "block fields cannot be deleted" in problem.fix
+    assert "did you mean" not in problem.message
+
+
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("optim.lr=${oc.env:BLOCKS_TEST_NEVER_SET}", "optim.lr='${oc.env:BLOCKS_TEST_NEVER_SET,<default>}'"),
+        ("checkpoint.dir=${hydra:runtime.output_dir}/ck", "write checkpoint.dir's value itself"),
+        ("optim.lr=${optim.nosuch}", "interpolate a key that exists"),
+    ],
+)
+def test_an_interpolation_error_fix_does_not_point_at_itself(override: str, fix: str) -> None:
+    problem = problem_on(override.split("=")[0], "recipe=blobs", override)
+    assert fix in problem.fix
+    assert "optim.lr='${optim.lr}'" not in problem.fix
+
+
+def test_config_dir_mistakes_name_the_option_or_the_file(tmp_path: Path) -> None:
+    code, output = plan_cli("--config-dir", str(tmp_path / "nosuch"), "recipe=blobs")
+    assert code == 2 and "error --config-dir:" in output and "is not a directory" in output, output
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "nobl.yaml").write_text("lr: 0.1\n")
+    (tmp_path / "optim" / "utf16.yaml").write_bytes("lr: 0.1\n".encode("utf-16"))
+    code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "optim=nobl")
+    flat = " ".join(output.split())
+    assert (
+        code == 2 and f"the optim preset 'nobl' ({tmp_path / 'optim' / 'nobl.yaml'}) has no _block_" in flat
+    ), output
+    code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "optim=utf16")
+    flat = " ".join(output.split())
+    assert code == 2 and f"{tmp_path / 'optim' / 'utf16.yaml'} is not UTF-8 text" in flat, output

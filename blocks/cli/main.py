@@ -734,7 +734,9 @@ def _flags_first(args: Sequence[str]) -> list[str]:
     flags = [extra for extra in extras if extra.startswith("-")]
     if flags:
         raise BlocksError(
-            Problem(flags[0], "is not a flag of blocks run", "see `blocks run --help` (overrides are key=value)")
+            Problem(
+                flags[0], "is not a flag of blocks run", "see `blocks run --help` (overrides are key=value)"
+            )
         )
     overrides = [*parsed.overrides, *extras]
     rest = list(args)

@@ -291,8 +291,26 @@ def _omegaconf_fix(key: str, message: str) -> str:
     if "not support deletion" in message:
         return f"block fields cannot be deleted; set a value instead ({key}=...)"
     if "nterpolation" in message or "resolving" in message:
-        return f"interpolate an existing key (e.g. {key}='${{optim.lr}}') or set a plain value"
+        return interpolation_fix(key, message)
     return f"give {key} a value of its field's type (see `blocks list {kind}`)" if key else ""
+
+
+_ENV_VARIABLE = re.compile(r"oc\.env:\s*([^,}\s]+)|Environment variable '([^']+)'")
+
+
+def interpolation_fix(key: str, text: str) -> str:
+    """How to fix an interpolation at *key* that does not resolve; *text* is its value and/or the error."""
+    env = _ENV_VARIABLE.search(text)
+    if env is not None:
+        name = env.group(1) or env.group(2)
+        return f"set the environment variable {name}, or give a default: {key}='${{oc.env:{name},<default>}}'"
+    if "HydraConfig was not set" in text or "${hydra:" in text:
+        return (
+            f"write {key}'s value itself: ${{hydra:...}} is resolved in Hydra's own settings (hydra.*) only "
+            "(a run's files, checkpoints included, go into its run dir by default)"
+        )
+    example = "${trainer.max_steps}" if key != "trainer.max_steps" else "${trainer.max_epochs}"
+    return f"interpolate a key that exists (e.g. {key}='{example}') or set a plain value"
 
 
 def _omegaconf_check(message: str) -> str:
@@ -428,6 +446,16 @@ def translate_compose_error(
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
     key = _key_of(override) if override else ""
     if override.startswith("~") and key.split(".", 1)[0] in KINDS and "." in key:
+        group, field = key.split(".", 1)
+        if field in (known_keys.get(group) or ()):  # a field whose value is null
+            return ConfigError(
+                Problem(
+                    key,
+                    f"'{override}' deletes a field of the {group} block",
+                    _omegaconf_fix(key, "not support deletion"),
+                    check="type",
+                )
+            )
         # ~key deletes a key; this one the chosen block does not have
         return ConfigError(_unknown_key_problem(key, known_keys))
     group = key.replace("/", ".").split(".", 1)[0]
