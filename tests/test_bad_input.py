@@ -456,3 +456,15 @@ def test_config_dir_mistakes_name_the_option_or_the_file(tmp_path: Path) -> None
     code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "optim=utf16")
     flat = " ".join(output.split())
     assert code == 2 and f"{tmp_path / 'optim' / 'utf16.yaml'} is not UTF-8 text" in flat, output
+
+
+def test_a_rank_variable_that_is_no_integer_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "abc")
+    result = run_in_process(
+        ["run", "recipe=blobs", "trainer.max_steps=1", f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path
+    )
+    assert result.returncode == 2, result.output
+    assert "error RANK:" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()

@@ -483,6 +483,7 @@ def cmd_run(args: Sequence[str]) -> int:
 
     if any(arg in ("-h", "--help") for arg in args):
         return cmd_run_help()
+    _refuse_non_integer_ranks()
     args = expand_group_globs(_flags_first(args))
     chosen = _pipeline_of(args)
     if chosen is not None:
@@ -507,6 +508,34 @@ def cmd_run(args: Sequence[str]) -> int:
     finally:
         PLANNED.clear()
     return 1 if FAILED_JOBS else 0
+
+
+RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "SLURM_PROCID",
+)
+"""Variables torch, Lightning and blocks read as integers (a process's place in a distributed job)."""
+
+
+def _refuse_non_integer_ranks() -> None:
+    """A rank variable that is set but no integer (``RANK=abc``) would crash the run inside Lightning."""
+    import os
+
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and not value.strip().lstrip("-").isdigit():
+            raise BlocksError(
+                Problem(
+                    name,
+                    f"the environment variable {name}={value!r} is not an integer; torch and Lightning read it as one",
+                    f"unset {name} (a launcher such as torchrun or SLURM sets it), or set it to a number",
+                )
+            )
 
 
 def _make_run_dir(run_dir: Path) -> None:
