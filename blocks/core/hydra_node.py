@@ -461,9 +461,9 @@ def _level_problems(level: Any, key: str) -> list[Problem]:
     """A logging level is one of logging's names (``INFO``) or a number; dictConfig raises on others when the job starts."""
     if isinstance(level, int) and not isinstance(level, bool):
         return []
-    if isinstance(level, str) and ("${" in level or level in logging.getLevelNamesMapping()):
+    if isinstance(level, str) and ("${" in level or isinstance(logging.getLevelName(level), int)):
         return []
-    names = [name for name in logging.getLevelNamesMapping() if name not in ("WARN", "FATAL")]
+    names = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
     return [
         Problem(
             key,
