@@ -436,7 +436,14 @@ def test_deleting_a_block_field_says_fields_cannot_be_deleted(override: str) -> 
         ("optim.lr=${optim.nosuch}", "interpolate a key that exists"),
     ],
 )
-def test_an_interpolation_error_fix_does_not_point_at_itself(override: str, fix: str) -> None:
+def test_an_interpolation_error_fix_does_not_point_at_itself(
+    override: str, fix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setattr(
+        HydraConfig.instance(), "cfg", None
+    )  # as in a fresh `blocks plan` (a run in this process set it)
     problem = problem_on(override.split("=")[0], "recipe=blobs", override)
     assert fix in problem.fix
     assert "optim.lr='${optim.lr}'" not in problem.fix
