@@ -12,7 +12,6 @@ refuses them before Hydra starts and before any run dir exists.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -264,7 +263,7 @@ def _unresolvable_dir(key: str, raw: Any, exc: Exception) -> Problem:
 def _dir_problems(
     hydra: DictConfig, settled: Mapping[str, tuple[Any, Problem | None]], plain: Mapping[Any, Any]
 ) -> list[Problem]:
-    """``hydra.run.dir``, ``hydra.sweep.dir`` and ``hydra.sweep.subdir``: a directory blocks can create and write.
+    """``hydra.run.dir``, ``hydra.sweep.dir`` and ``hydra.sweep.subdir``: a directory Hydra can create.
 
     Empty is the current directory, where a run would replace your own files; a ``${hydra:...}``
     naming no setting becomes ``None``; a path at or under a file cannot be created. In a known
@@ -314,24 +313,19 @@ def _has(hydra: DictConfig, name: str) -> bool:
 
 
 def _uncreatable(directory: str, key: str) -> list[Problem]:
-    """A problem when *directory* (or a folder above it) is a file, or lies in a folder that cannot be written."""
+    """A problem when *directory*, or a folder above it, is a file: Hydra could not create it.
+
+    Whether a folder can be written is left to the run (``blocks run`` creates the run dir
+    first and names the key): a plan may be made where the run will not be.
+    """
     target = Path(directory).absolute()
     for at in (target, *target.parents):
         if not (at.exists() or at.is_symlink()):
             continue
-        if at.is_dir() and (at == target or os.access(at, os.W_OK)):
-            return []
         if at.is_dir():
-            what = f"'{at}' cannot be written"
-        else:
-            what = "it is a file" if at == target else f"'{at}' is a file"
-        return [
-            Problem(
-                key,
-                f"'{directory}' cannot be created: {what}",
-                f"{key}=<a directory you can write>",
-            )
-        ]
+            return []
+        what = "it is a file" if at == target else f"'{at}' is a file"
+        return [Problem(key, f"'{directory}' cannot be created: {what}", f"{key}=<a directory>")]
     return []
 
 
