@@ -475,3 +475,11 @@ def test_a_rank_variable_that_is_no_integer_is_an_error(
     assert result.returncode == 2, result.output
     assert "error RANK:" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_pipeline_refuses_an_empty_run_dir(tmp_path: Path) -> None:
+    for command in ("plan", "run"):
+        result = run_in_process([command, "recipe=digits_pipeline", "hydra.run.dir="], cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        assert "error hydra.run.dir: is empty" in result.output
+    assert list(tmp_path.iterdir()) == []
