@@ -19,7 +19,7 @@ from blocks.cli.main import run_captured
 from blocks.core import jobs
 from blocks.core.checks import CPU
 from blocks.spec.errors import BlocksError, Problem
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 
 @contextlib.contextmanager
@@ -307,3 +307,179 @@ def test_a_validation_objective_without_a_validation_split_warns() -> None:
     found = [p for p in problems("recipe=blobs", "data.val_fraction=0") if p.key == "monitor.objective"]
     assert [p.check for p in found] == ["objective-validation"]
     assert not found[0].is_error
+
+
+# where the run dir goes (an unset shell variable, a file, an interpolation)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("hydra.run.dir=", "hydra.run.dir"),
+        ("hydra.sweep.dir=", "hydra.sweep.dir"),
+        ("hydra.run.dir=${nosuch}", "hydra.run.dir"),
+        ("hydra.run.dir=${oc.env:BLOCKS_TEST_NEVER_SET}", "hydra.run.dir"),
+        ("hydra.run.dir=/x/${hydra:nosuch}", "hydra.run.dir"),
+        ("hydra.sweep.dir=${nosuch}", "hydra.sweep.dir"),
+        ("hydra.sweep.subdir=${nosuch}", "hydra.sweep.subdir"),
+    ],
+)
+def test_a_run_dir_that_is_empty_or_unresolvable_is_an_error(override: str, key: str) -> None:
+    code, output = plan_cli("recipe=blobs", override)
+    assert code == 2, output
+    problem = problem_on(key, "recipe=blobs", override)
+    assert problem.fix.startswith(key) or "BLOCKS_TEST_NEVER_SET" in problem.fix
+
+
+def test_a_run_dir_at_or_under_a_file_is_an_error(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for override, key in (
+        (f"hydra.run.dir={afile}", "hydra.run.dir"),
+        (f"hydra.run.dir={afile}/x", "hydra.run.dir"),
+        (f"hydra.sweep.dir={afile}", "hydra.sweep.dir"),
+    ):
+        assert "is a file" in problem_on(key, "recipe=blobs", override).message
+
+
+def test_run_refuses_an_empty_run_dir_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("mine\n")
+    for override in ("hydra.run.dir=", "hydra.run.dir=/proc/blocks-nope/x"):
+        result = run_in_process(["run", "recipe=blobs", "trainer.max_steps=1", override], cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        assert "hydra.run.dir" in result.output
+        assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+    assert (tmp_path / "config.yaml").read_text() == "mine\n"
+
+
+def test_a_preset_run_dir_that_cannot_resolve_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nhydra:\n  run:\n    dir: ${nosuch}\n"
+    )
+    code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "experiment=mine")
+    assert code == 2, output
+    assert "hydra.run.dir" in output
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["hydra.job_logging.root.level=NOPE", "hydra.hydra_logging.root.level=debug"],
+)
+def test_a_logging_level_that_is_not_one_is_an_error(override: str) -> None:
+    key = override.split("=")[0]
+    problem = problem_on(key, "recipe=blobs", override)
+    assert "not a logging level" in problem.message
+    assert f"{key}=INFO" in problem.fix
+    assert not [
+        p for p in problems("recipe=blobs", f"{key}=DEBUG", "hydra.job_logging.root.level=10") if p.is_error
+    ]
+
+
+def test_run_refuses_a_bad_logging_level_before_the_run_dir_exists(tmp_path: Path) -> None:
+    result = run_in_process(
+        ["run", "recipe=blobs", f"hydra.run.dir={tmp_path}/run", "hydra.job_logging.root.level=NOPE"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output
+    assert "hydra.job_logging.root.level" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_appending_a_block_field_that_exists_is_refused_with_the_set_fix(
+    command: str, tmp_path: Path
+) -> None:
+    for given in (["+trainer.max_steps=5"], ["trainer.max_steps=10", "+trainer.max_steps=5"]):
+        result = run_in_process([command, "recipe=blobs", *given], cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        assert "error trainer.max_steps: '+trainer.max_steps=5' adds trainer.max_steps" in result.output
+        assert "fix: trainer.max_steps=5" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+# flags among the overrides
+
+
+def test_flags_may_come_between_overrides(tmp_path: Path) -> None:
+    plan = run_in_process(["plan", "recipe=blobs", "--json", "optim.lr=0.1"], cwd=tmp_path)
+    assert plan.returncode == 0, plan.output
+    assert '"lr": 0.1' in plan.output
+    sweep = run_in_process(
+        ["run", "recipe=blobs", "-m", "optim.lr=0.1,0.2", "trainer.max_steps=0"], cwd=tmp_path
+    )
+    assert sweep.returncode == 2, sweep.output
+    assert "no job of the sweep was started" in sweep.output and "error trainer.max_steps" in sweep.output
+    for command in ("plan", "run"):
+        unknown = run_in_process([command, "recipe=blobs", "--nosuch-flag", "optim.lr=0.1"], cwd=tmp_path)
+        assert unknown.returncode == 2, unknown.output
+        assert "--nosuch-flag" in unknown.output and "Traceback" not in unknown.output
+    assert list(tmp_path.iterdir()) == []
+
+
+# messages that named no key or gave a wrong fix
+
+
+@pytest.mark.parametrize("override", ["~trainer.max_steps", "~model.init_from", "~data.batch_size"])
+def test_deleting_a_block_field_says_fields_cannot_be_deleted(override: str) -> None:
+    problem = problem_on(override.lstrip("~"), "recipe=blobs", override)
+    assert "block fields cannot be deleted" in problem.fix
+    assert "did you mean" not in problem.message
+
+
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("optim.lr=${oc.env:BLOCKS_TEST_NEVER_SET}", "optim.lr='${oc.env:BLOCKS_TEST_NEVER_SET,<default>}'"),
+        ("checkpoint.dir=${hydra:runtime.output_dir}/ck", "write checkpoint.dir's value itself"),
+        ("optim.lr=${optim.nosuch}", "interpolate a key that exists"),
+    ],
+)
+def test_an_interpolation_error_fix_does_not_point_at_itself(
+    override: str, fix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setattr(
+        HydraConfig.instance(), "cfg", None
+    )  # as in a fresh `blocks plan` (a run in this process set it)
+    problem = problem_on(override.split("=")[0], "recipe=blobs", override)
+    assert fix in problem.fix
+    assert "optim.lr='${optim.lr}'" not in problem.fix
+
+
+def test_config_dir_mistakes_name_the_option_or_the_file(tmp_path: Path) -> None:
+    code, output = plan_cli("--config-dir", str(tmp_path / "nosuch"), "recipe=blobs")
+    assert code == 2 and "error --config-dir:" in output and "is not a directory" in output, output
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "nobl.yaml").write_text("lr: 0.1\n")
+    (tmp_path / "optim" / "utf16.yaml").write_bytes("lr: 0.1\n".encode("utf-16"))
+    code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "optim=nobl")
+    flat = " ".join(output.split())
+    assert (
+        code == 2 and f"the optim preset 'nobl' ({tmp_path / 'optim' / 'nobl.yaml'}) has no _block_" in flat
+    ), output
+    code, output = plan_cli("--config-dir", str(tmp_path), "recipe=blobs", "optim=utf16")
+    flat = " ".join(output.split())
+    assert code == 2 and f"{tmp_path / 'optim' / 'utf16.yaml'} is not UTF-8 text" in flat, output
+
+
+def test_a_rank_variable_that_is_no_integer_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "abc")
+    result = run_in_process(
+        ["run", "recipe=blobs", "trainer.max_steps=1", f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path
+    )
+    assert result.returncode == 2, result.output
+    assert "error RANK:" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_pipeline_refuses_an_empty_run_dir(tmp_path: Path) -> None:
+    for command in ("plan", "run"):
+        result = run_in_process([command, "recipe=digits_pipeline", "hydra.run.dir="], cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        assert "error hydra.run.dir: is empty" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -314,3 +314,45 @@ def test_hydra_flags_work(cli) -> None:
     assert result.returncode == 0, result.output
     assert "lr: 0.5" in result.stdout
     assert "_block_: adamw" in result.stdout
+
+
+RAISING_RECIPES = {
+    "raises.py": "from blocks import Recipe, recipe\n\n@recipe('raises')\ndef raises() -> Recipe:\n    raise RuntimeError('boom')\n",
+    "takes_args.py": "from blocks import Recipe, recipe\n\n@recipe('takes_args')\ndef takes_args(x) -> Recipe:\n    return x\n",
+    "exits.py": "raise SystemExit(5)\n",
+}
+
+
+def test_a_recipe_that_raises_or_exits_is_a_clean_error(tmp_path) -> None:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    for name, text in RAISING_RECIPES.items():
+        (recipes / name).write_text(text)
+    commands = [
+        ["plan", "recipe=raises"],
+        ["run", "recipe=raises"],
+        ["plan", "recipe=takes_args"],
+        ["plan", "recipe=blobs"],
+    ]
+    launcher = (
+        "import json, sys\n"
+        "from blocks.cli.main import run_captured\n"
+        "print(json.dumps([run_captured(['--recipes', sys.argv[1], *c]) for c in json.loads(sys.argv[2])]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", launcher, str(recipes), json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert done.returncode == 0, done.stderr
+    (plan, run, args, blobs) = json.loads(done.stdout.splitlines()[-1])
+    raises = f"recipe 'raises' could not be loaded: {(recipes / 'raises.py').resolve()}:5 raised RuntimeError: boom"
+    for code, output in (plan, run):
+        assert code == 2 and "Traceback" not in output, output
+        assert raises in " ".join(output.split()), output
+    assert args[0] == 2 and "raised TypeError" in args[1] and "Traceback" not in args[1], args[1]
+    assert blobs[0] == 0, blobs[1]
+    assert "exits.py:1 raised SystemExit: 5" in " ".join(blobs[1].split()), blobs[1]

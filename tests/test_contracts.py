@@ -143,7 +143,7 @@ def test_a_key_of_another_block_names_the_blocks_that_have_it() -> None:
     [
         ("optim.lr=null", "optim.lr", "cannot be null"),
         ("model.hidden=3", "model.hidden", "model.hidden=[64,64]"),
-        ("optim.lr=${oc.env:BLOCKS_NOT_SET}", "optim.lr", "interpolate an existing key"),
+        ("optim.lr=${oc.env:BLOCKS_NOT_SET}", "optim.lr", "set the environment variable BLOCKS_NOT_SET"),
         ("data.batch_size=${optim.lr}", "data.batch_size", "type integer"),
         ("data=null", "data", "blocks list data"),
     ],

@@ -56,6 +56,19 @@ def test_a_rerun_with_nothing_left_to_train_keeps_the_finished_runs_figures(
     assert before["samples_per_s"] > 0 and before["steady_samples_per_s"] is not None
 
 
+def test_a_changed_rerun_with_nothing_left_to_train_keeps_the_finished_runs_record(
+    finished: Path, tmp_path: Path
+) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    kept = {name: (run_dir / name).read_text() for name in ("config.yaml", "plan.json", "summary.json")}
+    args = [*QUIET, "trainer.max_steps=20", f"hydra.run.dir={run_dir}", "optim.lr=0.5"]
+    result = run_in_process(["run", *args], cwd=tmp_path)
+    assert result.returncode == 2, result.output
+    assert "optim.lr: the run in" in result.output and "trained all its 20 steps" in result.output
+    assert "raise trainer.max_steps above 20" in result.output and "Traceback" not in result.output
+    assert {name: (run_dir / name).read_text() for name in kept} == kept
+
+
 def test_an_extension_killed_midway_leaves_no_completed_summary(finished: Path, tmp_path: Path) -> None:
     run_dir = copy_of(finished, tmp_path)
     args = [*ARGS, "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]

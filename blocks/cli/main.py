@@ -483,7 +483,10 @@ def _pipeline_of(args: Sequence[str]) -> tuple[str, Pipeline] | None:
         entry = RECIPES.get(chosen[-1])
     except BlocksError:
         return None  # Hydra reports an unknown recipe with its own hint
-    pipeline = entry.pipeline()
+    try:
+        pipeline = entry.pipeline()
+    except Exception:  # composing makes the recipe again, and reports its file and line
+        return None
     return (entry.name, pipeline) if pipeline is not None else None
 
 
@@ -506,6 +509,10 @@ def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
     rest = []
     for arg in args:
         if arg.startswith("hydra.run.dir="):
+            if not arg.split("=", 1)[1].strip():
+                raise BlocksError(
+                    Problem("hydra.run.dir", "is empty, which is no directory", "hydra.run.dir=<a directory>")
+                )
             root = Path(arg.split("=", 1)[1])
         elif arg.startswith("-") or arg.startswith("hydra"):
             raise BlocksError(
@@ -556,7 +563,8 @@ def cmd_run(args: Sequence[str]) -> int:
 
     if any(arg in ("-h", "--help") for arg in args):
         return cmd_run_help()
-    args = expand_group_globs(args)
+    _refuse_non_integer_ranks()
+    args = expand_group_globs(_flags_first(args))
     chosen = _pipeline_of(args)
     if chosen is not None:
         return cmd_run_pipeline(*chosen, args)
@@ -571,6 +579,7 @@ def cmd_run(args: Sequence[str]) -> int:
 
     if checked is not None:
         assert checked.hydra_config is not None
+        _make_run_dir(checked.run_dir)
         run_composed(checked.hydra_config, functools.partial(run_and_say_where, checked=checked))
         return 0
     FAILED_JOBS.clear()
@@ -579,6 +588,48 @@ def cmd_run(args: Sequence[str]) -> int:
     finally:
         PLANNED.clear()
     return 1 if FAILED_JOBS else 0
+
+
+RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "SLURM_PROCID",
+)
+"""Variables torch, Lightning and blocks read as integers (a process's place in a distributed job)."""
+
+
+def _refuse_non_integer_ranks() -> None:
+    """A rank variable that is set but no integer (``RANK=abc``) would crash the run inside Lightning."""
+    import os
+
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and not value.strip().lstrip("-").isdigit():
+            raise BlocksError(
+                Problem(
+                    name,
+                    f"the environment variable {name}={value!r} is not an integer; torch and Lightning read it as one",
+                    f"unset {name} (a launcher such as torchrun or SLURM sets it), or set it to a number",
+                )
+            )
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    """Create the run dir before Hydra does, so a path that cannot be created is a config error, not a traceback."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BlocksError(
+            Problem(
+                "hydra.run.dir",
+                f"the run dir '{run_dir}' cannot be created: {exc.strerror or exc}",
+                "hydra.run.dir=<a directory you can write>",
+            )
+        ) from None
 
 
 RUN_USAGE = """usage: blocks run [OVERRIDE ...] [-m] [--config-dir DIR] [--cfg job] [--info] [-sc install=bash]
@@ -765,15 +816,42 @@ def take_recipes_option(argv: list[str]) -> list[str]:
     return rest
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """*argv* parsed; ``blocks eval``'s overrides may also come after its options (``--split test data.seed=1``)."""
-    if argv[:1] != ["eval"]:
-        return parser.parse_args(argv)
-    args, extra = parser.parse_known_args(argv)
-    if any(arg.startswith("-") for arg in extra):
-        return parser.parse_args(argv)  # argparse names the unknown option
-    args.overrides = [*args.overrides, *extra]
+def _parse_intermixed(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """*argv* parsed with flags anywhere among the overrides (``plan recipe=x --json optim.lr=1``).
+
+    argparse takes one run of positionals; the overrides after a flag come back as extras, and
+    join the command's overrides in their order. An unknown flag is still an error.
+    """
+    args, extras = parser.parse_known_args(argv)
+    flags = [extra for extra in extras if extra.startswith("-")]
+    if flags or (extras and not isinstance(getattr(args, "overrides", None), list)):
+        parser.error(f"unrecognized arguments: {' '.join(flags or extras)}")
+    if extras:
+        args.overrides = [*args.overrides, *extras]
     return args
+
+
+def _flags_first(args: Sequence[str]) -> list[str]:
+    """``blocks run``'s arguments with Hydra's flags before the overrides, so a flag may come anywhere.
+
+    Hydra's parser takes one run of overrides; ``run recipe=x -m optim.lr=1,2`` would end in its
+    usage text. An unknown flag is a config error naming it.
+    """
+    from blocks.compat.hydra_private import hydra_args_parser
+
+    parsed, extras = hydra_args_parser().parse_known_args(list(args))
+    flags = [extra for extra in extras if extra.startswith("-")]
+    if flags:
+        raise BlocksError(
+            Problem(
+                flags[0], "is not a flag of blocks run", "see `blocks run --help` (overrides are key=value)"
+            )
+        )
+    overrides = [*parsed.overrides, *extras]
+    rest = list(args)
+    for override in overrides:
+        rest.remove(override)
+    return [*rest, *overrides]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -795,7 +873,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         plan_help = argv[:1] == ["plan"] and any(arg in ("-h", "--help") for arg in argv)
         try:
-            args = _parse(build_parser(plan_help=plan_help), argv)
+            args = _parse_intermixed(build_parser(plan_help=plan_help), argv)
         except BlocksError as exc:
             sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
         if args.command == "plan":

@@ -236,12 +236,14 @@ class Catalog:
         try:
             with self.active():
                 made = _made_recipe(recipe_entry, self.registry)
-        except Exception as exc:
+        except (
+            Exception,
+            SystemExit,
+        ) as exc:  # a recipe that exits is a broken recipe, not the end of blocks
             source = inspect.getsourcefile(recipe_entry.fn)
             path = Path(source).resolve() if source else Path(recipe_entry.source)
-            _record(
-                LoadProblem(path, describe_exception(exc), (recipe_entry.name,), _line_in(exc, path), "call")
-            )
+            line = _line_in(exc, path) or _first_line(recipe_entry.fn)
+            _record(LoadProblem(path, describe_exception(exc), (recipe_entry.name,), line, "call"))
             made = None
         self._made[recipe_entry.name] = made
         return made
@@ -445,7 +447,7 @@ def load_project_recipes(directories: tuple[Path, ...]) -> list[LoadProblem]:
             except DuplicateName:
                 sys.modules.pop(module_name, None)
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a file that exits at import is a load problem too
                 sys.modules.pop(module_name, None)
                 problem = LoadProblem(
                     path.resolve(), describe_exception(exc), _declared_recipes(path), _line_in(exc, path)
@@ -484,7 +486,7 @@ def load_recipe_files(directory: Path, *, package: str = "blocks") -> list[LoadP
             continue
         try:
             _import_file(module_name, path)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a file that exits at import is a load problem too
             problem = LoadProblem(
                 path.resolve(), describe_exception(exc), _declared_recipes(path), _line_in(exc, path)
             )
@@ -509,6 +511,12 @@ def _declared_recipes(path: Path) -> tuple[str, ...]:
         return tuple(_RECIPE_DECORATOR.findall(path.read_text(errors="replace")))
     except OSError:
         return ()
+
+
+def _first_line(fn: Any) -> int | None:
+    """The line of *fn*'s ``def`` (a call with the wrong arguments raises before its body runs)."""
+    code = getattr(fn, "__code__", None)
+    return code.co_firstlineno if code is not None else None
 
 
 def _line_in(exc: BaseException, path: Path) -> int | None:

@@ -293,8 +293,26 @@ def _omegaconf_fix(key: str, message: str) -> str:
     if "not support deletion" in message:
         return f"block fields cannot be deleted; set a value instead ({key}=...)"
     if "nterpolation" in message or "resolving" in message:
-        return f"interpolate an existing key (e.g. {key}='${{optim.lr}}') or set a plain value"
+        return interpolation_fix(key, message)
     return f"give {key} a value of its field's type (see `blocks list {kind}`)" if key else ""
+
+
+_ENV_VARIABLE = re.compile(r"oc\.env:\s*([^,}\s]+)|Environment variable '([^']+)'")
+
+
+def interpolation_fix(key: str, text: str) -> str:
+    """How to fix an interpolation at *key* that does not resolve; *text* is its value and/or the error."""
+    env = _ENV_VARIABLE.search(text)
+    if env is not None:
+        name = env.group(1) or env.group(2)
+        return f"set the environment variable {name}, or give a default: {key}='${{oc.env:{name},<default>}}'"
+    if "HydraConfig was not set" in text or "${hydra:" in text:
+        return (
+            f"write {key}'s value itself: ${{hydra:...}} is resolved in Hydra's own settings (hydra.*) only "
+            "(a run's files, checkpoints included, go into its run dir by default)"
+        )
+    example = "${trainer.max_steps}" if key != "trainer.max_steps" else "${trainer.max_epochs}"
+    return f"interpolate a key that exists (e.g. {key}='{example}') or set a plain value"
 
 
 def _omegaconf_check(message: str) -> str:
@@ -422,11 +440,24 @@ def translate_compose_error(
                 check="unknown-key",
             )
         )
+    appended = next((o for o in overrides if o.startswith("+") and _key_of(o) == _key_of(override)), "")
+    if message.startswith("Could not append to config") and appended:
+        return ConfigError(appended_key_problem(appended))
     match = hydra_message("could_not_override", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
     key = _key_of(override) if override else ""
     if override.startswith("~") and key.split(".", 1)[0] in KINDS and "." in key:
+        group, field = key.split(".", 1)
+        if field in (known_keys.get(group) or ()):  # a field whose value is null
+            return ConfigError(
+                Problem(
+                    key,
+                    f"'{override}' deletes a field of the {group} block",
+                    _omegaconf_fix(key, "not support deletion"),
+                    check="type",
+                )
+            )
         # ~key deletes a key; this one the chosen block does not have
         return ConfigError(_unknown_key_problem(key, known_keys))
     group = key.replace("/", ".").split(".", 1)[0]
@@ -434,6 +465,45 @@ def translate_compose_error(
         f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
     )
     return ConfigError(Problem(key, message, fix if key else ""))
+
+
+def appended_key_problem(override: str) -> Problem:
+    """``+trainer.max_steps=5``: ``+`` adds a new key, and this one is there already (set it instead)."""
+    key, _, value = override.lstrip("+").partition("=")
+    return Problem(
+        key,
+        f"'{override}' adds {key}, which is already there ('+' adds a new key; a block's fields always exist)",
+        f"{key}={value}",
+        check="override-syntax",
+    )
+
+
+def appended_block_fields(overrides: Sequence[str], config: DictConfig) -> list[Problem]:
+    """A problem for each ``+kind.field=VALUE`` whose field the chosen block has.
+
+    Hydra refuses to add a plain value at a key that holds one, yet adds it where the field is
+    null: ``+trainer.max_steps=5`` would pass or fail by the recipe's default. A mapping or a
+    list is merged into the field, as Hydra does.
+    """
+    problems = []
+    for override in overrides:
+        value = override.partition("=")[2].strip()
+        if not override.startswith("+") or override.startswith("++") or value.startswith(("{", "[")):
+            continue  # Hydra merges a mapping or list into the field, as '+' says
+        kind, _, field = _key_of(override).partition(".")
+        node = config.get(kind) if kind in KINDS else None
+        if isinstance(node, DictConfig) and field in _block_fields(kind, node):
+            problems.append(appended_key_problem(override))
+    return problems
+
+
+def _block_fields(kind: str, node: DictConfig) -> set[str]:
+    """The fields of the block *node* chooses (none when it chooses no registered block)."""
+    try:
+        cls = active_registry().get(kind, str(node[BLOCK_KEY])).cls
+    except (RegistryError, OmegaConfBaseException):
+        return set()
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _sweep_without_multirun_problem(message: str, override: str) -> Problem:

@@ -11,8 +11,10 @@ refuses them before Hydra starts and before any run dir exists.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf
@@ -64,7 +66,7 @@ REMOTE_HANDLERS = frozenset(
 
 PER_JOB = re.compile(r"\$\{hydra[.:]job\.(?:num|id)\}")
 """What Hydra's launcher sets for each job of a sweep, after the check: the job's number or id."""
-PER_JOB_NAMES = ("job.name", "output_subdir")
+PER_JOB_NAMES = ("job.name", "output_subdir", "sweep.subdir")
 """Settings judged as names: one may read :data:`PER_JOB`."""
 
 SETTLED = (
@@ -74,6 +76,9 @@ SETTLED = (
     "sweeper.custom_search_space",
     "output_subdir",
     "runtime.output_dir",
+    "run.dir",
+    "sweep.dir",
+    "sweep.subdir",
 )
 """Settings of the ``hydra`` node read as Hydra will resolve them."""
 
@@ -116,6 +121,7 @@ def hydra_problems(hydra: DictConfig) -> list[Problem]:
         problems += [built] if isinstance(built, Problem) else _path_problems(built, parent)
     settled = {path: _settled(hydra, path, plain) for path in SETTLED}
     problems += [problem for _, problem in settled.values() if problem is not None]
+    problems += _dir_problems(hydra, settled, plain)
     problems += _env_problems(settled["job.env_set"][0])
     problems += _chdir_problems(settled["job.chdir"][0])
     problems += _job_name_problems(settled["job.name"][0])
@@ -224,8 +230,103 @@ def _settled(hydra: DictConfig, path: str, plain: Mapping[Any, Any]) -> tuple[An
         raw = _at(plain, path)
         if path in PER_JOB_NAMES and isinstance(raw, str) and "${" not in PER_JOB.sub("0", raw):
             return PER_JOB.sub("0", raw), None
+        if path in DIRS:
+            return None, _unresolvable_dir(f"hydra.{path}", raw, exc)
         return None, _unresolvable(f"hydra.{path}", "its value", exc)
     return value, None
+
+
+DIRS = {"run.dir": "RUN", "sweep.dir": "MULTIRUN", "sweep.subdir": "MULTIRUN"}
+"""Where Hydra writes a run (and in which ``hydra.mode``): it creates these directories before the job starts."""
+HYDRA_RESOLVER = re.compile(r"\$\{hydra:([^}]*)\}")
+DIR_FIX = "{key}=<a directory> (or leave it out: {default})"
+DIR_DEFAULTS = {
+    "run.dir": "outputs/<recipe>/<date and time>",
+    "sweep.dir": "multirun/<recipe>/<date and time>",
+    "sweep.subdir": "the job's number",
+}
+
+
+def _unresolvable_dir(key: str, raw: Any, exc: Exception) -> Problem:
+    """A run dir setting that cannot be resolved: Hydra would fail creating the run dir, after the check."""
+    fix = DIR_FIX.format(key=key, default=DIR_DEFAULTS[key.removeprefix("hydra.")])
+    env = re.search(r"\$\{oc\.env:([^,}]+)\}", str(raw))
+    if env is not None:
+        name = env.group(1).strip()
+        fix = (
+            f"set the environment variable {name}, or give a default: {key}='${{oc.env:{name},outputs/run}}'"
+        )
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return Problem(key, f"'{raw}' cannot be resolved ({reason}); Hydra creates the run dir from it", fix)
+
+
+def _dir_problems(
+    hydra: DictConfig, settled: Mapping[str, tuple[Any, Problem | None]], plain: Mapping[Any, Any]
+) -> list[Problem]:
+    """``hydra.run.dir``, ``hydra.sweep.dir`` and ``hydra.sweep.subdir``: a directory Hydra can create.
+
+    Empty is the current directory, where a run would replace your own files; a ``${hydra:...}``
+    naming no setting becomes ``None``; a path at or under a file cannot be created. In a known
+    ``hydra.mode`` only its own directory is checked (a single run never reads ``hydra.sweep.dir``).
+    """
+    mode = OmegaConf.select(hydra, "mode", default=None)
+    mode_name = getattr(mode, "name", None if mode is None else str(mode))
+    problems: list[Problem] = []
+    for path, used_in in DIRS.items():
+        value, unresolvable = settled[path]
+        key = f"hydra.{path}"
+        if unresolvable is not None or (mode_name is not None and mode_name != used_in):
+            continue
+        fix = DIR_FIX.format(key=key, default=DIR_DEFAULTS[path])
+        raw = _at(plain, path)
+        unknown = [name for name in HYDRA_RESOLVER.findall(str(raw)) if not _has(hydra, name.strip())]
+        if unknown:
+            problems.append(
+                Problem(key, f"'{raw}' reads ${{hydra:{unknown[0]}}}, which is no setting of Hydra's", fix)
+            )
+        elif value is None or not str(value).strip():
+            what = "null" if value is None else "empty"
+            problems.append(
+                Problem(
+                    key, f"is {what}, which is no directory (a run would write into the current one)", fix
+                )
+            )
+    if not problems:
+        run_dir, sweep_dir, subdir = (settled[path][0] for path in DIRS)
+        if run_dir is not None and mode_name != "MULTIRUN":
+            problems += _uncreatable(str(run_dir), "hydra.run.dir")
+        if sweep_dir is not None and mode_name != "RUN":
+            problems += _uncreatable(str(sweep_dir), "hydra.sweep.dir")
+            job_dir = Path(str(sweep_dir)) / str(subdir)
+            if not problems and subdir is not None:
+                problems += _uncreatable(str(job_dir), "hydra.sweep.subdir")
+    return problems
+
+
+def _has(hydra: DictConfig, name: str) -> bool:
+    """Whether *name* is a setting of the ``hydra`` node (what ``${hydra:name}`` reads)."""
+    missing = object()
+    try:
+        return OmegaConf.select(hydra, name, default=missing, throw_on_missing=False) is not missing
+    except Exception:  # a key that does not parse names nothing
+        return False
+
+
+def _uncreatable(directory: str, key: str) -> list[Problem]:
+    """A problem when *directory*, or a folder above it, is a file: Hydra could not create it.
+
+    Whether a folder can be written is left to the run (``blocks run`` creates the run dir
+    first and names the key): a plan may be made where the run will not be.
+    """
+    target = Path(directory).absolute()
+    for at in (target, *target.parents):
+        if not (at.exists() or at.is_symlink()):
+            continue
+        if at.is_dir():
+            return []
+        what = "it is a file" if at == target else f"'{at}' is a file"
+        return [Problem(key, f"'{directory}' cannot be created: {what}", f"{key}=<a directory>")]
+    return []
 
 
 def _at(plain: Mapping[Any, Any], path: str) -> Any:
@@ -346,6 +447,26 @@ def _ext_problem(value: str, key: str) -> Problem:
     )
 
 
+LOG_LEVEL_AT = re.compile(r"hydra\.(?:job|hydra)_logging\.(?:root|(?:loggers|handlers)\.[^.]+)\.level")
+"""Where ``logging.config.dictConfig`` reads a level: the root logger, each logger, each handler."""
+
+
+def _level_problems(level: Any, key: str) -> list[Problem]:
+    """A logging level is one of logging's names (``INFO``) or a number; dictConfig raises on others when the job starts."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        return []
+    if isinstance(level, str) and ("${" in level or isinstance(logging.getLevelName(level), int)):
+        return []
+    names = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
+    return [
+        Problem(
+            key,
+            f"'{level}' is not a logging level; logging would refuse it when the job starts",
+            f"{key}=<one of {', '.join(names)}> (e.g. {key}=INFO)",
+        )
+    ]
+
+
 def _logging_problems(value: Any, key: str) -> list[Problem]:
     """``logging.config.dictConfig`` imports ``class`` values, calls ``()`` factories, resolves ``ext://`` and opens ``filename``."""
     problems: list[Problem] = []
@@ -373,6 +494,8 @@ def _logging_problems(value: Any, key: str) -> list[Problem]:
                     )
             elif name == "filename":
                 problems += _log_file_problems(item, here)
+            elif name == "level" and LOG_LEVEL_AT.fullmatch(here):
+                problems += _level_problems(item, here)
             elif name == LOGGING_ATTRIBUTES:
                 problems.append(
                     Problem(

@@ -21,8 +21,10 @@ from blocks.core.compose import (
     DEFAULT_RECIPE,
     PRIMARY_CONFIG,
     Composed,
+    appended_block_fields,
     config_to_blocks,
     field_keys,
+    interpolation_fix,
     split_hydra,
     translate_compose_error,
 )
@@ -74,6 +76,14 @@ def hydra_context(config_dir: str | None = None, catalog: Catalog | None = None)
 
     outer = get_gh_backup()
     GlobalHydra.instance().clear()  # Hydra initializes only a cleared GlobalHydra
+    if config_dir and not Path(config_dir).is_dir():
+        raise ConfigError(
+            Problem(
+                "--config-dir",
+                f"'{config_dir}' is not a directory",
+                "--config-dir DIR, a directory of presets (DIR/<group>/<name>.yaml)",
+            )
+        )
     try:
         if config_dir:
             initialize_config_dir(
@@ -150,6 +160,9 @@ def _job_once(
             if not catalogs.current().make_recipes():
                 raise
             raw = _compose_raw(overrides, config_dir)  # again, with every recipe's presets as options
+        appended = appended_block_fields(overrides, raw)
+        if appended:
+            raise ConfigError(appended)
         _refuse_hydra_targets(raw)
         launcher = launcher_problems(raw) + sweeper_problems(raw)
         if launcher:
@@ -157,9 +170,33 @@ def _job_once(
         return Job(hydra_config=raw, composed=split_hydra(raw))
     except ConfigError as unresolved:
         raise _name_interpolating_override(unresolved, overrides) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(_undecodable_preset(exc, overrides, config_dir)) from None
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
         translated = translate_compose_error(exc, overrides, _KnownKeys(overrides, known, config_dir))
         raise _name_broken_recipe(_name_interpolating_override(translated, overrides), overrides) from None
+
+
+def _undecodable_preset(exc: UnicodeDecodeError, overrides: Sequence[str], config_dir: str | None) -> Problem:
+    """A preset that is not UTF-8 text: Hydra's error names no file; the chosen options under *config_dir* are looked at."""
+    for override in overrides:
+        group, _, option = override.lstrip("+").partition("=")
+        path = Path(config_dir or ".", *group.split("/"), f"{option}.yaml")
+        if not config_dir or "." in group or not path.is_file():
+            continue
+        try:
+            path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            return Problem(
+                group,
+                f"the preset {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                f"save {path} as UTF-8 YAML, or choose another {group} option",
+            )
+    return Problem(
+        "--config-dir" if config_dir else "hydra.searchpath",
+        f"a preset of this composition is not UTF-8 text ({exc.reason} at byte {exc.start})",
+        "save the presets you choose as UTF-8 YAML",
+    )
 
 
 def _chooses_or_searches(override: str) -> bool:
@@ -226,9 +263,27 @@ def _blocks_once(
 ) -> tuple[Job, Composed, dict[str, Block]]:
     job = _job_once(overrides, config_dir, known)
     composed = freeze(job) if freeze is not None else job.composed
-    blocks = config_to_blocks(composed.config)
+    try:
+        blocks = config_to_blocks(composed.config)
+    except ConfigError as exc:
+        raise ConfigError([_preset_without_block(p, composed, config_dir) for p in exc.problems]) from None
     refuse_interpolated_paths(composed.config, blocks)
     return job, composed, blocks
+
+
+def _preset_without_block(problem: Problem, composed: Composed, config_dir: str | None) -> Problem:
+    """No block chosen though a preset of its kind was chosen and loaded: the preset lacks ``_block_``; name it."""
+    option = composed.choices.get(problem.key)
+    node = composed.config.get(problem.key) if problem.key else None
+    if problem.check != "missing-value" or not option or not isinstance(node, DictConfig):
+        return problem
+    path = Path(config_dir, problem.key, f"{option}.yaml") if config_dir else None
+    where = f" ({path})" if path is not None and path.is_file() else ""
+    return dataclasses.replace(
+        problem,
+        message=f"the {problem.key} preset '{option}'{where} has no _block_, so it chooses no {problem.key} block",
+        fix=f"add `_block_: <name>` to it ({problem.fix.split('=', 1)[-1]}), or choose another {problem.key} option",
+    )
 
 
 def refuse_interpolated_paths(config: DictConfig, blocks: Mapping[str, Block]) -> None:
@@ -283,7 +338,7 @@ def _name_interpolating_override(error: ConfigError, overrides: Sequence[str]) -
         else Problem(
             key,
             f"{interpolating[0].split('=', 1)[1]} cannot be resolved: {p.message}",
-            f"interpolate an existing key (e.g. {key}='${{optim.lr}}') or set a plain value",
+            interpolation_fix(key, f"{interpolating[0]} {p.message}"),
             check="interpolation",
         )
         for p in error.problems

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.resume import checkpoint_dir, read_start, record_start, resolve_resume, resume_message
 from blocks.checkpoint.storage import preflight_storage
+from blocks.checkpoint.store import read_manifest
 from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
 from blocks.core.compose import Composed, config_to_blocks
@@ -45,6 +46,7 @@ from blocks.launch.run_dir import (
     Summary,
     freeze_config,
     load_plan,
+    refuse_rewriting_finished,
     retire_summary,
     write_job_files,
 )
@@ -282,6 +284,8 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
     directory = job_checkpoint_dir(run_dir, plan)
     previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
     resume_from = resolve_resume(plan, directory, previous=previous)
+    if resume_from and read_manifest(resume_from).step >= plan.derived.total_steps:
+        refuse_rewriting_finished(run_dir, frozen, plan.derived.total_steps)
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     retire_summary(run_dir)

@@ -46,6 +46,53 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     (run_dir / PLAN_FILE).write_text(json.dumps(shown.to_json(), indent=2) + "\n")
 
 
+def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
+    """The keys whose values *config* changes from the run dir's ``config.yaml`` (none when it has none)."""
+    try:
+        before = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=False)
+    except (OSError, ValueError):
+        return []
+    after = OmegaConf.to_container(config, resolve=False)
+    changed = _differing(before, after, "")
+    default = str((run_dir / CHECKPOINTS_DIR).resolve())
+    if OmegaConf.select(config, "checkpoint.dir", default=None) == default:  # a moved run dir's own default
+        changed = [key for key in changed if key != "checkpoint.dir"]
+    return changed
+
+
+def _differing(before: object, after: object, key: str) -> list[str]:
+    if isinstance(before, dict) and isinstance(after, dict):
+        names = [*before, *(name for name in after if name not in before)]
+        return [
+            k
+            for name in names
+            for k in _differing(before.get(name), after.get(name), f"{key}.{name}".lstrip("."))
+        ]
+    return [] if before == after else [key]
+
+
+def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> None:
+    """Refuse a rerun that would train nothing yet record a changed config over a finished run.
+
+    The run dir's checkpoint is at the run's last *step*: nothing would be trained, and the
+    weights and metrics would stay those of the settings its ``config.yaml`` holds now.
+    """
+    changed = changed_keys(run_dir, config)
+    if not changed:
+        return
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    raise BlocksError(
+        Problem(
+            changed[0],
+            f"the run in {run_dir} has trained all its {step} steps; with {shown} changed nothing would be "
+            "trained, and its config.yaml would no longer describe its weights and metrics",
+            f"give a new hydra.run.dir to train with the new setting, or raise trainer.max_steps above {step} "
+            "to train on from the checkpoint with it",
+            related=tuple(changed[1:]),
+        )
+    )
+
+
 def retire_summary(run_dir: Path) -> None:
     """Take away the ``summary.json`` an earlier run left in *run_dir*: a new attempt is starting.
 
