@@ -325,7 +325,8 @@ def test_a_validation_objective_without_a_validation_split_warns() -> None:
     ],
 )
 def test_a_run_dir_that_is_empty_or_unresolvable_is_an_error(override: str, key: str) -> None:
-    code, output = plan_cli("recipe=blobs", override)
+    sweep = ["-m"] if key.startswith("hydra.sweep.") else []  # a single run never reads hydra.sweep.*
+    code, output = plan_cli(*sweep, "recipe=blobs", override)
     assert code == 2, output
     problem = problem_on(key, "recipe=blobs", override)
     assert problem.fix.startswith(key) or "BLOCKS_TEST_NEVER_SET" in problem.fix
@@ -340,6 +341,22 @@ def test_a_run_dir_at_or_under_a_file_is_an_error(tmp_path: Path) -> None:
         (f"hydra.sweep.dir={afile}", "hydra.sweep.dir"),
     ):
         assert "is a file" in problem_on(key, "recipe=blobs", override).message
+
+
+def test_only_the_dir_of_the_mode_that_runs_is_checked(tmp_path: Path) -> None:
+    """Regression: files named ``outputs`` and ``multirun`` where blocks starts (the default dirs'
+    parents) refused a sweep over ``hydra.run.dir``, and a single run's plan over ``hydra.sweep.dir``."""
+    for name in ("outputs", "multirun"):
+        (tmp_path / name).write_text("mine")
+    for args in (
+        ["plan", "-m", "recipe=blobs", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={tmp_path}/sweep"],
+        ["plan", "recipe=blobs", f"hydra.run.dir={tmp_path}/run"],
+        ["run", "recipe=blobs", f"hydra.run.dir={tmp_path}/run", "--cfg", "job"],
+    ):
+        result = run_in_process(args, cwd=tmp_path)
+        assert result.returncode == 0, result.output
+    refused = run_in_process(["plan", "recipe=blobs"], cwd=tmp_path)  # its own dir is under the file
+    assert refused.returncode == 2 and "hydra.run.dir" in refused.output, refused.output
 
 
 def test_run_refuses_an_empty_run_dir_and_writes_nothing(tmp_path: Path) -> None:

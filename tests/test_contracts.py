@@ -30,6 +30,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "data-extra",
     "weights-source",
     "weights-fit",
+    "eval-split",  # an eval override against the run's config: tests/test_eval_test_split.py
     "freeze-prefix",
     "recipe-load",
     "yaml-syntax",  # needs a broken preset file: tests/test_security_hydra.py

@@ -70,10 +70,12 @@ def test_a_later_session_of_the_run_dir_is_what_eval_and_export_read(
     said = cli_in_process("eval", str(run))
     assert said.returncode == 0 and f"weights: {newest} (step 20)" in said.output, said.output
     # A weights file an older session left (it says its step) loses to the newer checkpoint too.
-    from blocks.checkpoint.sources import find_weights
+    from blocks.checkpoint.sources import find_weights, load_weights
+    from blocks.checkpoint.weights import save_weights
     from blocks.runtime.model_export import export_model
 
-    shutil.copy(run / ".completed-model.safetensors", tmp_path / "old.safetensors")
+    assert not (run / ".completed-model.safetensors").exists(), "stale once the rerun completed"
+    save_weights(load_weights(str(newest)), tmp_path / "old.safetensors", step=10)
     assert find_weights(str(tmp_path / "old.safetensors")).step == 10
     (run / "model.safetensors").symlink_to(tmp_path / "old.safetensors")
     try:

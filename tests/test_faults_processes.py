@@ -315,6 +315,14 @@ def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli_in_process,
     assert result.returncode == 0, result.output[-3000:]
     assert "did not complete" not in result.output
 
+    # A finished job rerun with a changed setting and nothing left to train is refused, and its
+    # record stays (it was replaced by a "failed" summary of the refusal).
+    finished = read_summary(sweep / "1")
+    result = cli_in_process(*one_job, "optim.weight_decay=0.05", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 1, result.output[-3000:]
+    assert f"{sweep / '1'} (refused before it started" in result.output
+    assert read_summary(sweep / "1") == finished
+
 
 def test_a_sweep_hears_of_its_jobs_in_other_processes_and_of_no_other_job(cli, tmp_path: Path) -> None:
     """Jobs under hydra/launcher=joblib end in processes of their own: each reports how it ended to

@@ -108,7 +108,7 @@ def cmd_plan(
     hydra_configs = []
     for one in job_overrides:
         try:
-            composed, plan = _plan_job(one, config_dir)
+            composed, plan = _plan_job(one, config_dir, multirun=multirun)
         except BlocksError as exc:
             return _invalid_plan(exc, one, as_json=as_json)
         plans.append((one, plan))
@@ -341,7 +341,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             )
         )
     if any(getattr(parsed, flag, None) for flag in _HYDRA_INFO_FLAGS):
-        return _check_composes(list(parsed.overrides), parsed.config_dir)
+        multirun = parsed.multirun or "hydra.mode=MULTIRUN" in parsed.overrides
+        return _check_composes(with_mode(parsed.overrides, multirun=multirun), parsed.config_dir)
     overrides = list(parsed.overrides)
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
     if not multirun:
@@ -355,7 +356,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         if len(job_overrides) > 1:
             header = f"blocks: job [{' '.join(one)}] has problems; no job of the sweep was started"
         try:
-            job, plan = _plan_job(one, parsed.config_dir)
+            job, plan = _plan_job(one, parsed.config_dir, multirun=True)
             hydra_configs.append((one, job.hydra_config))
         except BlocksError as exc:
             _fail(exc, header)
@@ -409,13 +410,24 @@ def _searched_trial(overrides: list[str], config_dir: str | None) -> list[str]:
     return searched_trial(overrides, searched if isinstance(searched, dict) else {})
 
 
-def _plan_job(overrides: Sequence[str], config_dir: str | None) -> tuple[Job, Plan]:
-    """Compose and plan one job of a sweep (as :func:`blocks.core.jobs.plan`), with Hydra's config of it."""
+def _plan_job(overrides: Sequence[str], config_dir: str | None, *, multirun: bool) -> tuple[Job, Plan]:
+    """Compose and plan one job (of a sweep when *multirun*), as :func:`blocks.core.jobs.plan`, with Hydra's config of it."""
     from blocks.core import catalog, jobs
 
     with catalog.current().active():
-        job, _, plan = jobs.plan_job(overrides, None, config_dir)
+        job, _, plan = jobs.plan_job(with_mode(overrides, multirun=multirun), None, config_dir)
     return job, plan
+
+
+def with_mode(overrides: Sequence[str], *, multirun: bool) -> list[str]:
+    """*overrides* with the ``hydra.mode`` Hydra will run them in, so checks of the other mode's settings keep out.
+
+    Hydra's compose leaves the mode unset; a sweep never uses ``hydra.run.dir``, a single run
+    never ``hydra.sweep.dir`` (a file named ``outputs`` where a sweep starts is no problem).
+    """
+    if any(o.split("=", 1)[0].lstrip("+") == "hydra.mode" for o in overrides):
+        return list(overrides)
+    return [*overrides, f"hydra.mode={'MULTIRUN' if multirun else 'RUN'}"]
 
 
 def _check_composes(overrides: list[str], config_dir: str | None) -> int | None:

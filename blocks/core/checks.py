@@ -488,6 +488,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "eval-split",
+        ("data",),
+        "data.seed",
+        "blocks eval keeps the fields that decide the run's own split (seed, val/test fractions, samples): the split it scores holds no trained-on samples",
+        (),
+    ),
+    Check(
         "freeze-prefix",
         ("model",),
         "model.freeze",

@@ -153,14 +153,14 @@ def _representative(override: Any) -> str:
     Inside, not an end: a search over ``interval(0, 0.1)`` never tries 0, which a key that must
     be positive would refuse (the middle, or the geometric middle of a ``log`` interval).
     """
-    from hydra.core.override_parser.types import IntervalSweep, Override, Transformer
+    from hydra.core.override_parser.types import IntervalSweep, Transformer
 
     value = override.value()
     if isinstance(value, IntervalSweep):
         assert value.start is not None and value.end is not None  # the grammar requires both
         start, end = float(value.start), float(value.end)
         log = "log" in (value.tags or ()) and start > 0 and end > 0
-        first = Override._get_value_element_as_str(math.sqrt(start * end) if log else (start + end) / 2)
+        first = repr(math.sqrt(start * end) if log else (start + end) / 2)
     else:
         first = next(iter(override.sweep_iterator(transformer=Transformer.str)))
     return f"{override.get_key_element()}={first}"

@@ -43,6 +43,7 @@ from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
     METRICS_FILE,
     SUMMARY_FILE,
+    FinishedRunKept,
     Summary,
     freeze_config,
     load_plan,
@@ -104,7 +105,7 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         if in_sweep:
-            if isinstance(exc, RunDirTaken):  # the run dir is another job's: its summary stays
+            if isinstance(exc, (RunDirTaken, FinishedRunKept)):  # refused before writing: its summary stays
                 job_ended(run_dir, REFUSED)
             else:
                 job_ended(run_dir, "failed")
@@ -130,14 +131,16 @@ def record_failed_start(run_dir: Path, reason: str, started: float) -> None:
 
     The sweep counts its jobs' outcomes from their summaries (:mod:`blocks.launch.sweep`): a job
     that could not start must say so, or the sweep would exit 0. A summary this attempt wrote
-    (since *started*, a ``time.time()``) is kept; one an earlier run of the same job dir left is
-    replaced. Nothing is written into a run dir another live job holds, and a write that fails
+    (since *started*, a ``time.time()``) is kept, and so is a completed one (an attempt that got
+    as far as starting set it aside); another an earlier run of the same job dir left is replaced. Nothing is written into a run dir another live job holds, and a write that fails
     is logged rather than ending the sweep.
     """
     path = run_dir / SUMMARY_FILE
     try:
         if (path.exists() and path.stat().st_mtime >= started) or is_held(run_dir):
             return
+        if path.exists() and Summary.read(run_dir).status == "completed":
+            return  # a finished run's record, untouched by an attempt that never began (it sets it aside first)
         Summary(status="failed", reason=reason).write(run_dir)
     except OSError as exc:
         print(f"blocks: could not record the failure in {path}: {exc}", file=sys.stderr)

@@ -71,6 +71,10 @@ def _differing(before: object, after: object, key: str) -> list[str]:
     return [] if before == after else [key]
 
 
+class FinishedRunKept(BlocksError):
+    """A rerun refused so as not to rewrite a finished run's record (:func:`refuse_rewriting_finished`): nothing written."""
+
+
 def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> None:
     """Refuse a rerun that would train nothing yet record a changed config over a finished run.
 
@@ -81,7 +85,7 @@ def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> N
     if not changed:
         return
     shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-    raise BlocksError(
+    raise FinishedRunKept(
         Problem(
             changed[0],
             f"the run in {run_dir} has trained all its {step} steps; with {shown} changed nothing would be "

@@ -324,7 +324,7 @@ class JobOutcome:
 
 
 REFUSED = "refused"
-"""The outcome of a job refused its run dir (:class:`RunDirTaken`): the run dir's files are another job's."""
+"""The outcome of a job refused before it wrote anything (its run dir holds another job, or a finished run it would not change)."""
 
 _CURRENT: list[SweepJob] = []
 """The sweep job this process runs now (set when Hydra starts it, see :meth:`SweepOutcome.on_job_start`)."""
@@ -422,7 +422,8 @@ class SweepOutcome(Callback):
         FAILED_JOBS[:] = [Path(o.run_dir) for o in failed]
         if FAILED_JOBS:
             names = ", ".join(
-                o.run_dir + (" (refused: it holds another job)" if o.status == REFUSED else "")
+                o.run_dir
+                + (" (refused before it started: its files are as they were)" if o.status == REFUSED else "")
                 for o in failed
             )
             print(
