@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -91,6 +90,8 @@ def _storage_problems(sweeper: DictConfig) -> list[Problem]:
 
 
 def _version(distribution: str) -> str | None:
+    import importlib.metadata  # only for a sweep that keeps its study in a database: not on every plan
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
