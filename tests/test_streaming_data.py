@@ -581,7 +581,8 @@ def test_prepare_again_follows_changed_options_and_tokenizer_file(tmp_path: Path
 
 
 def test_data_source_prepares_the_files_added_since(tmp_path: Path) -> None:
-    """``data.source`` reused the shards prepared first, whatever was added to the source since."""
+    """``data.source`` reused the shards prepared first, whatever was added to the source since; then
+    a plan that prepared again removed the shards a running job still read."""
     corpus = write_corpus(tmp_path / "corpus", files=2)
     block = Stream(source=str(corpus), seq_len=SEQ_LEN, cache_dir=str(tmp_path / "cache"))
     block.prepare()
@@ -589,6 +590,28 @@ def test_data_source_prepares_the_files_added_since(tmp_path: Path) -> None:
     (corpus / "more.txt").write_text("more text " * 30)
     block.prepare()
     assert block.num_samples("train") > samples
+    # A job still reading the shards of the manifest before (a plan in another terminal prepared
+    # again) keeps them, through a plan with nothing new too; the change after that retires them.
+    (out,) = (tmp_path / "cache" / "prepared").iterdir()
+
+    def shards() -> set[str]:
+        return {p.name for p in out.glob("*.bin")}
+
+    first = shards()
+    (corpus / "doc0.txt").write_text("changed " * 10)
+    block.prepare()
+    second = {
+        s["file"]
+        for split in json.loads((out / MANIFEST).read_text())["splits"].values()
+        for s in split["shards"]
+    }
+    replaced = first - second
+    assert replaced and shards() == first | second, "the previous manifest's shards stay"
+    block.prepare()
+    assert shards() == first | second
+    (corpus / "doc0.txt").write_text("changed again " * 10)
+    block.prepare()
+    assert not replaced & shards() and second <= shards()
 
 
 def as_prepared_before_shards_were_named_by_content(out: Path) -> None:

@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import re
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,13 +303,22 @@ def _vocab_of(tokenizer_json: str) -> int:
 
 
 def prepare(
-    source: str, out: str, options: PrepareOptions, *, progress: bool = True, legacy_options: bool = False
+    source: str,
+    out: str,
+    options: PrepareOptions,
+    *,
+    progress: bool = True,
+    legacy_options: bool = False,
+    keep_previous: bool = False,
 ) -> Manifest:
     """Prepare the shards of SOURCE in OUT (resuming a previous, interrupted prepare) and return the manifest.
 
     *legacy_options*: a ``parts`` record written before records held their options was made
     with *options* (true where they never vary, as for ``data.source``); otherwise its source
-    is prepared again, since it may have been made with others.
+    is prepared again, since it may have been made with others. *keep_previous*: the shards of
+    the manifest this one replaces stay until the next change (``data.source``, which any plan
+    may prepare again while a job still reads the previous shards); otherwise only the new
+    manifest's shards stay.
     """
     sources = source_files(source)
     if not sources:
@@ -360,23 +369,38 @@ def prepare(
         if any("max_id" not in r for r in ordered)
         else max((r["max_id"] for r in ordered), default=-1),
     )
+    before, recorded = _read_json(f"{out}/{MANIFEST}"), _read_json(f"{out}/prepare.json")
+    changed = before != manifest_json(manifest)
+    kept: list[str] = []
+    if keep_previous:
+        kept = _shard_files(before) if changed else list(recorded.get("previous_shards", []))
     state = {"tokenizer": options.tokenizer, "tokenizer_sha256": tok_digest, **options.shaping()}
-    if _read_json(f"{out}/prepare.json") != state:
+    if kept:
+        state["previous_shards"] = kept
+    if recorded != state:
         _write_json(f"{out}/prepare.json", state)
-    if _read_json(f"{out}/{MANIFEST}") != manifest_json(manifest):
+    if changed:
         _write_json(f"{out}/{MANIFEST}", manifest_json(manifest))
-    _remove_stale_shards(out, manifest)
+    _remove_stale_shards(out, manifest, keep=kept)
     return manifest
 
 
-def _remove_stale_shards(out: str, manifest: Manifest) -> None:
-    """Remove the shard files in OUT that *manifest* (already in place) does not name.
+def _shard_files(raw: dict[str, Any]) -> list[str]:
+    """The shard file names a manifest's JSON names (none for an empty or malformed one)."""
+    try:
+        return sorted(str(s["file"]) for split in raw.get("splits", {}).values() for s in split["shards"])
+    except (AttributeError, KeyError, TypeError):
+        return []
+
+
+def _remove_stale_shards(out: str, manifest: Manifest, keep: Collection[str] = ()) -> None:
+    """Remove the shard files in OUT that neither *manifest* (already in place) nor *keep* names.
 
     A job still reading an earlier manifest keeps the files it has mapped (or cached); one that
     has not fetched a removed file yet stops with an error saying the file is gone.
     """
     fs, path = fsspec.core.url_to_fs(out)
-    named = {s.file for split in manifest.splits for s in manifest.shards(split)}
+    named = {s.file for split in manifest.splits for s in manifest.shards(split)} | set(keep)
     stale = [
         p
         for p in fs.ls(path, detail=False)
@@ -418,4 +442,5 @@ def ensure_prepared(source: str, out: str, tokenizer: str) -> Manifest:
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return prepare(source, out, PrepareOptions(tokenizer=tokenizer), progress=False, legacy_options=True)
+        options = PrepareOptions(tokenizer=tokenizer)
+        return prepare(source, out, options, progress=False, legacy_options=True, keep_previous=True)
