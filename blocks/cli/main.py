@@ -88,7 +88,6 @@ def cmd_plan(
     *config_dir* is ``--config-dir``: a directory of presets searched first, as ``blocks run`` does.
     """
     from blocks.cli.render import plan_panel, print_problems
-    from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
 
     chosen = _pipeline_of(overrides)
     if chosen is not None:
@@ -113,7 +112,11 @@ def cmd_plan(
             return _invalid_plan(exc, one, as_json=as_json)
         plans.append((one, plan))
         hydra_configs.append((one, composed.hydra_config))
-    shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs) if multirun else []
+    shared = []
+    if multirun:
+        from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
+
+        shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs)
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         if shared:  # every job of the sweep takes part in the clash
