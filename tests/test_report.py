@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -69,6 +70,16 @@ def test_a_sweep_report_ranks_every_job_by_the_objective(cli_in_process, tmp_pat
     assert maximized.returncode == 0
     ranked = [float(row[4]) for row in table_rows((sweep / "report" / "report.md").read_text())[1:]]
     assert ranked == sorted(ranked, reverse=True)
+    # Regression: a job that failed after logging (a stall leaves a failed summary without metrics,
+    # and its metrics.csv rows) was ranked by its last logged value, above completed jobs.
+    best = sweep / jobs[0][1]
+    (best / "summary.json").write_text(
+        json.dumps({"status": "failed", "reason": "stalled", "global_step": 25})
+    )
+    assert cli_in_process("report", str(sweep)).returncode == 0
+    rows = table_rows((sweep / "report" / "report.md").read_text())[1:]
+    assert [(row[0], row[2], row[4]) for row in rows][-1] == ("-", "failed", "-"), rows
+    assert [row[0] for row in rows[:2]] == ["1", "2"] and rows[-1][1] == best.name
 
 
 def test_report_does_not_import_torch(tmp_path: Path) -> None:

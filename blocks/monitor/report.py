@@ -195,7 +195,11 @@ def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mod
     mode = mode or str(monitor.get("objective_mode", "min"))
     params = swept_parameters(runs)
     # Without --objective, a job lacking the metric is scored as the driver scored it for the sweeper.
-    scored = [(run, _objective(run, objective, fallback=not explicit)) for run in runs]
+    # Only a completed job is scored: another one's last logged value is of a step it did not finish from.
+    scored = [
+        (run, _objective(run, objective, fallback=not explicit) if run.status == "completed" else None)
+        for run in runs
+    ]
     ranked = sorted(scored, key=lambda item: _rank_key(item[1], mode))
     header = ["rank", "job", "status", *params, objective]
     table = []
