@@ -366,15 +366,9 @@ def test_a_sweep_whose_jobs_land_in_several_sweep_dirs_counts_each_of_them(
 def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path: Path) -> None:
     """Through the CLI entry in this process: the Optuna sweeper runs its trials with the basic launcher."""
     sweep = tmp_path / "optuna"
+    study = ["run", "-m", "hparams_search=optuna", "recipe=blobs", "trainer.max_steps=20"]
     result = cli_in_process(
-        "run",
-        "-m",
-        "hparams_search=optuna",
-        "recipe=blobs",
-        "trainer.max_steps=20",
-        "hydra.sweeper.n_trials=4",
-        "optim.lr=choice(1e12,1e-3)",
-        f"hydra.sweep.dir={sweep}",
+        *study, "hydra.sweeper.n_trials=4", "optim.lr=choice(1e12,1e-3)", f"hydra.sweep.dir={sweep}"
     )
     assert result.returncode == 1, result.output[-3000:]
     statuses = [read_summary(sweep / str(n))["status"] for n in range(4)]
@@ -386,14 +380,7 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path
     # first study's trial of its number, and best_params came with another trial's value.
     summaries = [read_summary(sweep / str(n)) for n in range(2)]
     result = cli_in_process(
-        "run",
-        "-m",
-        "hparams_search=optuna",
-        "recipe=blobs",
-        "trainer.max_steps=20",
-        "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.sampler.seed=7",
-        f"hydra.sweep.dir={sweep}",
+        *study, "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.seed=7", f"hydra.sweep.dir={sweep}"
     )
     assert result.returncode == 1, result.output[-3000:]
     assert result.output.count("holds another job, of an earlier sweep") == 2

@@ -116,11 +116,7 @@ def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[P
     would continue (or finish as) an earlier one, whatever its own settings. A job whose
     directory is unset keeps its checkpoints in its own run dir.
     """
-    by_dir: dict[str, list[Sequence[str]]] = {}
-    for overrides, plan in jobs:
-        block = plan.checkpoint
-        if block.enabled and block.dir:
-            by_dir.setdefault(block.dir, []).append(overrides)
+    dirs = [(plan.checkpoint.dir, overrides) for overrides, plan in jobs if plan.checkpoint.enabled]
     return [
         Problem(
             "checkpoint.dir",
@@ -130,8 +126,7 @@ def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[P
             "make it differ per job, e.g. checkpoint.dir=<dir>/lr${optim.lr}",
             check="sweep-checkpoint-dir",
         )
-        for directory, sharing in by_dir.items()
-        if len(sharing) > 1
+        for directory, sharing in _shared(dirs)
     ]
 
 
@@ -143,11 +138,7 @@ def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Pr
     resolves them (``${hydra.job.num}``, ``${hydra.job.override_dirname}``, any key of the job):
     sharing one, a later job would resume an earlier one's checkpoints and report its result.
     """
-    by_dir: dict[str, list[Sequence[str]]] = {}
-    for num, (overrides, config) in enumerate(jobs):
-        run_dir = job_run_dir(config, num)
-        if run_dir is not None:
-            by_dir.setdefault(run_dir, []).append(overrides)
+    dirs = [(job_run_dir(config, num), overrides) for num, (overrides, config) in enumerate(jobs)]
     return [
         Problem(
             "hydra.sweep.subdir",
@@ -157,9 +148,17 @@ def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Pr
             "e.g. hydra.sweep.subdir=${hydra.job.num}",
             check="sweep-run-dir",
         )
-        for directory, sharing in by_dir.items()
-        if len(sharing) > 1
+        for directory, sharing in _shared(dirs)
     ]
+
+
+def _shared(dirs: Sequence[tuple[str | None, Sequence[str]]]) -> list[tuple[str, list[Sequence[str]]]]:
+    """Each directory (None and empty left out) that several jobs name, with the overrides of those jobs."""
+    by_dir: dict[str, list[Sequence[str]]] = {}
+    for directory, overrides in dirs:
+        if directory:
+            by_dir.setdefault(directory, []).append(overrides)
+    return [(directory, sharing) for directory, sharing in by_dir.items() if len(sharing) > 1]
 
 
 def job_run_dir(config: DictConfig, num: int) -> str | None:
