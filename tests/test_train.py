@@ -70,7 +70,15 @@ def test_optimizers_schedules_and_options_train(tmp_path: Path, overrides: list[
     assert summary.metrics["val/accuracy"] > 0.5
 
 
+def warmup_cosine_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
+    """The rate of optimizer step *step* (1-based) under linear warmup then cosine decay to 0, written out."""
+    if step <= warmup:
+        return peak * step / (warmup + 1)
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - 1 - warmup) / (total - warmup)))
+
+
 def test_lr_follows_warmup_then_cosine(tmp_path: Path) -> None:
+    """The ``lr`` of step N is the rate the optimizer used for step N, first and last step included."""
     driver.run(
         [
             *TINY_BLOBS,
@@ -83,11 +91,14 @@ def test_lr_follows_warmup_then_cosine(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    lrs = [float(r["lr"]) for r in metrics_rows(tmp_path) if r.get("lr")]
-    assert len(lrs) == 20
-    assert lrs[:4] == pytest.approx([0.01 * 2 / 5, 0.01 * 3 / 5, 0.01 * 4 / 5, 0.01])  # lr after each step
-    assert lrs[-1] == pytest.approx(0.0, abs=1e-9)
-    assert all(a >= b for a, b in itertools.pairwise(lrs[3:]))
+    rows = [r for r in metrics_rows(tmp_path) if r.get("lr")]
+    assert [int(r["step"]) for r in rows] == list(range(1, 21))
+    lrs = [float(r["lr"]) for r in rows]
+    expected = [warmup_cosine_lr(step, peak=0.01, warmup=4, total=20) for step in range(1, 21)]
+    assert lrs == pytest.approx(expected, rel=1e-5)  # metrics.csv keeps 6 significant digits
+    assert lrs[:5] == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.01])  # warmup, then the peak
+    assert lrs[-1] > 0.0, "the last step decays towards 0 but does not train at it"
+    assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
 
 
 def test_char_level_text_from_files(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ class MetricsRecorder(pl.Callback):
 
     Between rows, the loss of each micro-batch is added to a device tensor (no host sync);
     at a logging step the row is read back once: ``train/loss`` (mean over the steps since
-    the last row), ``lr``, ``grad_norm`` (before clipping), ``samples_per_s``,
+    the last row), ``lr`` (the rate the optimizer used for the logged step, read before the
+    scheduler steps), ``grad_norm`` (before clipping), ``samples_per_s``,
     ``tokens_per_s`` (token batches), ``step_time_s``, ``data_wait_s`` (time per step spent
     waiting for the next batch), ``peak_memory_mb`` (CUDA max allocated, or the process's peak
     RSS on CPU) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
@@ -75,6 +76,7 @@ class MetricsRecorder(pl.Callback):
         self._window_start = 0.0
         self._train_start = 0.0
         self._grad_norm: torch.Tensor | None = None
+        self._lr: float | torch.Tensor | None = None
         self.train_seconds = 0.0
         self.samples_seen = 0
         self._batch_end = 0.0
@@ -136,7 +138,13 @@ class MetricsRecorder(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        """Measure the gradient norm before clipping, only on steps that will be logged."""
+        """Note the LR this step uses (the scheduler steps after it); measure the gradient norm on logged steps.
+
+        The gradient norm is taken before clipping, only on steps that will be logged.
+        """
+        lr = optimizer.param_groups[0]["lr"]
+        # A tensor LR is copied: the scheduler fills it in place when it steps.
+        self._lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
         if self.want_grad_norm and (trainer.global_step + 1) % self.every == 0:
             self._grad_norm = total_grad_norm(pl_module)
 
@@ -172,7 +180,8 @@ class MetricsRecorder(pl.Callback):
             loss_sum = torch.tensor(self._carried_loss) if loss_sum is None else loss_sum + self._carried_loss
         if loss_sum is not None and counted > 0:
             row.update(self._loss_row(trainer, loss_sum / counted))
-        row["lr"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        lr = self._lr if self._lr is not None else trainer.optimizers[0].param_groups[0]["lr"]
+        row["lr"] = float(lr)
         if self._grad_norm is not None:
             row["grad_norm"] = float(self._grad_norm)
         samples_per_s = self._steps * self.global_batch / elapsed
