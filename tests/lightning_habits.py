@@ -23,6 +23,13 @@ class StepLog(pl.Callback):
         self.path.write_text(json.dumps({"tag": self.tag, "steps": self.steps}))
 
 
+class LogStep(pl.Callback):
+    """Logs the optimizer step through Lightning's ``self.log`` after every training batch (as ``habit/step``)."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        pl_module.log("habit/step", float(trainer.global_step))
+
+
 def not_a_callback() -> None:
     """A function: never a callback."""
 

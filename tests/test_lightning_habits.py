@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -46,6 +47,49 @@ def test_a_teams_own_callback_runs_with_its_arguments(tmp_path: Path, monkeypatc
     summary = driver.run([*BLOBS, "trainer.max_steps=3", callback], tmp_path / "run")
     assert summary.status == "completed" and summary.reason is None
     assert json.loads(out.read_text()) == {"tag": "ours", "steps": [1, 2, 3]}
+
+
+def test_lightning_logging_callbacks_log_at_the_monitor_cadence(tmp_path: Path, monkeypatch) -> None:
+    """LearningRateMonitor and a callback's ``self.log`` follow ``monitor.log_every_n_steps``, not Lightning's 50.
+
+    The LR Lightning's monitor reads before step N+1 (its step N) is the ``lr`` blocks logs for step N+1.
+    """
+    import csv
+
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    every, steps = 3, 12
+    callbacks = (
+        "trainer.callbacks=[{_target_: pytorch_lightning.callbacks.LearningRateMonitor},"
+        " {_target_: tests.lightning_habits.LogStep}]"
+    )
+    logger = f"monitor.loggers=[csv,{{_target_: pytorch_lightning.loggers.CSVLogger, save_dir: '{tmp_path}', name: lit}}]"
+    args = [
+        "recipe=blobs",
+        "monitor.progress=off",
+        f"monitor.log_every_n_steps={every}",
+        "trainer.max_epochs=null",
+        f"trainer.max_steps={steps}",
+        "trainer.val_every=null",
+        "optim.warmup_steps=6",
+        callbacks,
+        logger,
+    ]
+    assert driver.run(args, tmp_path / "run").status == "completed"
+    (version,) = (tmp_path / "lit").iterdir()
+    with (version / "metrics.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    lr_columns = [name for name in rows[0] if name.startswith("lr-")]
+    assert lr_columns, f"LearningRateMonitor logged nothing in {steps} steps"
+    monitored = {int(r["step"]): float(r[lr_columns[0]]) for r in rows if r.get(lr_columns[0])}
+    logged_by_callback = [int(r["step"]) for r in rows if r.get("habit/step")]
+    assert len(monitored) == steps // every, monitored
+    assert {b - a for a, b in itertools.pairwise(sorted(monitored))} == {every}, monitored
+    assert len(logged_by_callback) == steps // every, logged_by_callback
+    assert {b - a for a, b in itertools.pairwise(logged_by_callback)} == {every}, logged_by_callback
+    with (tmp_path / "run" / "metrics.csv").open(newline="") as fh:
+        blocks_lr = {int(r["step"]): float(r["lr"]) for r in csv.DictReader(fh) if r.get("lr")}
+    for step, lr in monitored.items():
+        assert blocks_lr[step + 1] == pytest.approx(lr, rel=1e-5), (step, blocks_lr)
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,8 @@ class MonitorBlock(Block):
     built-in: every layer reads only what is declared here.
 
     Attributes:
-        log_every_n_steps: optimizer steps between rows of ``metrics.csv`` and progress updates.
+        log_every_n_steps: optimizer steps between rows of ``metrics.csv`` and progress updates;
+            also the Trainer's ``log_every_n_steps`` (``LearningRateMonitor``, a callback's ``self.log``).
         progress: ``auto`` (a live bar on a terminal, plain lines otherwise), ``bar``,
             ``lines`` or ``off``.
         grad_norm: log the global gradient norm (before clipping) at each logged step.

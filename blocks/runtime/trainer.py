@@ -184,6 +184,7 @@ def build_run(
         detect_anomaly=trainer_block.detect_anomaly,
         num_sanity_val_steps=0,
         logger=[sink.logger for sink in loggers] or False,
+        log_every_n_steps=monitor.log_every_n_steps,  # a LearningRateMonitor or a callback's self.log: blocks' cadence
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
