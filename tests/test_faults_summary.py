@@ -1,17 +1,20 @@
 """A run dir's ``summary.json`` describes the latest attempt: an earlier outcome never stands in for it.
 
 One finished run is copied for every case: extended and killed, extended with weights that cannot
-be written, extended with a logger that cannot start, and run again with nothing left to train.
+be written, extended with a logger that cannot start, and run again with nothing left to train
+(unchanged, changed, changed in display keys only, and with a field its config.yaml lacks).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from blocks.launch import driver
+from blocks.launch.run_dir import FinishedRunKept
 from tests.conftest import blocks_run_until_step, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
@@ -61,12 +64,51 @@ def test_a_changed_rerun_with_nothing_left_to_train_keeps_the_finished_runs_reco
 ) -> None:
     run_dir = copy_of(finished, tmp_path)
     kept = {name: (run_dir / name).read_text() for name in ("config.yaml", "plan.json", "summary.json")}
-    args = [*QUIET, "trainer.max_steps=20", f"hydra.run.dir={run_dir}", "optim.lr=0.5"]
+    args = [
+        *QUIET,
+        "trainer.max_steps=20",
+        f"hydra.run.dir={run_dir}",
+        "optim.lr=0.5",
+        "monitor.progress=lines",
+    ]
     result = run_in_process(["run", *args], cwd=tmp_path)
     assert result.returncode == 2, result.output
     assert "optim.lr: the run in" in result.output and "trained all its 20 steps" in result.output
+    assert "with optim.lr changed" in result.output, "a display key is not what refuses it"
     assert "raise trainer.max_steps above 20" in result.output and "Traceback" not in result.output
     assert {name: (run_dir / name).read_text() for name in kept} == kept
+
+
+def test_a_rerun_changing_only_display_keys_runs_as_the_finished_run_records(
+    finished: Path, tmp_path: Path
+) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    kept = (run_dir / "config.yaml").read_text().replace(str(finished), str(run_dir))  # its checkpoints
+    args = [*ARGS, "monitor.progress=lines", "monitor.stall_timeout_s=600", "trainer.max_steps=20"]
+    result = run_in_process(["run", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert "monitor.progress, monitor.stall_timeout_s change no weights" in result.output
+    assert (run_dir / "config.yaml").read_text() == kept, "it still describes the run that trained"
+    shown = json.loads((run_dir / "plan.json").read_text())["blocks"]["monitor"]["fields"]
+    assert (shown["progress"], shown["stall_timeout_s"]) == ("off", 0.0)
+    after = read_summary(run_dir)
+    assert after["status"] == "completed" and after["global_step"] == 20
+    assert after["state_digest"] == read_summary(finished)["state_digest"]
+
+
+def test_a_field_an_older_config_yaml_lacks_is_no_change_at_its_default(
+    finished: Path, tmp_path: Path
+) -> None:
+    run_dir = copy_of(finished, tmp_path)
+    recorded = (run_dir / "config.yaml").read_text().replace(str(finished), str(run_dir))
+    assert "  detect_anomaly: false\n" in recorded
+    # as a version before trainer.detect_anomaly wrote it
+    (run_dir / "config.yaml").write_text(recorded.replace("  detect_anomaly: false\n", ""))
+    with pytest.raises(FinishedRunKept) as refused:
+        driver.run([*QUIET, "trainer.max_steps=20", "trainer.detect_anomaly=true"], run_dir)
+    assert refused.value.problems[0].key == "trainer.detect_anomaly"
+    assert driver.run([*QUIET, "trainer.max_steps=20"], run_dir).status == "completed"
+    assert (run_dir / "config.yaml").read_text() == recorded
 
 
 def test_an_extension_killed_midway_leaves_no_completed_summary(finished: Path, tmp_path: Path) -> None:

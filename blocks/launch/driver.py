@@ -278,17 +278,28 @@ def _checked(
     return frozen, plan
 
 
-def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
+def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Plan:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``.
 
     An earlier run's ``summary.json`` goes first (:func:`retire_summary`): from here on the run
-    dir describes this attempt.
+    dir describes this attempt. Returns the plan written: that of a finished run's recorded
+    display settings when a rerun that trains nothing changed only those
+    (:func:`refuse_rewriting_finished`).
     """
     directory = job_checkpoint_dir(run_dir, plan)
     previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
     resume_from = resolve_resume(plan, directory, previous=previous)
     if resume_from and read_manifest(resume_from).step >= plan.derived.total_steps:
-        refuse_rewriting_finished(run_dir, frozen, plan.derived.total_steps)
+        steps = plan.derived.total_steps
+        frozen, kept = refuse_rewriting_finished(run_dir, frozen, steps)
+        if kept:
+            plan = dataclasses.replace(plan, blocks=config_to_blocks(frozen))  # no derived number reads them
+            print(
+                f"blocks: the run in {run_dir} has trained all its {steps} steps and {', '.join(kept)} "
+                "change no weights: it runs again with the values its config.yaml records and trains "
+                f"nothing (a new hydra.run.dir, or trainer.max_steps above {steps}, takes the new values)",
+                flush=True,
+            )
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     retire_summary(run_dir)
@@ -299,6 +310,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> None:
         record_start(run_dir, directory, resume_from, OmegaConf.to_yaml(frozen), nonce)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
+    return plan
 
 
 @contextlib.contextmanager
@@ -330,7 +342,7 @@ def held(
             if locks_checkpoint_dir(run_dir, plan):
                 locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir))
         identity = sweep_job.claim(run_dir, frozen, dict(plan.choices)) if sweep_job is not None else None
-        _write_job_files(run_dir, frozen, plan)
+        plan = _write_job_files(run_dir, frozen, plan)
         if sweep_job is not None and identity is not None:
             sweep_job.record(run_dir, identity)
         yield plan
@@ -520,8 +532,7 @@ def prepare(overrides: list[str], run_dir: Path, environment: Environment | None
     """
     composed = compose(overrides)
     frozen, plan = _checked(composed.config, composed.choices, run_dir, environment)
-    _write_job_files(run_dir, frozen, plan)
-    return plan
+    return _write_job_files(run_dir, frozen, plan)
 
 
 def run(overrides: list[str], run_dir: Path) -> Summary:

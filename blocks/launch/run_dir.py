@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exp
     Summary,
 )
 from blocks.core.secrets import env_interpolations, resolve_keeping_env
+from blocks.spec.block import Block
 from blocks.spec.errors import BlocksError, Problem
 
 
@@ -46,18 +48,58 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
     (run_dir / PLAN_FILE).write_text(json.dumps(shown.to_json(), indent=2) + "\n")
 
 
+DISPLAY_KEYS = (
+    "monitor.progress",
+    "monitor.loggers",
+    "monitor.logger_args",
+    "monitor.stall_timeout_s",
+    "monitor.rank_spread_tolerance",
+    "monitor.grad_spike_factor",
+    "monitor.peak_flops",
+)
+"""Keys that change what a run shows or where it reports, never what it trains.
+
+A rerun of a finished run that changes only these keeps their recorded values
+(:func:`refuse_rewriting_finished`). Not among them: ``monitor.log_every_n_steps`` (the health
+checks, hence a rollback, run at logged steps, and ``checkpoint.keep_best`` ranks the logged
+metrics), ``monitor.grad_norm`` (a metric a checkpoint can be ranked by), ``monitor.objective``
+and ``monitor.objective_mode`` (what the job returns to a sweeper), and the health policies.
+"""
+
+_MISSING = object()
+
+
 def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
-    """The keys whose values *config* changes from the run dir's ``config.yaml`` (none when it has none)."""
-    try:
-        before = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=False)
-    except (OSError, ValueError):
+    """The keys whose values *config* changes from the run dir's ``config.yaml`` (none when it has none).
+
+    A block field that ``config.yaml`` lacks (written before the field existed) is no change
+    when *config* gives it the field's default.
+    """
+    before = _recorded(run_dir)
+    if before is None:
         return []
     after = OmegaConf.to_container(config, resolve=False)
     changed = _differing(before, after, "")
     default = str((run_dir / CHECKPOINTS_DIR).resolve())
     if OmegaConf.select(config, "checkpoint.dir", default=None) == default:  # a moved run dir's own default
         changed = [key for key in changed if key != "checkpoint.dir"]
+    missing = [key for key in changed if _value_at(before, key) is _MISSING]
+    if missing:
+        blocks = config_to_blocks(config)
+        changed = [
+            key
+            for key in changed
+            if key not in missing or _value_at(after, key) != _field_default(blocks, key)
+        ]
     return changed
+
+
+def _recorded(run_dir: Path) -> dict | None:
+    try:
+        recorded = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=False)
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def _differing(before: object, after: object, key: str) -> list[str]:
@@ -66,35 +108,87 @@ def _differing(before: object, after: object, key: str) -> list[str]:
         return [
             k
             for name in names
-            for k in _differing(before.get(name), after.get(name), f"{key}.{name}".lstrip("."))
+            for k in _differing(
+                before.get(name, _MISSING), after.get(name, _MISSING), f"{key}.{name}".lstrip(".")
+            )
         ]
     return [] if before == after else [key]
+
+
+def _value_at(container: object, key: str) -> object:
+    for name in key.split("."):
+        if not isinstance(container, dict) or name not in container:
+            return _MISSING
+        container = container[name]
+    return container
+
+
+def _field_default(blocks: Mapping[str, Block], key: str) -> object:
+    """The default of the block field *key* names (``kind.field``); :data:`_MISSING` for any other key."""
+    kind, _, name = key.partition(".")
+    block = blocks.get(kind)
+    if block is None or not name or "." in name:
+        return _MISSING
+    for f in dataclasses.fields(block):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    return _MISSING
+
+
+def _is_display(key: str) -> bool:
+    return any(key == shown or key.startswith(f"{shown}.") for shown in DISPLAY_KEYS)
 
 
 class FinishedRunKept(BlocksError):
     """A rerun refused so as not to rewrite a finished run's record (:func:`refuse_rewriting_finished`): nothing written."""
 
 
-def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> None:
+def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> tuple[DictConfig, list[str]]:
     """Refuse a rerun that would train nothing yet record a changed config over a finished run.
 
     The run dir's checkpoint is at the run's last *step*: nothing would be trained, and the
-    weights and metrics would stay those of the settings its ``config.yaml`` holds now.
+    weights and metrics would stay those of the settings its ``config.yaml`` holds now. A rerun
+    that changes only :data:`DISPLAY_KEYS` is not refused: it runs with their recorded values,
+    so ``config.yaml`` goes on describing the run that trained. Returns the config the rerun
+    runs with and the display keys set back.
     """
     changed = changed_keys(run_dir, config)
-    if not changed:
-        return
-    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-    raise FinishedRunKept(
-        Problem(
-            changed[0],
-            f"the run in {run_dir} has trained all its {step} steps; with {shown} changed nothing would be "
-            "trained, and its config.yaml would no longer describe its weights and metrics",
-            f"give a new hydra.run.dir to train with the new setting, or raise trainer.max_steps above {step} "
-            "to train on from the checkpoint with it",
-            related=tuple(changed[1:]),
+    trained = [key for key in changed if not _is_display(key)]
+    if trained:
+        shown = ", ".join(trained[:5]) + (f" and {len(trained) - 5} more" if len(trained) > 5 else "")
+        raise FinishedRunKept(
+            Problem(
+                trained[0],
+                f"the run in {run_dir} has trained all its {step} steps; with {shown} changed nothing would be "
+                "trained, and its config.yaml would no longer describe its weights and metrics",
+                f"give a new hydra.run.dir to train with the new setting, or raise trainer.max_steps above {step} "
+                "to train on from the checkpoint with it",
+                related=tuple(trained[1:]),
+            )
         )
-    )
+    if not changed:
+        return config, []
+    before = _recorded(run_dir)
+    after = OmegaConf.to_container(config, resolve=False)
+    kept = OmegaConf.create(after)
+    assert isinstance(kept, DictConfig)
+    blocks = config_to_blocks(config)
+    for key in changed:
+        if _value_at(after, key) is _MISSING:
+            continue  # a field this version no longer has: nothing to set back
+        value = _value_at(before, key)
+        if value is _MISSING:  # an older config.yaml: the run trained as the field's default has it
+            value = _field_default(blocks, key)
+        if value is _MISSING:
+            parent, _, name = key.rpartition(".")
+            node = OmegaConf.select(kept, parent)
+            del node[name]
+        else:
+            OmegaConf.update(kept, key, value, merge=False)
+    return kept, changed
 
 
 def retire_summary(run_dir: Path) -> None:
