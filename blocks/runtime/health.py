@@ -444,7 +444,7 @@ class StallWatchdog(pl.Callback):
         self._step = 0
         self._stop = threading.Event()
         self._fired = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by the signal handler, in the main thread
         # who ends a stalled run: "main" (the run's own thread came back) or "watchdog"
         self._ended_by: str | None = None
         self._main_back = threading.Event()
@@ -515,11 +515,12 @@ class StallWatchdog(pl.Callback):
     def _stand_down(self) -> None:
         """The main thread left training: stop the thread, give the signal back, and end the stall (if any) from here."""
         self._stop.set()
-        self._claim("main")
-        if self._signal_taken and _in_main_thread():
-            previous = self._previous_handler
-            signal.signal(STALL_SIGNAL, signal.SIG_DFL if previous is None else previous)  # type: ignore[arg-type]
-            self._signal_taken, self._previous_handler = False, None
+        with self._lock:  # not while the watchdog sends the signal: it must find this handler
+            self._claim("main")
+            if self._signal_taken and _in_main_thread():
+                previous = self._previous_handler
+                signal.signal(STALL_SIGNAL, signal.SIG_DFL if previous is None else previous)  # type: ignore[arg-type]
+                self._signal_taken, self._previous_handler = False, None
 
     def _claim(self, by: str) -> bool:
         """Make *by* the one that ends a stalled run, unless the other already is; whether *by* is."""
@@ -531,8 +532,11 @@ class StallWatchdog(pl.Callback):
             return self._ended_by == by
 
     def _interrupted(self, signum: int, frame: Any) -> None:
-        """:data:`STALL_SIGNAL` in the main thread: raise :class:`StallError` there, once the watchdog fired."""
-        if self._fired.is_set() and self._claim("main"):
+        """:data:`STALL_SIGNAL` in the main thread: raise :class:`StallError` there, once the watchdog fired.
+
+        Not once training has ended meanwhile (:meth:`_stand_down`): nothing is stuck any more.
+        """
+        if self._fired.is_set() and not self._stop.is_set() and self._claim("main"):
             raise StallError(self.reason)
         previous = self._previous_handler
         if callable(previous):
@@ -583,10 +587,11 @@ class StallWatchdog(pl.Callback):
 
     def _interrupt_main(self) -> bool:
         """Send :data:`STALL_SIGNAL` to the main thread, which raises :class:`StallError`; False when it cannot."""
-        if not self._signal_taken or STALL_SIGNAL is None:
-            return False  # the run does not train in the main thread: nothing there to interrupt
-        signal.pthread_kill(threading.main_thread().ident or 0, STALL_SIGNAL)
-        return True
+        with self._lock:
+            if not self._signal_taken or STALL_SIGNAL is None:
+                return False  # the run does not train in the main thread, or training ended meanwhile
+            signal.pthread_kill(threading.main_thread().ident or 0, STALL_SIGNAL)
+            return True
 
     def _record_and_exit(self) -> None:
         """Have rank 0 record the stall (the others wait until it has), then end the process with status 3."""
