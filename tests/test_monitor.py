@@ -172,12 +172,96 @@ def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(tmp_path: Pat
     summary = read_summary(run_dir)
     assert summary["status"] == "failed"
     assert "stalled" in summary["reason"] and "monitor.stall_timeout_s" in summary["reason"]
+    # Regression: the process ended with the last row still buffered, and the summary had no metrics.
+    with (run_dir / "metrics.csv").open() as fh:
+        steps = [int(row["step"]) for row in csv.DictReader(fh)]
+    assert steps == list(range(1, summary["global_step"] + 1)), steps
+    assert "train/loss" in summary["metrics"] and summary["epoch"] == 0
     stacks = {p.name: p.read_text() for p in (run_dir / "stacks").glob("rank*")}
     assert set(stacks) == {"rank0-attempt0.txt", "rank1-attempt0.txt"}
     assert "on_train_batch_end" in stacks["rank1-attempt0.txt"], (
         "the stalled rank's stack shows where it sleeps"
     )
     assert "fit" in stacks["rank0-attempt0.txt"], "the waiting rank's stack shows the training loop"
+
+
+def test_a_stalled_job_of_a_one_process_sweep_fails_and_the_sweep_goes_on(
+    cli_in_process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the watchdog ended the sweep's own process, so later jobs never ran and nothing said
+    which job did not complete; the stalled job lost its last buffered metrics row and its summary had no metrics."""
+    sweep = tmp_path / "sweep"
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:3:300")  # only the job with a watchdog (job 0) stalls
+    result = cli_in_process(
+        "run",
+        "-m",
+        *BLOBS,
+        "trainer.max_steps=5",
+        "checkpoint.every_n_steps=2",
+        "monitor.stall_timeout_s=2,0",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 1, result.output[-3000:]
+    assert f"1 job(s) of the sweep did not complete: {sweep / '0'} " in result.output
+    assert read_summary(sweep / "1")["status"] == "completed", "the sweep went on past the stalled job"
+    stalled = read_summary(sweep / "0")
+    assert stalled["status"] == "failed" and stalled["global_step"] == 3
+    assert stalled["reason"].startswith(
+        "stalled: no training step for 2s after step 3 (monitor.stall_timeout_s)"
+    )
+    assert "train/loss" in stalled["metrics"] and "grad_norm" in stalled["metrics"]
+    with (sweep / "0" / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [row["step"] for row in rows] == ["1", "2", "3"], "the row buffered when it stalled is written"
+    assert float(rows[-1]["train/loss"]) == pytest.approx(stalled["metrics"]["train/loss"], rel=1e-5)
+    assert (sweep / "0" / "checkpoints" / store.step_dir_name(2)).is_dir(), "its last checkpoint is kept"
+    assert (sweep / "0" / "stacks" / "rank0-attempt0.txt").exists()
+
+
+def test_a_stalled_one_process_run_exits_3_and_leaves_the_process_to_its_caller(
+    cli_in_process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The contract's exit status 3, now that the watchdog fails the run in its own thread (it ended the process)."""
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:1:300")
+    run_dir = tmp_path / "run"
+    result = cli_in_process(
+        "run", *BLOBS, "trainer.max_steps=3", "monitor.stall_timeout_s=1", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 3, result.output[-3000:]
+    assert read_summary(run_dir)["reason"].startswith("stalled: no training step for 1s after step 1")
+
+
+def test_a_stall_that_never_returns_to_python_is_recorded_and_ends_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that shares its process is interrupted first; stuck where no signal reaches Python, the watchdog
+    records the stall itself and ends the process, and the run's own summary is not written over it."""
+    import signal
+    import threading
+
+    import pytorch_lightning as pl
+
+    from blocks.runtime import health
+
+    exits: list[int] = []
+    recorded = threading.Event()
+    monkeypatch.setattr(health.os, "_exit", exits.append)
+    watchdog = health.StallWatchdog(
+        1, tmp_path, on_stall=lambda reason, step: recorded.set(), grace_s=0.5, exits_process=False
+    )
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    handler = signal.getsignal(health.STALL_SIGNAL)
+    watchdog.on_train_start(trainer, None)  # type: ignore[arg-type]
+    signal.pthread_sigmask(signal.SIG_BLOCK, [health.STALL_SIGNAL])  # as C code that never checks signals
+    try:
+        assert recorded.wait(30), "the watchdog recorded the stall"
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [health.STALL_SIGNAL])  # the pending signal: no raise now
+        watchdog.on_train_end(trainer, None)  # type: ignore[arg-type]
+    watchdog._thread.join(10)  # type: ignore[union-attr]
+    assert exits == [health.STALL_EXIT_CODE]
+    assert watchdog.fired, "the watchdog recorded the stall: the run's own thread writes no summary"
+    assert signal.getsignal(health.STALL_SIGNAL) == handler, "the signal's handler is given back"
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ def test_only_process_entry_points_end_the_process() -> None:
         "cli/main.py": {"main"},
         "launch/worker.py": {"main", "forked_worker"},
         "launch/torchrun.py": {"main"},
-        "runtime/health.py": {"_fire"},
+        "runtime/health.py": {"_record_and_exit"},
         "runtime/preemption.py": {"_end_overdue"},
     }
     offenders = []

@@ -545,7 +545,7 @@ def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:
 def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
     """Plan every train stage, then run the stages not finished yet (``blocks run recipe=<pipeline>``)."""
     from blocks.cli.render import print_problems
-    from blocks.launch.driver import JobFailed, exit_code
+    from blocks.launch.driver import JobFailed
     from blocks.launch.pipeline import StageProblems, run_pipeline
 
     root, overrides = _pipeline_args(name, args)
@@ -566,7 +566,7 @@ def cmd_run_pipeline(name: str, pipeline: Pipeline, args: Sequence[str]) -> int:
         return _fail(exc, exc.header(name))
     except JobFailed as exc:
         print(f"blocks: {exc}", file=sys.stderr)
-        return exit_code(exc.summary)
+        return exc.exit_status
     except TrainingError as exc:  # met once a stage's training started: it failed
         return _fail(exc, "blocks: training failed (its summary.json says failed and why)")
     return 0

@@ -97,7 +97,7 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
         job_ended(run_dir, exc.summary.status)
         if in_sweep and exc.summary.status != "interrupted":
             return failed_objective(cfg)
-        raise SystemExit(exit_code(exc.summary)) from None
+        raise SystemExit(exc.exit_status) from None
     except BlocksError as exc:
         # A TrainingError was met once training started: the job failed (summary.json says so).
         what = "training failed" if isinstance(exc, TrainingError) else "the job could not start"
@@ -423,13 +423,15 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
     except BaseException as exc:
         if not (run_dir / SUMMARY_FILE).exists():
             Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
-        from blocks.runtime.health import NonFiniteError
+        from blocks.runtime.health import STALL_EXIT_CODE, NonFiniteError, StallError
 
-        if isinstance(exc, (NonFiniteError, SIGTERMException, KeyboardInterrupt, SystemExit)):
-            # the run's health policy or a signal stopped it: no traceback
+        if isinstance(exc, (NonFiniteError, StallError, SIGTERMException, KeyboardInterrupt, SystemExit)):
+            # the run's health policy, its stall watchdog or a signal stopped it: no traceback
             summary = Summary.read(run_dir)
             raise JobFailed(
-                f"the job ended with status '{summary.status}': {summary.reason}", summary
+                f"the job ended with status '{summary.status}': {summary.reason}",
+                summary,
+                exit_status=STALL_EXIT_CODE if isinstance(exc, StallError) else None,
             ) from None
         raise
 
@@ -517,11 +519,12 @@ def _await(path: Path, timeout_s: float) -> None:
 
 
 class JobFailed(RuntimeError):
-    """The workers of a job failed or were interrupted; ``summary`` says how."""
+    """The workers of a job failed or were interrupted; ``summary`` says how, ``exit_status`` is ``blocks run``'s."""
 
-    def __init__(self, message: str, summary: Summary) -> None:
+    def __init__(self, message: str, summary: Summary, *, exit_status: int | None = None) -> None:
         super().__init__(message)
         self.summary = summary
+        self.exit_status = exit_code(summary) if exit_status is None else exit_status
 
 
 def prepare(overrides: list[str], run_dir: Path, environment: Environment | None = None) -> Plan:

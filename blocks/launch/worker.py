@@ -36,8 +36,13 @@ if TYPE_CHECKING:
     from blocks.runtime.preemption import Preemption
 
 
-def train(run_dir: Path, *, console: bool = True) -> Summary:
-    """Train the run in *run_dir* and write its ``summary.json`` (on failure too)."""
+def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> Summary:
+    """Train the run in *run_dir* and write its ``summary.json`` (on failure too).
+
+    *own_process*: this process runs this job only (a worker), so a stall ends it (see
+    :func:`~blocks.runtime.trainer.build_run`); otherwise a stall fails the run with
+    :class:`~blocks.runtime.health.StallError` and the process goes on.
+    """
     started = time.perf_counter()
     load()
     frozen = load_run(run_dir)
@@ -49,9 +54,9 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
     from blocks.runtime.callbacks import early_stop_reason
     from blocks.runtime.health import stall_detected
-    from blocks.runtime.trainer import build_run
+    from blocks.runtime.trainer import build_run, record_progress
 
-    built = build_run(plan, run_dir, console=console, run_config=frozen.config)
+    built = build_run(plan, run_dir, console=console, run_config=frozen.config, own_process=own_process)
     if built.preemption is not None and plan.derived.world_size == 1 and not os.environ.get(IN_RAY_TASK_ENV):
         # A signal while fit sets up the data or restores the checkpoint stops the run too. Not
         # with several processes: a rank waiting for its peers in C code would never see the
@@ -90,14 +95,7 @@ def train(run_dir: Path, *, console: bool = True) -> Summary:
     finally:
         try:
             built.recorder.close()
-            summary.global_step = trainer.global_step
-            steps_per_epoch = plan.derived.steps_per_epoch
-            summary.epoch = trainer.global_step // steps_per_epoch if steps_per_epoch else 0
-            summary.metrics = dict(built.recorder.last)
-            summary.samples_per_s = built.recorder.samples_per_s
-            summary.steady_samples_per_s = built.recorder.steady_samples_per_s
-            summary.steady_tokens_per_s = built.recorder.steady_tokens_per_s
-            summary.checkpoint_stall_s = built.checkpointer.stall_s if built.checkpointer else 0.0
+            record_progress(summary, plan, trainer.global_step, built.recorder)
             weights_error: Exception | None = None
             # Gathering sharded weights is a collective: only safe when every rank got this far.
             if summary.status == "completed" or not is_sharded(module.model):
@@ -202,6 +200,10 @@ SWEEP_CONFIG = "multirun.yaml"
 
 def failure_reason(exc: BaseException, plan: Plan) -> str:
     """``summary.json``'s reason for *exc*; a timed-out collective also says what it means and which key sets it."""
+    from blocks.runtime.health import StallError
+
+    if isinstance(exc, StallError):  # its message is the stall watchdog's reason
+        return str(exc)
     reason = f"{type(exc).__name__}: {exc}"
     message = str(exc).lower()
     limit = plan.strategy.collective_timeout()
@@ -247,7 +249,7 @@ def run_worker(run_dir: Path) -> int:
     from blocks.runtime.health import NonFiniteError
 
     try:
-        train(run_dir)
+        train(run_dir, own_process=True)
     except BlocksError as exc:
         return _report_user_error(run_dir, exc)
     except NonFiniteError as exc:  # the health policy stopped training: summary.json has the reason

@@ -70,7 +70,8 @@ class MonitorBlock(Block):
             checkpoint, ``skip`` warns (0: off; only for losses whose first value is positive).
         stall_timeout_s: when no training or validation batch finishes for this many seconds,
             every rank dumps its Python stacks into ``<run dir>/stacks/`` and the job fails,
-            so torchrun's restarts (``trainer.max_failures``) can take over (0: off).
+            so torchrun's restarts (``trainer.max_failures``) can take over, or a sweep goes on
+            with its next job (0: off).
         objective: the metric a run returns to Hydra's sweeper (e.g. Optuna); falls back to
             ``train/loss`` when the run has no such metric.
         objective_mode: ``min`` or ``max``: how ``blocks report`` ranks a sweep's jobs.

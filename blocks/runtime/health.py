@@ -6,6 +6,7 @@ import faulthandler
 import logging
 import math
 import os
+import signal
 import statistics
 import threading
 import time
@@ -393,14 +394,35 @@ class _DeviceSkips:
         return skipped, longest
 
 
+class StallError(BaseException):
+    """Raised in the main thread of a run its stall watchdog found stalled, when other work shares the process.
+
+    A :class:`BaseException`, like :class:`KeyboardInterrupt`: it interrupts the code that hung,
+    and an ``except Exception`` there must not swallow it.
+    """
+
+
+STALL_SIGNAL = getattr(signal, "SIGUSR2", None)
+"""The signal the watchdog sends its own process's main thread to interrupt a stalled run (a sleep or a wait included)."""
+
+
 class StallWatchdog(pl.Callback):
     """Fails the job when no training or validation batch finishes for ``timeout_s`` seconds.
 
     Every rank runs a watchdog thread. When it fires it dumps the Python stack of every thread
-    of its process to ``<run dir>/stacks/rank<R>-attempt<N>.txt`` (``faulthandler``), waits a
-    few seconds for the other ranks' dumps, lets *on_stall(reason, step)* record the failure
-    (on global rank 0 only: it writes ``summary.json``), and exits the process with status 3, so torchrun stops the job or
-    restarts it (``trainer.max_failures``).
+    of its process to ``<run dir>/stacks/rank<R>-attempt<N>.txt`` (``faulthandler``) and waits
+    a few seconds for the other ranks' dumps. Then:
+
+    - a process that runs this one job (*exits_process*: a torchrun, srun, mpirun or Ray worker)
+      lets *on_stall(reason, step)* record the failure (on global rank 0 only: it writes
+      ``summary.json``) and exits with status 3, so torchrun stops the job or restarts it
+      (``trainer.max_failures``);
+    - a process that goes on after the job (``blocks run`` training in its own process, a sweep
+      of such jobs, the Python API) first interrupts its main thread (:data:`STALL_SIGNAL`),
+      which raises :class:`StallError` where it hangs: the run fails like any other and the
+      process goes on. Only when the main thread does not come back within *grace_s* (stuck
+      in code that never returns to Python) is the failure recorded as above and the process
+      ended with status 3.
     """
 
     def __init__(
@@ -410,15 +432,24 @@ class StallWatchdog(pl.Callback):
         *,
         on_stall: Callable[[str, int], None],
         grace_s: float = 10.0,
+        exits_process: bool = True,
     ) -> None:
         self.timeout_s = timeout_s
         self.run_dir = run_dir
         self.on_stall = on_stall
         self.grace_s = grace_s
+        self.exits_process = exits_process
+        self.reason = ""
         self._last_beat = time.monotonic()
         self._step = 0
         self._stop = threading.Event()
         self._fired = threading.Event()
+        self._lock = threading.RLock()  # re-entered by the signal handler, in the main thread
+        # who ends a stalled run: "main" (the run's own thread came back) or "watchdog"
+        self._ended_by: str | None = None
+        self._main_back = threading.Event()
+        self._signal_taken = False
+        self._previous_handler: Any = None
         self._thread: threading.Thread | None = None
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -430,10 +461,16 @@ class StallWatchdog(pl.Callback):
         self._step = trainer.global_step
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Start the watchdog thread."""
+        """Start the watchdog thread (and, when the process goes on after the run, take :data:`STALL_SIGNAL`)."""
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
         self._beat(trainer)
         self._stop.clear()
+        self._fired.clear()
+        self._main_back.clear()
+        self._ended_by = None
+        if not self.exits_process and STALL_SIGNAL is not None and _in_main_thread():
+            self._previous_handler = signal.signal(STALL_SIGNAL, self._interrupted)
+            self._signal_taken = True
         self._thread = threading.Thread(target=self._watch, name="blocks-stall-watchdog", daemon=True)
         self._thread.start()
 
@@ -467,26 +504,59 @@ class StallWatchdog(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Stop watching: what follows (final validation, weights) is not a training step."""
-        self._stop.set()
+        self._stand_down()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """Stop watching a run that failed for another reason."""
+        """Stop watching a run that failed (a stall this watchdog interrupted included)."""
+        self._stand_down()
+
+    def _stand_down(self) -> None:
+        """The main thread left training: stop the thread, give the signal back, and end the stall (if any) from here."""
         self._stop.set()
+        with self._lock:  # not while the watchdog sends the signal: it must find this handler
+            self._claim("main")
+            if self._signal_taken and _in_main_thread():
+                previous = self._previous_handler
+                signal.signal(STALL_SIGNAL, signal.SIG_DFL if previous is None else previous)  # type: ignore[arg-type]
+                self._signal_taken, self._previous_handler = False, None
+
+    def _claim(self, by: str) -> bool:
+        """Make *by* the one that ends a stalled run, unless the other already is; whether *by* is."""
+        with self._lock:
+            if self._ended_by is None:
+                self._ended_by = by
+                if by == "main":
+                    self._main_back.set()
+            return self._ended_by == by
+
+    def _interrupted(self, signum: int, frame: Any) -> None:
+        """:data:`STALL_SIGNAL` in the main thread: raise :class:`StallError` there, once the watchdog fired.
+
+        Not once training has ended meanwhile (:meth:`_stand_down`): nothing is stuck any more.
+        """
+        if self._fired.is_set() and not self._stop.is_set() and self._claim("main"):
+            raise StallError(self.reason)
+        previous = self._previous_handler
+        if callable(previous):
+            previous(signum, frame)
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
             idle = time.monotonic() - self._last_beat
             if idle >= self.timeout_s:
                 self._fire(idle)
+                return
 
     @property
     def fired(self) -> bool:
-        """Whether this watchdog found the run stalled (it records the stall and ends the process itself)."""
-        return self._fired.is_set()
+        """Whether this watchdog records the stall itself and ends the process (the run's own thread does not come back)."""
+        return self._fired.is_set() and self._ended_by == "watchdog"
 
     def _fire(self, idle: float) -> None:
+        if self.exits_process and not self._claim("watchdog"):
+            return  # training ended in its own thread meanwhile: no stall
         self._fired.set()
         directory = self.run_dir / STACKS_DIR
         directory.mkdir(parents=True, exist_ok=True)
@@ -497,15 +567,39 @@ class StallWatchdog(pl.Callback):
             faulthandler.dump_traceback(fh, all_threads=True)
         pattern = f"rank*-attempt{self._attempt}.txt"
         _wait_for(lambda: len(list(directory.glob(pattern))) >= self._world_size, self.grace_s)
-        reason = (
+        self.reason = (
             f"stalled: no training step for {self.timeout_s:g}s after step {self._step} "
             f"(monitor.stall_timeout_s); Python stacks of every rank in {directory}"
         )
-        print(f"blocks: {reason}", flush=True)
+        print(f"blocks: {self.reason}", flush=True)
+        if not self.exits_process:
+            if self._interrupt_main() and self._main_back.wait(self.grace_s):
+                return  # the run fails in its own thread, which records it; the process goes on
+            if not self._claim("watchdog"):
+                return
+            print(
+                f"blocks: training did not stop within {self.grace_s:g}s of the stall (it hangs outside "
+                f"Python): the process ends with status {STALL_EXIT_CODE}, and what it would run after "
+                "this job (the next jobs of a sweep) does not run; the same command again resumes",
+                flush=True,
+            )
+        self._record_and_exit()
+
+    def _interrupt_main(self) -> bool:
+        """Send :data:`STALL_SIGNAL` to the main thread, which raises :class:`StallError`; False when it cannot."""
+        with self._lock:
+            if not self._signal_taken or STALL_SIGNAL is None:
+                return False  # the run does not train in the main thread, or training ended meanwhile
+            signal.pthread_kill(threading.main_thread().ident or 0, STALL_SIGNAL)
+            return True
+
+    def _record_and_exit(self) -> None:
+        """Have rank 0 record the stall (the others wait until it has), then end the process with status 3."""
+        directory = self.run_dir / STACKS_DIR
         recorded = directory / f".recorded-attempt{self._attempt}"
         try:
             if self._rank == 0:
-                self.on_stall(reason, self._step)
+                self.on_stall(self.reason, self._step)
                 recorded.touch()
             else:
                 # The first rank to exit makes torchrun stop the others: wait until rank 0 has
@@ -519,6 +613,11 @@ class StallWatchdog(pl.Callback):
             os._exit(STALL_EXIT_CODE)
 
 
+def _in_main_thread() -> bool:
+    """Whether this is the main thread (the only one that may set a signal handler)."""
+    return threading.current_thread() is threading.main_thread()
+
+
 def _wait_for(condition: Callable[[], bool], patience_s: float) -> None:
     """Poll *condition* until it holds or *patience_s* has passed."""
     deadline = time.monotonic() + patience_s
@@ -527,7 +626,9 @@ def _wait_for(condition: Callable[[], bool], patience_s: float) -> None:
 
 
 def stall_detected(trainer: pl.Trainer) -> bool:
-    """Whether *trainer*'s stall watchdog fired (it writes the summary and ends the process itself).
+    """Whether *trainer*'s stall watchdog fired and records the stall itself: it writes the summary and ends the process.
+
+    Not when it interrupted the run's own thread instead (:class:`StallError`), which records the failure as any other.
 
     The watchdog's own state, not the process's: a stall in one run says nothing of the next
     run in the same process (in-process runs, tests).

@@ -284,6 +284,17 @@ class MetricsRecorder(pl.Callback):
             for sink in self.sinks:
                 sink.flush()
 
+    def write_out(self) -> None:
+        """Write out every sink's buffered rows, each on its own (one that fails leaves the others to write).
+
+        For a process about to end without closing them (a stalled run's watchdog, global rank 0).
+        """
+        for sink in self.sinks:
+            try:
+                sink.flush()
+            except Exception:
+                log.exception("could not write out the buffered rows of %s", type(sink).__name__)
+
     def close(self) -> None:
         """Flush every sink."""
         for sink in self.sinks:

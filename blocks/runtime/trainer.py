@@ -64,12 +64,20 @@ def quiet_lightning() -> None:
 
 
 def build_run(
-    plan: Plan, run_dir: Path, *, console: bool = True, run_config: DictConfig | None = None
+    plan: Plan,
+    run_dir: Path,
+    *,
+    console: bool = True,
+    run_config: DictConfig | None = None,
+    own_process: bool = False,
 ) -> BuiltRun:
     """Build the module, data module and trainer for *plan*, writing metrics into *run_dir*.
 
     *run_config* is the run dir's ``config.yaml`` when the caller has read it already (a
     worker has, to rebuild the plan); otherwise it is read again for the loggers.
+    *own_process*: the process runs this job only (a worker torchrun, srun, mpirun or Ray
+    started), so a stall ends it at once (:class:`StallWatchdog`); otherwise the process goes on
+    after the job (a sweep's next job) and a stall first interrupts training.
     """
     quiet_lightning()
     derived = plan.derived
@@ -131,7 +139,12 @@ def build_run(
     ]
     if monitor.stall_timeout_s:
         callbacks.append(
-            StallWatchdog(monitor.stall_timeout_s, run_dir, on_stall=_stall_summary(run_dir, plan))
+            StallWatchdog(
+                monitor.stall_timeout_s,
+                run_dir,
+                on_stall=_stall_summary(run_dir, plan, recorder),
+                exits_process=own_process,
+            )
         )
     io = FsspecCheckpointIO(async_save=checkpoint_block.enabled and checkpoint_block.async_save)
     checkpointer = None
@@ -267,16 +280,35 @@ def run_hyperparameters(plan: Plan, run_dir: Path, run_config: DictConfig | None
     return hyperparameters(flat, dataclasses.asdict(plan.derived))
 
 
-def _stall_summary(run_dir: Path, plan: Plan) -> Callable[[str, int], None]:
-    """What the stall watchdog of global rank 0 writes before the process exits: a failed ``summary.json``."""
+def _stall_summary(run_dir: Path, plan: Plan, recorder: MetricsRecorder) -> Callable[[str, int], None]:
+    """What the stall watchdog of global rank 0 does before the process exits.
+
+    It writes out the rows the metric sinks still buffer (``metrics.csv`` holds the last one
+    until the next arrives) and a failed ``summary.json`` with the figures of training so far,
+    as a run that failed with an exception has.
+    """
 
     def write(reason: str, step: int) -> None:
-        Summary(
+        recorder.write_out()
+        summary = Summary(
             status="failed",
             reason=reason,
-            global_step=step,
             world_size=plan.derived.world_size,
             restarts=restart_count(),
-        ).write(run_dir)
+        )
+        record_progress(summary, plan, step, recorder)
+        summary.write(run_dir)
 
     return write
+
+
+def record_progress(summary: Summary, plan: Plan, step: int, recorder: MetricsRecorder) -> None:
+    """Give *summary* the figures of training up to optimizer *step*: epoch, last logged metrics, throughput, save stall."""
+    summary.global_step = step
+    steps_per_epoch = plan.derived.steps_per_epoch
+    summary.epoch = step // steps_per_epoch if steps_per_epoch else 0
+    summary.metrics = dict(recorder.last)
+    summary.samples_per_s = recorder.samples_per_s
+    summary.steady_samples_per_s = recorder.steady_samples_per_s
+    summary.steady_tokens_per_s = recorder.steady_tokens_per_s
+    summary.checkpoint_stall_s = recorder.stall_clock()
