@@ -57,6 +57,16 @@ def test_max_steps_and_max_epochs_stop_at_whichever_comes_first() -> None:
     assert q.derived.total_steps == q.derived.steps_per_epoch
 
 
+def test_overfit_batches_make_an_epoch_and_the_validation_set() -> None:
+    p = plan("recipe=blobs", "data.batch_size=512", "trainer.overfit_batches=2")  # 3 epochs
+    d = p.derived
+    assert p.ok and d.train_samples // d.global_batch == 7
+    assert (d.steps_per_epoch, d.total_steps, d.epochs) == (2, 6, 3.0)
+    assert d.val_samples == 2 * 512  # validation reads the same batches
+    small = plan("recipe=blobs", "data.batch_size=2048", "trainer.overfit_batches=5").derived
+    assert (small.steps_per_epoch, small.val_samples) == (1, small.train_samples)  # as many as there are
+
+
 def test_accelerator_auto_resolves_from_the_environment() -> None:
     assert plan(env=CPU).derived.accelerator == "cpu"
     assert plan(env=GPU).derived.accelerator == "gpu"

@@ -10,6 +10,8 @@ one must read no tensor on the host between logged steps (the count of
 
 from __future__ import annotations
 
+import csv
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -32,12 +34,19 @@ BAD_STEPS = {3, 4, 12}
 
 
 class InjectNaN(pl.Callback):
-    """Writes NaN into the first parameter's gradient at the optimizer steps in *bad*; keeps every step's weights."""
+    """Writes NaN into the first parameter's gradient at the optimizer steps in *bad*; keeps every step's weights.
+
+    The loss stays finite: only the gradients are not. Each step's loss (the sum of its
+    micro-batches', already divided by the accumulation count) is kept on the device.
+    """
 
     def __init__(self, bad: set[int]) -> None:
         self.bad = bad
         self.before: dict[int, list[torch.Tensor]] = {}
         self.after: dict[int, list[torch.Tensor]] = {}
+        self.losses: dict[int, torch.Tensor] = {}
+        self._pending: torch.Tensor | None = None
+        self._seen_step = 0
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
@@ -48,8 +57,24 @@ class InjectNaN(pl.Callback):
             grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
             grad.view(-1)[0] = float("nan")
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        loss = outputs["loss"].detach().clone()
+        self._pending = loss if self._pending is None else self._pending + loss
+        if trainer.global_step != self._seen_step:  # the optimizer step just ended
+            self.losses[trainer.global_step], self._pending = self._pending, None
+            self._seen_step = trainer.global_step
         self.after[trainer.global_step] = [p.detach().clone() for p in pl_module.parameters()]
+
+    def counted_mean_losses(self, every: int) -> dict[int, float]:
+        """Per logged step, the mean loss over the window's steps that were not skipped (read after training)."""
+        return {
+            end: statistics.mean(
+                float(self.losses[step]) for step in range(end - every + 1, end + 1) if step not in self.bad
+            )
+            for end in range(every, STEPS + 1, every)
+        }
 
     def unchanged_steps(self) -> set[int]:
         """Steps after which every parameter equals what it was before the step (read after training)."""
@@ -77,6 +102,12 @@ def _built(run_dir: Path, fused: bool, extra: tuple[str, ...] = ()) -> BuiltRun:
         run_dir,
     )
     return build_run(plan, run_dir, console=False)
+
+
+def _logged_losses(built: BuiltRun) -> dict[int, float]:
+    """``train/loss`` by step from the run's ``metrics.csv``."""
+    with (Path(built.trainer.default_root_dir) / "metrics.csv").open(newline="") as fh:
+        return {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(fh) if row["train/loss"]}
 
 
 def _train(built: BuiltRun, injector: InjectNaN) -> None:
@@ -133,13 +164,17 @@ def test_the_bad_steps_leave_the_weights_alone_and_count_as_on_the_host_checked_
     assert injector.unchanged_steps() == BAD_STEPS
     assert built.recorder.last["health/skipped_steps"] == len(BAD_STEPS)
     assert all(bool(torch.isfinite(p).all()) for p in built.module.parameters())
+    # a skipped step's loss is finite (only its gradients are not), and still does not count
+    assert _logged_losses(built) == pytest.approx(injector.counted_mean_losses(LOG_EVERY), rel=1e-4)
 
-    synced = _built(tmp_path, fused=False)
+    # the host-checked path, with accumulation: the verdict comes after the step's first micro-batch
+    synced = _built(tmp_path, fused=False, extra=("optim.accumulate=2",))
     checked = InjectNaN(BAD_STEPS)
     _train(synced, checked)
     assert not skips_on_device(synced.trainer.optimizers[0])
     assert checked.unchanged_steps() == BAD_STEPS
     assert synced.recorder.last["health/skipped_steps"] == built.recorder.last["health/skipped_steps"]
+    assert _logged_losses(synced) == pytest.approx(checked.counted_mean_losses(LOG_EVERY), rel=1e-4)
 
 
 def test_too_many_bad_steps_in_a_row_fail_the_run_at_the_next_logged_step(tmp_path: Path) -> None:

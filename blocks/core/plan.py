@@ -46,9 +46,11 @@ class Derived:
             ranks are data-parallel, and how many split each model replica (tensor, pipeline).
         global_batch: samples per optimizer step (micro_batch × data-parallel ranks × accumulate).
         train_samples: samples in the training split.
-        val_samples: samples in the validation split (0 with ``trainer.limit_val_batches=0``).
+        val_samples: samples in the validation split (0 with ``trainer.limit_val_batches=0``;
+            with ``trainer.overfit_batches``, the overfit batches' samples: validation reads them).
         steps_per_epoch: optimizer steps per pass over the training split (partial global
-            batches are dropped; at most ``trainer.limit_train_batches``).
+            batches are dropped; at most ``trainer.limit_train_batches``, or
+            ``trainer.overfit_batches``: an epoch is then a pass over those batches).
         total_steps: optimizer steps the job will take.
         total_tokens: tokens the job trains on (steps × global batch × ``seq_len``; 0 unless the
             data yields tokens).
@@ -513,6 +515,10 @@ def _derive(state: _State) -> None:
     steps_per_epoch = train // global_batch if global_batch else 0
     if trainer.limit_train_batches and trainer.limit_train_batches > 0:
         steps_per_epoch = min(steps_per_epoch, trainer.limit_train_batches)
+    if trainer.overfit_batches and trainer.overfit_batches > 0 and global_batch:
+        # an epoch is the first overfit_batches global batches, and validation reads the same ones
+        steps_per_epoch = min(steps_per_epoch, trainer.overfit_batches)
+        val = min(train, trainer.overfit_batches * global_batch)
     if trainer.limit_val_batches == 0:
         val = 0  # validation is turned off: no val/ metric exists
     max_steps = trainer.max_steps

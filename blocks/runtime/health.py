@@ -106,6 +106,7 @@ class HealthGuard(pl.Callback):
         self._norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self._warned_no_checkpoint = False
         self._on_device: _DeviceSkips | None = None
+        self._step_skipped: torch.Tensor | bool = False
         # the longest run of bad steps a resumed checkpoint saved before max_bad_steps judged it
         self._unchecked_longest_run = 0
 
@@ -163,6 +164,7 @@ class HealthGuard(pl.Callback):
         """Drop a non-finite step's gradients (and roll back) before the optimizer sees them."""
         if not self.checks_every_step:
             return
+        self._step_skipped = False
         if self.policy == "skip" and skips_on_device(optimizer):
             self._skip_on_device(pl_module, optimizer)
             return
@@ -170,6 +172,7 @@ class HealthGuard(pl.Callback):
         if norm is None or bool(torch.isfinite(norm)):
             self._bad_in_a_row = 0
             return
+        self._step_skipped = True
         step = trainer.global_step + 1
         self._bad_in_a_row += 1
         if self.max_bad_steps and self._bad_in_a_row > self.max_bad_steps:
@@ -197,9 +200,19 @@ class HealthGuard(pl.Callback):
             return
         bad = torch.logical_not(torch.isfinite(norm)).to(torch.float32)
         set_found_inf(optimizer, bad)
+        self._step_skipped = bad
         if self._on_device is None:
             self._on_device = _DeviceSkips(bad.device, run=self._bad_in_a_row)
         self._on_device.add(bad)
+
+    def take_step_verdict(self) -> torch.Tensor | bool:
+        """Whether the last optimizer step was skipped, and forget it (the metrics callback asks once per step).
+
+        A device tensor (1.0: skipped) when the fused optimizer skipped on the device, so asking
+        costs no host sync; a bool when the host decided; False when steps are not checked.
+        """
+        verdict, self._step_skipped = self._step_skipped, False
+        return verdict
 
     def skipped_in_open_window(self) -> int:
         """Steps skipped since the last logged row, those counted on the device included (read, not settled)."""

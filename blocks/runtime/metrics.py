@@ -38,6 +38,10 @@ class MetricsRecorder(pl.Callback):
     for up to 8 ranks; a spread over ``rank_spread_tolerance`` for 3 logged windows in a row
     is a warning (once per episode). Only global
     rank 0 writes to the sinks.
+
+    A step skipped by ``monitor.on_nonfinite`` is left out of ``train/loss`` (its loss is kept
+    apart until the :class:`HealthGuard`'s verdict, a device tensor on the fused path), but
+    counts in throughput and timing: its batches were computed.
     """
 
     def __init__(
@@ -68,7 +72,8 @@ class MetricsRecorder(pl.Callback):
         self.last: Row = {}
         self.measured_at: dict[str, int] = {}
         """The optimizer step each metric of :attr:`last` was logged at."""
-        self._loss_sum: torch.Tensor | None = None
+        self._loss_sum: torch.Tensor | None = None  # over the window's counted steps
+        self._step_loss: torch.Tensor | None = None  # over the micro-batches of the step in progress
         self._carried_loss = 0.0  # the loss summed over the counted steps of the window a checkpoint saved
         self._carried_steps = 0
         self._steps = 0
@@ -155,16 +160,31 @@ class MetricsRecorder(pl.Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is not None:
             loss = loss.detach()
-            if self.health is not None and self.health.checks_every_step:
-                loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)  # skipped steps do not count
-            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self._step_loss = loss if self._step_loss is None else self._step_loss + loss
         step = trainer.global_step  # a chain of Lightning properties: read once
         if step == self._seen_step:
             return
+        self._count_step_loss()
         self._steps += step - self._seen_step
         self._seen_step = step
         if step % self.every == 0:
             self._flush(trainer)
+
+    def _count_step_loss(self) -> None:
+        """Add the optimizer step's loss (its micro-batches') to the window unless the step was skipped.
+
+        A skipped step does not count, even when its loss was finite and only its gradients were
+        not; on the fused path the verdict is a device tensor, so the step stays free of host syncs.
+        """
+        loss, self._step_loss = self._step_loss, None
+        skipped = self.health.take_step_verdict() if self.health is not None else False
+        if loss is None:
+            return
+        if isinstance(skipped, torch.Tensor):
+            loss = torch.where(skipped.bool(), 0.0, loss)
+        elif skipped:
+            return
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
 
     def _flush(self, trainer: pl.Trainer) -> None:
         if not self._steps:

@@ -57,6 +57,8 @@ class TrainerBlock(Block):
             memory shared by ``devices`` on CPU), which may not be the machine that trains.
         overfit_batches: train and validate on only the first N global batches of the
             training split (a debugging check that the model can memorize them); 0 disables.
+            An epoch is then a pass over those N batches: the plan's ``steps_per_epoch`` and
+            ``total_steps`` count with it.
         limit_train_batches: optimizer steps (global batches) per epoch; null: the whole
             training split. The plan's ``steps_per_epoch`` and ``total_steps`` count with it.
         limit_val_batches: validation batches per process at each validation; null: the whole
