@@ -90,6 +90,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     precision = precision_plugin(plan.precision.lightning, device)  # the run's own, as validation used it
     precision.convert_module(model.to(device)).eval()  # in place, like .to()
     precision.convert_module(objective.to(device))
+    objective.keep_metrics_float32()
     if plan.data.num_samples(split) == 0:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
