@@ -188,13 +188,42 @@ def test_new_package_refuses_a_module_name_python_cannot_import_as_its_own(
     assert not (tmp_path / "pkg").exists()
 
 
+def _bf16_val_metrics_summed_in_float64(run_dir: Path) -> dict[str, float]:
+    """``val/loss`` and ``val/accuracy`` of a classification run's weights cast to bfloat16, each batch's loss summed in float64."""
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+    from torch.utils.data import DataLoader
+
+    from blocks.core.compose import config_to_blocks
+    from blocks.runtime.model_export import run_config
+
+    blocks = config_to_blocks(run_config(str(run_dir)))
+    data = blocks["data"]
+    model = blocks["model"].build(data.batch_spec())
+    model.load_state_dict(load_file(str(run_dir / "model.safetensors")))
+    model = model.to(torch.bfloat16).eval()
+    loss, correct, samples = 0.0, 0, 0
+    with torch.no_grad():
+        for batch in DataLoader(data.build("val"), batch_size=data.batch_size):
+            logits, targets = model(batch["inputs"].to(torch.bfloat16)).float(), batch["targets"]
+            loss += F.cross_entropy(logits, targets).double().item() * targets.numel()
+            correct += int((logits.argmax(-1) == targets).sum())
+            samples += targets.numel()
+    return {"val/loss": loss / samples, "val/accuracy": correct / samples}
+
+
 @pytest.mark.slow  # shares four tiny training runs
 def test_eval_scores_as_the_run_validated_and_says_where_it_cannot(
     runs: dict[str, Path], tmp_path: Path, cli_in_process
 ) -> None:
     from blocks.launch.evaluate import evaluate
 
-    expected = json.loads((runs["bf16"] / "summary.json").read_text())["metrics"]["val/loss"]
+    logged = json.loads((runs["bf16"] / "summary.json").read_text())["metrics"]
+    exact = _bf16_val_metrics_summed_in_float64(runs["bf16"])
+    for name in ("val/loss", "val/accuracy"):  # bf16 forward, but metrics summed in float32, not bfloat16
+        assert logged[name] == pytest.approx(exact[name], rel=1e-6), (name, logged[name], exact[name])
+    expected = logged["val/loss"]
     assert evaluate(str(runs["bf16"]))["val/loss"] == pytest.approx(expected, abs=1e-7), "in bf16, as trained"
     limited = tmp_path / "limited"
     shutil.copytree(runs["other"], limited)

@@ -68,7 +68,8 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         return self.objective.loss(self.model(batch["inputs"]), batch)
 
     def on_validation_epoch_start(self) -> None:
-        """Start validation metrics from zero."""
+        """Start validation metrics from zero, accumulating in float32 whatever the precision converted the module to."""
+        self.objective.keep_metrics_float32()
         self.objective.reset()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

@@ -123,6 +123,14 @@ class StrategyBlock(Block):
         """The ``precision`` argument for ``lightning.Trainer`` under this strategy."""
         return precision.lightning
 
+    def forward_parameter_dtype(self, precision: PrecisionBlock) -> str | None:
+        """The dtype this strategy itself casts parameters (and floating inputs) to for the forward, or None.
+
+        None: Lightning's precision plugin (:meth:`lightning_precision`) decides how the forward
+        computes. ``blocks eval`` reads it to score a model with the numerics its validation had.
+        """
+        return None
+
     def parallelizer(self, *, precision: PrecisionBlock, units: str | None) -> Callable[..., None] | None:
         """A function ``(model, device_mesh)`` that parallelizes the model in place, or None."""
         return None

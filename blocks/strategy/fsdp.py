@@ -83,6 +83,10 @@ class FSDP(StrategyBlock):
         """Mixed precision is FSDP's own policy, so Lightning keeps float32 (no autocast on top)."""
         return "32-true" if precision.lightning.endswith("-mixed") else precision.lightning
 
+    def forward_parameter_dtype(self, precision: PrecisionBlock) -> str | None:
+        """Under a mixed precision, FSDP's policy: parameters and floating inputs in the compute dtype."""
+        return precision.compute_dtype if precision.lightning.endswith("-mixed") else None
+
     def memory_layout(self) -> MemoryLayout:
         """Sharded state; activation checkpointing and CPU offload as configured."""
         return MemoryLayout(

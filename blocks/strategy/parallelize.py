@@ -19,17 +19,19 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def mixed_precision_policy(precision: PrecisionBlock) -> MixedPrecisionPolicy:
+def mixed_precision_policy(strategy: FSDP, precision: PrecisionBlock) -> MixedPrecisionPolicy:
     """The FSDP2 policy for a precision block: compute dtype for parameters, float32 reductions.
 
     Precisions that are not mixed get the default policy (no casting): their dtype is the
-    parameters' own.
+    parameters' own. The dtype is :meth:`~blocks.strategy.fsdp.FSDP.forward_parameter_dtype`'s,
+    the one ``blocks eval`` scores such a run in.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if not precision.lightning.endswith("-mixed"):
+    dtype = strategy.forward_parameter_dtype(precision)
+    if dtype is None:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=_DTYPES[precision.compute_dtype], reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=_DTYPES[dtype], reduce_dtype=torch.float32)
 
 
 def fsdp_parallelizer(
@@ -49,7 +51,7 @@ def fsdp_parallelizer(
             for index, layer in enumerate(layers):
                 layers[index] = activation_checkpointed(layer)
         data_parallel = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
-        policy = mixed_precision_policy(precision)
+        policy = mixed_precision_policy(strategy, precision)
         offload = CPUOffloadPolicy() if strategy.cpu_offload else OffloadPolicy()
         for layer in layers:
             fully_shard(

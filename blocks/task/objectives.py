@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MeanAbsoluteError, MeanMetric, R2Score
+from torchmetrics import MeanAbsoluteError, MeanMetric, Metric, R2Score
 from torchmetrics.classification import MulticlassAccuracy
 
 Batch = dict[str, torch.Tensor]
@@ -32,6 +32,25 @@ class Objective(nn.Module):
             reset = getattr(metric, "reset", None)
             if reset is not None:
                 reset()
+
+    def keep_metrics_float32(self) -> None:
+        """Widen metric states that a half-precision conversion narrowed back to float32.
+
+        A ``bf16-true``/``16-true`` precision converts the whole module, metrics included
+        (``module.to(bfloat16)`` casts torchmetrics' floating states); sums over a validation
+        split in bfloat16 lose digits, and how many depends on how the split is spread over
+        processes. ``Metric.to(float32)`` casts floating states (and their reset values) only,
+        so integer counts (accuracy's) stay integers.
+        """
+        for metric in self.modules():
+            if isinstance(metric, Metric) and any(_is_half(state) for state in metric.metric_state.values()):
+                metric.to(torch.float32)
+
+
+def _is_half(state: torch.Tensor | list[torch.Tensor]) -> bool:
+    """Whether a metric state (a tensor, or a list of them) is float16 or bfloat16."""
+    tensors = state if isinstance(state, list) else [state]
+    return any(tensor.dtype in (torch.float16, torch.bfloat16) for tensor in tensors)
 
 
 class NextTokenObjective(Objective):
@@ -78,7 +97,8 @@ class ClassificationObjective(Objective):
     def update(self, outputs: torch.Tensor, batch: Batch) -> None:
         """Add the batch's loss and predictions."""
         targets = batch["targets"]
-        self.val_loss.update(F.cross_entropy(outputs.float(), targets), weight=targets.numel())
+        outputs = outputs.float()
+        self.val_loss.update(F.cross_entropy(outputs, targets), weight=targets.numel())
         self.val_accuracy.update(outputs, targets)
 
     def compute(self) -> dict[str, torch.Tensor]:
