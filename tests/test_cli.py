@@ -169,6 +169,26 @@ def test_a_single_run_with_a_search_preset_is_not_checked_as_a_search(cli_in_pro
     assert_clean_failure(searched, "hydra.sweeper.direction", "hydra.sweeper.direction=maximize")
 
 
+def test_an_experiment_preset_chooses_the_search(cli_in_process, tmp_path) -> None:
+    """Regression: ``override /hparams_search: optuna`` in an experiment failed (Hydra had chosen the group
+    before reading the experiment); a group listed after the experiment (debug) is refused naming the fix."""
+    presets = tmp_path / "presets" / "experiment"
+    presets.mkdir(parents=True)
+    (presets / "search.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /hparams_search: optuna\n"
+        "monitor:\n  objective: val/accuracy\n  objective_mode: max\n"
+        "hydra:\n  sweeper:\n    direction: maximize\n    n_trials: 2\n"
+    )
+    (presets / "quick.yaml").write_text("# @package _global_\ndefaults:\n  - override /debug: fast\n")
+    args = ["--config-dir", str(tmp_path / "presets"), "recipe=blobs"]
+    planned = cli_in_process("plan", "-m", *args, "experiment=search", "optim=choice(adamw,sgd)")
+    assert planned.returncode == 0, planned.output
+    for trial in ("optim=adamw", "optim=sgd"):  # every choice, the preset's search space at its middle
+        assert f"experiment=search {trial} optim.lr=0.0031622776601683794" in planned.output, planned.output
+    refused = cli_in_process("plan", *args, "experiment=quick")
+    assert_clean_failure(refused, "debug", "override /debug", "experiment=quick debug=<option>")
+
+
 def test_an_interval_without_optuna_names_its_key_and_optuna(cli_in_process, tmp_path) -> None:
     result = cli_in_process("run", "-m", "recipe=blobs", "optim.lr=interval(0.1,0.2)")
     assert_clean_failure(result, "optim.lr: interval(0.1,0.2)", "hparams_search=optuna")
