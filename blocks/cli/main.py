@@ -15,7 +15,7 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -137,38 +137,45 @@ def cmd_plan(
 def _sweep_jobs(overrides: list[str], config_dir: str | None) -> tuple[list[list[str]], bool]:
     """The jobs a sweep's precheck plans, and whether it is a search.
 
-    Every job of a basic sweep, or the trials of a search (Optuna's) that try each choice once.
+    Every job of a basic sweep, or the trials of a search (Optuna's) that try each choice once
+    (see :func:`blocks.core.sweeper.searched_trials`).
     """
+    from blocks.core.sweeper import searched_trials
     from blocks.launch.sweep import expand_sweep
 
-    if _searches(overrides, config_dir):
-        return _searched_trials(overrides, config_dir), True
-    return expand_sweep(overrides), False
+    space = _search_space(overrides, config_dir)
+    if space is None:
+        return expand_sweep(overrides), False
+    return searched_trials(overrides, space), True
 
 
-def _searches(overrides: list[str], config_dir: str | None) -> bool:
-    """Whether the sweep's sweeper searches a space (Optuna's) rather than running listed values (Hydra's basic one).
+def _search_space(overrides: list[str], config_dir: str | None) -> dict[Any, Any] | None:
+    """What the sweep's sweeper searches besides the command line (``hydra.sweeper.params``); None for Hydra's basic one.
 
-    Read from the command line when it chooses the sweeper (``hydra/sweeper=``,
-    ``hparams_search=``); otherwise a preset may choose it (an experiment that chooses
-    ``hparams_search``, a project's conf dir), so the sweep is composed to read its ``hydra.sweeper``.
+    The sweep is composed without its swept keys (not planned: its jobs are) to read its
+    ``hydra.sweeper``. The command line may choose the sweeper (``hparams_search=``,
+    ``hydra/sweeper=``); otherwise a preset may (an experiment that chooses ``hparams_search``,
+    a project's conf dir).
     """
-    if any(o.startswith("hparams_search=") for o in overrides):
-        return True
-    named = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), None)
-    if named is not None:
-        return named != "basic"
     from omegaconf import OmegaConf
 
     from blocks.core import jobs
     from blocks.core.overrides import without_sweeps
 
+    named = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), None)
+    chosen = any(o.startswith("hparams_search=") for o in overrides) or named not in (None, "basic")
+    if named == "basic" and not chosen:
+        return None
     try:
-        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
+        job = jobs.compose_job(without_sweeps(overrides), config_dir)
     except BlocksError:
-        return False  # planning the jobs reports why it does not compose
-    target = OmegaConf.select(job.hydra_config, "hydra.sweeper._target_", default="")
-    return not str(target).endswith("BasicSweeper")
+        return {} if chosen else None  # planning the jobs reports why the sweep does not compose
+    target = str(OmegaConf.select(job.hydra_config, "hydra.sweeper._target_", default=""))
+    if not chosen and target.endswith("BasicSweeper"):
+        return None
+    params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
+    searched = OmegaConf.to_container(params) if params is not None else {}
+    return searched if isinstance(searched, dict) else {}
 
 
 def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
@@ -386,29 +393,6 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
-
-
-def _searched_trials(overrides: list[str], config_dir: str | None) -> list[list[str]]:
-    """The trials of another sweeper's search (Optuna's) that try each choice of its space once.
-
-    The keys are those swept on the command line and those of ``hydra.sweeper.params`` (read
-    from the sweep's own composition, without the swept keys); planning these trials catches an
-    unknown key, a group option that does not exist or a value of the wrong type before the
-    search starts (see :func:`blocks.core.sweeper.searched_trials`).
-    """
-    from omegaconf import OmegaConf
-
-    from blocks.core import jobs
-    from blocks.core.overrides import without_sweeps
-    from blocks.core.sweeper import searched_trials
-
-    try:
-        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
-    except BlocksError:
-        return searched_trials(overrides, {})  # planning them reports why the sweep does not compose
-    params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
-    searched = OmegaConf.to_container(params) if params is not None else {}
-    return searched_trials(overrides, searched if isinstance(searched, dict) else {})
 
 
 def _plan_job(overrides: Sequence[str], config_dir: str | None, *, multirun: bool) -> tuple[Job, Plan]:
