@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, read_summary
 
 
 def assert_clean_failure(result, key: str, *fragments: str) -> None:
@@ -83,6 +83,8 @@ def _old_sqlalchemy_for_optuna() -> bool:
             "hydra.sweeper.params.optim.lr",
             ["'optim.lr=interval(1e-4,1e-1)'"],
         ),
+        (["optim=choice(adamw,nosuchopt)"], "optim", ["no option 'nosuchopt'", "available: adamw", "sgd"]),
+        (["hydra/sweeper=optuna", "optim.lr=choice(0.01,-1)"], "optim.lr", ["optim.lr=-1", "> 0"]),
         pytest.param(
             ["hydra.sweeper.storage=sqlite:///study.db"],
             "hydra.sweeper.storage",
@@ -90,7 +92,16 @@ def _old_sqlalchemy_for_optuna() -> bool:
             marks=pytest.mark.skipif(_old_sqlalchemy_for_optuna(), reason="Optuna can use this SQLAlchemy"),
         ),
     ],
-    ids=["direction", "multi-objective", "unknown-key", "wrong-type", "hydra-key", "storage"],
+    ids=[
+        "direction",
+        "multi-objective",
+        "unknown-key",
+        "wrong-type",
+        "hydra-key",
+        "bad-group-choice",  # regression: only a choice's first value was planned
+        "bad-value-choice",
+        "storage",
+    ],
 )
 def test_an_optuna_search_is_checked_before_any_trial(cli_in_process, tmp_path, args, key, fragments) -> None:
     result = cli_in_process(*OPTUNA, *args, f"hydra.sweep.dir={tmp_path}/sweep")
@@ -141,6 +152,41 @@ def test_a_search_is_planned_inside_its_intervals_under_a_sweeper_a_preset_chose
     ):
         planned = cli_in_process("plan", "-m", *args)
         assert planned.returncode == 0 and "error" not in planned.output, planned.output
+
+
+def test_a_single_run_with_a_search_preset_is_not_checked_as_a_search(cli_in_process, tmp_path) -> None:
+    """Regression: the Optuna direction check refused a single run (no sweep) whose objective is maximized."""
+    args = [
+        "hparams_search=optuna",
+        "recipe=blobs",
+        "monitor.objective=val/accuracy",
+        "monitor.objective_mode=max",
+    ]
+    result = cli_in_process("run", *args, "trainer.max_steps=2", f"hydra.run.dir={tmp_path}/run")
+    assert result.returncode == 0, result.output
+    assert read_summary(tmp_path / "run")["status"] == "completed"
+    searched = cli_in_process("plan", "-m", *args)
+    assert_clean_failure(searched, "hydra.sweeper.direction", "hydra.sweeper.direction=maximize")
+
+
+def test_an_experiment_preset_chooses_the_search(cli_in_process, tmp_path) -> None:
+    """Regression: ``override /hparams_search: optuna`` in an experiment failed (Hydra had chosen the group
+    before reading the experiment); a group listed after the experiment (debug) is refused naming the fix."""
+    presets = tmp_path / "presets" / "experiment"
+    presets.mkdir(parents=True)
+    (presets / "search.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /hparams_search: optuna\n"
+        "monitor:\n  objective: val/accuracy\n  objective_mode: max\n"
+        "hydra:\n  sweeper:\n    direction: maximize\n    n_trials: 2\n"
+    )
+    (presets / "quick.yaml").write_text("# @package _global_\ndefaults:\n  - override /debug: fast\n")
+    args = ["--config-dir", str(tmp_path / "presets"), "recipe=blobs"]
+    planned = cli_in_process("plan", "-m", *args, "experiment=search", "optim=choice(adamw,sgd)")
+    assert planned.returncode == 0, planned.output
+    for trial in ("optim=adamw", "optim=sgd"):  # every choice, the preset's search space at its middle
+        assert f"experiment=search {trial} optim.lr=0.0031622776601683794" in planned.output, planned.output
+    refused = cli_in_process("plan", *args, "experiment=quick")
+    assert_clean_failure(refused, "debug", "override /debug", "experiment=quick debug=<option>")
 
 
 def test_an_interval_without_optuna_names_its_key_and_optuna(cli_in_process, tmp_path) -> None:

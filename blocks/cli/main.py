@@ -12,11 +12,10 @@ import functools
 import io
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -101,7 +100,9 @@ def cmd_plan(
         return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
     plans = []
     try:
-        job_overrides = _sweep_jobs(list(overrides), config_dir) if multirun else [list(overrides)]
+        job_overrides, searches = (
+            _sweep_jobs(list(overrides), config_dir) if multirun else ([list(overrides)], False)
+        )
     except BlocksError as exc:
         return _invalid_plan(exc, list(overrides), as_json=as_json)
     hydra_configs = []
@@ -113,7 +114,7 @@ def cmd_plan(
         plans.append((one, plan))
         hydra_configs.append((one, composed.hydra_config))
     shared = []
-    if multirun:
+    if multirun and not searches:  # a search's planned trials are not the ones it samples
         from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
 
         shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs)
@@ -133,46 +134,48 @@ def cmd_plan(
     return 0 if all(plan.ok for _, plan in plans) and not shared else EXIT_INVALID
 
 
-def _sweep_jobs(overrides: list[str], config_dir: str | None) -> list[list[str]]:
-    """The jobs ``blocks plan -m`` plans: every job of a basic sweep, or one trial of a search."""
+def _sweep_jobs(overrides: list[str], config_dir: str | None) -> tuple[list[list[str]], bool]:
+    """The jobs a sweep's precheck plans, and whether it is a search.
+
+    Every job of a basic sweep, or the trials of a search (Optuna's) that try each choice once
+    (see :func:`blocks.core.sweeper.searched_trials`).
+    """
+    from blocks.core.sweeper import searched_trials
     from blocks.launch.sweep import expand_sweep
 
-    return (
-        [_searched_trial(overrides, config_dir)]
-        if _searches(overrides, config_dir)
-        else expand_sweep(overrides)
-    )
+    space = _search_space(overrides, config_dir)
+    if space is None:
+        return expand_sweep(overrides), False
+    return searched_trials(overrides, space), True
 
 
-def _searches(overrides: list[str], config_dir: str | None) -> bool:
-    """Whether the sweep's sweeper searches a space (Optuna's) rather than running listed values (Hydra's basic one).
+def _search_space(overrides: list[str], config_dir: str | None) -> dict[Any, Any] | None:
+    """What the sweep's sweeper searches besides the command line (``hydra.sweeper.params``); None for Hydra's basic one.
 
-    Read from the command line when it chooses the sweeper (``hydra/sweeper=``,
-    ``hparams_search=``); a search space there (``interval``, ``tag``) may belong to a sweeper a
-    preset chose, so only then is the sweep composed to read its ``hydra.sweeper``.
+    The sweep is composed without its swept keys (not planned: its jobs are) to read its
+    ``hydra.sweeper``. The command line may choose the sweeper (``hparams_search=``,
+    ``hydra/sweeper=``); otherwise a preset may (an experiment that chooses ``hparams_search``,
+    a project's conf dir).
     """
-    if any(o.startswith("hparams_search=") for o in overrides):
-        return True
-    named = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), None)
-    if named is not None:
-        return named != "basic"
-    if not any(_SEARCH_SPACE.search(o.split("=", 1)[-1]) for o in overrides):
-        return False
     from omegaconf import OmegaConf
 
     from blocks.core import jobs
     from blocks.core.overrides import without_sweeps
 
+    named = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), None)
+    chosen = any(o.startswith("hparams_search=") for o in overrides) or named not in (None, "basic")
+    if named == "basic" and not chosen:
+        return None
     try:
-        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
+        job = jobs.compose_job(without_sweeps(overrides), config_dir)
     except BlocksError:
-        return False  # planning the jobs reports why it does not compose
-    target = OmegaConf.select(job.hydra_config, "hydra.sweeper._target_", default="")
-    return not str(target).endswith("BasicSweeper")
-
-
-_SEARCH_SPACE = re.compile(r"\b(interval|tag)\(")
-"""A value only a searching sweeper (Optuna's) takes: Hydra's basic sweeper runs listed values."""
+        return {} if chosen else None  # planning the jobs reports why the sweep does not compose
+    target = str(OmegaConf.select(job.hydra_config, "hydra.sweeper._target_", default=""))
+    if not chosen and target.endswith("BasicSweeper"):
+        return None
+    params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
+    searched = OmegaConf.to_container(params) if params is not None else {}
+    return searched if isinstance(searched, dict) else {}
 
 
 def _invalid_plan(error: BlocksError, overrides: list[str], *, as_json: bool) -> int:
@@ -308,7 +311,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.launch.driver import PLANNED, job_key
-    from blocks.launch.sweep import expand_sweep, shared_checkpoint_dirs, shared_run_dirs
+    from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
     from blocks.spec.imports import refuse_objects
 
     PLANNED.clear()
@@ -350,8 +353,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
     if not multirun:
         return _check_single(overrides, parsed.config_dir)
-    searches = _searches(overrides, parsed.config_dir)
-    job_overrides = [_searched_trial(overrides, parsed.config_dir)] if searches else expand_sweep(overrides)
+    job_overrides, searches = _sweep_jobs(overrides, parsed.config_dir)
     failed = 0
     hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
     for one in job_overrides:
@@ -376,11 +378,13 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             failed += 1
             continue
         PLANNED[job_key(one)] = plan  # a job Hydra runs in this process is not planned again
-    shared = shared_checkpoint_dirs(
-        [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
-    )
-    if not searches and len(hydra_configs) == len(job_overrides):
-        shared += shared_run_dirs(hydra_configs)
+    shared = []
+    if not searches:  # a search's planned trials are not the ones it samples
+        shared = shared_checkpoint_dirs(
+            [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
+        )
+        if len(hydra_configs) == len(job_overrides):
+            shared += shared_run_dirs(hydra_configs)
     if shared:
         print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")
         failed += 1
@@ -389,28 +393,6 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
-
-
-def _searched_trial(overrides: list[str], config_dir: str | None) -> list[str]:
-    """One trial of another sweeper's search (Optuna's): each searched key at a value of its space.
-
-    The keys are those swept on the command line and those of ``hydra.sweeper.params`` (read
-    from the sweep's own composition, without the swept keys); planning this trial catches an
-    unknown key or a value of the wrong type before the search starts.
-    """
-    from omegaconf import OmegaConf
-
-    from blocks.core import jobs
-    from blocks.core.overrides import without_sweeps
-    from blocks.core.sweeper import searched_trial
-
-    try:
-        job, _, _ = jobs.plan_job(without_sweeps(overrides), config_dir=config_dir)
-    except BlocksError:
-        return searched_trial(overrides, {})  # planning it reports why the sweep does not compose
-    params = OmegaConf.select(job.hydra_config, "hydra.sweeper.params", default=None)
-    searched = OmegaConf.to_container(params) if params is not None else {}
-    return searched_trial(overrides, searched if isinstance(searched, dict) else {})
 
 
 def _plan_job(overrides: Sequence[str], config_dir: str | None, *, multirun: bool) -> tuple[Job, Plan]:

@@ -152,6 +152,7 @@ HYDRA_MESSAGES: dict[str, re.Pattern[str]] = {
     "raised_while_composing": re.compile(r"In '([\w./-]+)': \w+ raised while composing config"),
     "full_key": re.compile(r"full_key: ([\w./]+)"),
     "could_not_override": re.compile(r"Could not override '([\w./]+)'"),
+    "preset_could_not_override": re.compile(r"In '([\w./-]+)': Could not override '([\w./]+)'"),
     "sweep_without_multirun": re.compile(
         r"Ambiguous value for argument|Sweep parameters .* requires --multirun"
     ),

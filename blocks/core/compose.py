@@ -443,6 +443,9 @@ def translate_compose_error(
     appended = next((o for o in overrides if o.startswith("+") and _key_of(o) == _key_of(override)), "")
     if message.startswith("Could not append to config") and appended:
         return ConfigError(appended_key_problem(appended))
+    match = hydra_message("preset_could_not_override", message, anchored=True)
+    if match and match.group(2) in GROUPS:
+        return ConfigError(_late_group_problem(match.group(1), match.group(2)))
     match = hydra_message("could_not_override", message)
     if match:
         return ConfigError(_unknown_key_problem(match.group(1), known_keys))
@@ -465,6 +468,27 @@ def translate_compose_error(
         f"see `blocks list {group}` for the chosen block's keys" if group in KINDS else "check this override"
     )
     return ConfigError(Problem(key, message, fix if key else ""))
+
+
+def _late_group_problem(preset: str, group: str) -> Problem:
+    """A preset's ``override /<group>`` of a group the primary config lists after the preset's own group.
+
+    Hydra reads the primary defaults from the end: that group is chosen before the preset is read.
+    """
+    own = preset.split("/", 1)[0]
+    return Problem(
+        group,
+        f"the preset '{preset}' chooses {group} (override /{group}), but the primary config lists "
+        f"{group} after {own}, so {group} is chosen before that preset is read "
+        f"(a preset can choose only the groups before its own: {', '.join(_groups_before(own))})",
+        f"choose it on the command line next to the preset: {own}={preset.split('/', 1)[-1]} {group}=<option>",
+    )
+
+
+def _groups_before(group: str) -> list[str]:
+    """The groups a preset of *group* can choose: those the primary config lists before it."""
+    order = [*(kind.name for kind in KIND_TABLE), *CROSS_KIND_GROUPS]
+    return order[: order.index(group)] if group in order else order
 
 
 def appended_key_problem(override: str) -> Problem:

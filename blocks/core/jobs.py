@@ -144,6 +144,15 @@ class Job:
     composed: Composed
 
 
+def compose_job(overrides: Sequence[str] = (), config_dir: str | None = None) -> Job:
+    """Hydra's config of one job (its ``hydra`` node included), composed once and not planned.
+
+    For reading Hydra's own settings of a command line (the sweeper a sweep runs) without the
+    cost of a plan. Raises ``ConfigError`` naming the first problem (:func:`compose` finds them all).
+    """
+    return _job_once(overrides, config_dir)
+
+
 def _job_once(
     overrides: Sequence[str], config_dir: str | None = None, known: KnownKeysMemo | None = None
 ) -> Job:

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 from blocks.core import paths
 from blocks.spec.block import KINDS
 from blocks.spec.errors import ConfigError, Problem, did_you_mean
+from blocks.spec.kinds import CROSS_KIND_GROUPS
 from blocks.spec.registry import active_registry
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
 
-_GROUPS = (*KINDS, "recipe", "experiment", "debug", "hparams_search")
+_GROUPS = (*KINDS, *CROSS_KIND_GROUPS)
 SEARCHPATH_KEY = "hydra.searchpath"
 PKG_SCHEME = "pkg://"
 

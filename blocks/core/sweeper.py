@@ -1,8 +1,9 @@
-"""An Optuna sweep's settings checked against the job (direction, storage), and the trial the precheck plans."""
+"""An Optuna sweep's settings checked against the job (direction, storage), and the trials the precheck plans."""
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,10 +21,14 @@ def sweeper_problems(cfg: DictConfig) -> list[Problem]:
 
     The direction must be the one ``monitor.objective_mode`` says (a failed trial returns the
     worst value for that mode, so the opposite direction would pick it as the best), and a
-    stored study needs an SQLAlchemy the installed Optuna can use.
+    stored study needs an SQLAlchemy the installed Optuna can use. A single run
+    (``hydra.mode=RUN``) starts no sweeper: its settings are not checked.
     """
     hydra = cfg.get("hydra") if isinstance(cfg, DictConfig) else None
     sweeper = hydra.get("sweeper") if isinstance(hydra, DictConfig) else None
+    mode = hydra.get("mode") if isinstance(hydra, DictConfig) else None
+    if getattr(mode, "name", mode) == "RUN":
+        return []
     if not isinstance(sweeper, DictConfig) or OPTUNA not in str(sweeper.get("_target_", "")):
         return []
     return [*_direction_problems(cfg, sweeper), *_storage_problems(sweeper)]
@@ -98,42 +103,49 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def searched_trial(overrides: Sequence[str], params: Mapping[Any, Any]) -> list[str]:
-    """*overrides* as one trial of a search could run them: each searched key at a value of its space.
+def searched_trials(overrides: Sequence[str], params: Mapping[Any, Any]) -> list[list[str]]:
+    """*overrides* as the trials of a search that try every choice: each searched key at values of its space.
 
     A search dimension (``choice(a,b)``, ``range(...)``, ``interval(lo,hi)``, also under
-    ``tag(...)``) on the command line or in ``hydra.sweeper.params`` (*params*) becomes its
-    first choice or its low end, so planning this trial catches an unknown key or a value of
-    the wrong type before the search starts. A command-line key replaces the same key of
-    *params*, as the sweeper does. Raises ``ConfigError`` for a search over a ``hydra.*`` key.
+    ``tag(...)``) on the command line or in ``hydra.sweeper.params`` (*params*) takes each of
+    its choices in one trial (trial *i* takes choice *i*, a shorter dimension starts over), a
+    range its two ends, an interval a point inside it; planning these trials catches an
+    unknown key, an option a group does not have or a value of the wrong type before the
+    search starts (Optuna would meet a bad choice only in the trial that samples it). A
+    command-line key replaces the same key of *params*, as the sweeper does. Raises
+    ``ConfigError`` for a search over a ``hydra.*`` key.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    out, seen, problems = [], set(), []
+    dimensions: list[list[str]] = []
+    seen, problems = set(), []
     for override in overrides:
         try:
             (parsed,) = parser.parse_overrides([override])
         except HydraException:
-            out.append(override)  # the plan reports it
+            dimensions.append([override])  # the plan reports it
             continue
         seen.add(parsed.key_or_group)
         if parsed.is_sweep_override() and parsed.key_or_group.startswith(("hydra.", "hydra/")):
             problems.append(_hydra_sweep_problem(parsed.key_or_group, override.split("=", 1)[1]))
-        out.append(_representative(parsed) if parsed.is_sweep_override() else override)
+        dimensions.append((_values(parsed) or [override]) if parsed.is_sweep_override() else [override])
     for key, value in params.items():
         if str(key).lstrip("+~") in seen:
             continue
         try:
             (parsed,) = parser.parse_overrides([f"{key}={value}"])
         except HydraException:
-            out.append(f"{key}={value}")
+            dimensions.append([f"{key}={value}"])
             continue
-        out.append(_representative(parsed) if parsed.is_sweep_override() else f"{key}={value}")
+        dimensions.append(
+            (_values(parsed) or [f"{key}={value}"]) if parsed.is_sweep_override() else [f"{key}={value}"]
+        )
     if problems:
         raise ConfigError(problems)
-    return out
+    count = max((len(values) for values in dimensions), default=1)
+    return [[values[i % len(values)] for values in dimensions] for i in range(count)]
 
 
 def _hydra_sweep_problem(key: str, value: str) -> Problem:
@@ -148,20 +160,26 @@ def _hydra_sweep_problem(key: str, value: str) -> Problem:
     )
 
 
-def _representative(override: Any) -> str:
-    """``key=value`` for a value a sweep override can take: its first choice, or a point inside its interval.
+def _values(override: Any) -> list[str]:
+    """``key=value`` for the values of a sweep override a search must plan.
 
-    Inside, not an end: a search over ``interval(0, 0.1)`` never tries 0, which a key that must
-    be positive would refuse (the middle, or the geometric middle of a ``log`` interval).
+    Every choice of a ``choice``; a ``range``'s first and last value (its values are of one
+    kind, its ends the extremes); a point inside an ``interval``, not an end: a search over
+    ``interval(0, 0.1)`` never tries 0, which a key that must be positive would refuse (the
+    middle, or the geometric middle of a ``log`` interval).
     """
-    from hydra.core.override_parser.types import IntervalSweep, Transformer
+    from hydra.core.override_parser.types import IntervalSweep, RangeSweep, Transformer
 
+    key = override.get_key_element()
     value = override.value()
     if isinstance(value, IntervalSweep):
         assert value.start is not None and value.end is not None  # the grammar requires both
         start, end = float(value.start), float(value.end)
         log = "log" in (value.tags or ()) and start > 0 and end > 0
-        first = repr(math.sqrt(start * end) if log else (start + end) / 2)
-    else:
-        first = next(iter(override.sweep_iterator(transformer=Transformer.str)))
-    return f"{override.get_key_element()}={first}"
+        middle = math.sqrt(start * end) if log else (start + end) / 2
+        return [f"{key}={middle!r}"]
+    values = override.sweep_iterator(transformer=Transformer.str)
+    if isinstance(value, RangeSweep):
+        first = next(values, None)
+        values = [] if first is None else [first, *deque(values, maxlen=1)]
+    return [f"{key}={one}" for one in dict.fromkeys(values)]

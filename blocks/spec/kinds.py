@@ -111,8 +111,14 @@ KINDS: tuple[str, ...] = tuple(kind.name for kind in KIND_TABLE)
 BY_NAME: dict[str, BlockKind] = {kind.name: kind for kind in KIND_TABLE}
 """The kind table by name."""
 
-CROSS_KIND_GROUPS: tuple[str, ...] = ("recipe", "experiment", "debug", "hparams_search")
-"""The config groups that choose values across kinds (a recipe, an experiment, a debug preset, a sweep)."""
+CROSS_KIND_GROUPS: tuple[str, ...] = ("recipe", "hparams_search", "experiment", "debug")
+"""The config groups that choose values across kinds (a recipe, a search, an experiment, a debug preset).
+
+In the primary config's defaults in this order: a later group's values win, and a preset can
+choose (``override /<group>``) only the groups listed before its own, as Hydra reads the list
+from its end. So an experiment can choose a recipe and a search and set values over both, and a
+debug preset applies on top of everything.
+"""
 
 GROUPS: tuple[str, ...] = (*KINDS, *CROSS_KIND_GROUPS)
 """Every config group: the kinds, then the cross-kind groups."""
