@@ -385,24 +385,26 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
         for stale in (FAILURES_FILE, ATTEMPT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         shutil.rmtree(run_dir / RANKS_DIR, ignore_errors=True)
+        stopped_by = None
         if on_ray:
             from blocks.launch.ray_workers import run_ray
 
             code = run_ray(run_dir, plan)
         else:
-            code = run_torchrun(run_dir, plan)
+            code, stopped_by = run_torchrun(run_dir, plan)
         if code == 0 and plan.derived.nodes > 1 and not on_ray:
             _await(run_dir / SUMMARY_FILE, timeout_s=SUMMARY_WAIT_S)  # global rank 0 may run on another node
         if not (run_dir / SUMMARY_FILE).exists():
             interrupted = code == EXIT_INTERRUPTED
+            steps = trained_steps(run_dir, plan)
             Summary(
                 status="interrupted" if interrupted else "failed",
-                reason="a signal stopped the workers before they wrote a summary"
+                reason=interrupted_before_summary(stopped_by, steps)
                 if interrupted
                 else f"worker processes exited with status {code} without a summary",
                 world_size=plan.derived.world_size,
                 restarts=restarts_done(run_dir),
-                global_step=trained_steps(run_dir, plan),
+                global_step=steps,
             ).write(run_dir)
         summary = Summary.read(run_dir)
         dead = dead_ranks(run_dir)
@@ -434,6 +436,24 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
                 exit_status=STALL_EXIT_CODE if isinstance(exc, StallError) else None,
             ) from None
         raise
+
+
+def interrupted_before_summary(signal_name: str | None, steps: int) -> str:
+    """``summary.json``'s reason for workers a signal (*signal_name*, when known) stopped before any wrote a summary.
+
+    torchrun may not have started them yet: it was importing, or waiting at the rendezvous for
+    the other nodes. *steps*: the optimizer steps the run dir holds (:func:`trained_steps`).
+    """
+    stopped = (
+        f"{signal_name or 'a signal'} stopped the job before its workers wrote a summary "
+        "(torchrun may still have been starting them, or waiting for the other nodes)"
+    )
+    if steps == 0:
+        return f"{stopped}: nothing was trained or saved; run the same command, with the same run dir, to start it"
+    return (
+        f"{stopped}, at step {steps}: its last checkpoint stays; run the same command, with the same "
+        "run dir, to resume from it"
+    )
 
 
 RUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")

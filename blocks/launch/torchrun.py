@@ -13,6 +13,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 from blocks.core.plan import Plan
 from blocks.launch.lifeline import children_environment, die_with_parent
@@ -87,12 +88,22 @@ def torchrun_environment(plan: Plan, environ: dict[str, str] | None = None) -> d
     return children_environment(env)
 
 
-def run_torchrun(run_dir: Path, plan: Plan) -> int:
-    """Run this node's workers under torchrun and return its exit status.
+class TorchrunExit(NamedTuple):
+    """How torchrun ended: its exit *status* for ``blocks run``, and the *signal* passed on to it, if one was."""
+
+    status: int
+    signal: str | None = None
+
+
+def run_torchrun(run_dir: Path, plan: Plan) -> TorchrunExit:
+    """Run this node's workers under torchrun; how it ended.
 
     torchrun runs in a session of its own and dies with this process (so do its workers).
     SIGTERM and SIGINT reach it once, from here: the first is passed on (torchrun passes it
     to the workers, which save and stop together), a second one kills torchrun and its workers.
+    A torchrun that the passed-on signal itself ended (it arrived while torchrun was starting,
+    or waiting at the rendezvous for the other nodes, before it handles signals) was stopped
+    on purpose too: the status is :data:`EXIT_INTERRUPTED`, not the signal's death.
     """
     on_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(
@@ -111,10 +122,16 @@ def run_torchrun(run_dir: Path, plan: Plan) -> int:
     signals = (signal.SIGTERM, signal.SIGINT) if on_main_thread else ()
     previous = {sig: signal.signal(sig, forward) for sig in signals}
     try:
-        return process.wait()
+        status = process.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if not forwarded:
+        return TorchrunExit(status)
+    name = signal.Signals(forwarded[0]).name
+    if status in (-signal.SIGTERM, -signal.SIGINT):
+        status = EXIT_INTERRUPTED
+    return TorchrunExit(status, name)
 
 
 def main(argv: list[str] | None = None) -> None:
