@@ -29,6 +29,7 @@ from blocks.launch.run_dir import (
     load_run,
     retire_summary,
 )
+from blocks.launch.torchrun import EXIT_INTERRUPTED
 from blocks.spec.errors import BlocksError, TrainingError
 
 if TYPE_CHECKING:
@@ -235,12 +236,13 @@ def _shut_down_process_group(*, wait_for_peers: bool) -> None:
         dist.destroy_process_group()
 
 
-def run_worker(run_dir: Path) -> int:
+def run_worker(run_dir: Path, *, interrupted_status: int = 0) -> int:
     """Train the run in *run_dir* as one worker process; the exit status torchrun, srun or mpirun should see.
 
-    0 when training completed or was interrupted on purpose (its checkpoint is saved, so
-    torchrun must not restart the workers; the driver reads "interrupted" from
-    ``summary.json``); 1 when the health policy stopped it or a problem of the setup met once
+    *interrupted_status* when training was interrupted on purpose (its checkpoint is saved):
+    0 under torchrun or Ray, which must not restart the workers (the driver reads "interrupted"
+    from ``summary.json``); srun's and mpirun's workers exit 130 (see :func:`main`). 0 when
+    training completed; 1 when the health policy stopped it or a problem of the setup met once
     training started (a :class:`TrainingError`); 2 for a config mistake found before.
     Any other exception propagates.
     """
@@ -257,18 +259,23 @@ def run_worker(run_dir: Path) -> int:
         return 1
     except (KeyboardInterrupt, SystemExit, SIGTERMException) as exc:
         print(f"blocks: training interrupted: {exc or type(exc).__name__}", file=sys.stderr, flush=True)
-        return 0
+        return interrupted_status
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m blocks.launch.worker RUN_DIR``: the entry point srun, mpirun and Ray's actors start."""
+    """``python -m blocks.launch.worker RUN_DIR``: the entry point srun, mpirun and Ray's actors start.
+
+    Started by srun or mpirun (no torchrun or Ray to restart it), an interrupted worker exits
+    130, as ``blocks run`` does, so a batch script can requeue the job.
+    """
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     if not die_with_parent():
         os._exit(1)  # an orphan: the driver that started it is gone
-    code = _run_process(args.run_dir)
+    restarted_by_launcher = "TORCHELASTIC_RESTART_COUNT" in os.environ  # torchrun or Ray's driver
+    code = _run_process(args.run_dir, interrupted_status=0 if restarted_by_launcher else EXIT_INTERRUPTED)
     # Everything is written and the process group is destroyed. Skip interpreter
     # finalization: with gloo, a backend thread can still be joinable when C++ statics are
     # destroyed, which aborts a finished worker ("terminate called without an active
@@ -307,14 +314,14 @@ RESULT_HANDOVER_S = 1.0
 """How long a finished torchrun worker waits for torchrun to read its result before it ends anyway."""
 
 
-def _run_process(run_dir: Path) -> int:
-    """Train as this process's one job and flush every log; the process's exit status."""
+def _run_process(run_dir: Path, *, interrupted_status: int = 0) -> int:
+    """Train as this process's one job and flush every log; the process's exit status (:func:`run_worker`'s)."""
     _record_attempt(run_dir)
     _record_rank(run_dir, STARTED)
     try:
         _log_warnings_to_run_dir(run_dir)
         with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
-            code = run_worker(run_dir)
+            code = run_worker(run_dir, interrupted_status=interrupted_status)
     finally:
         _record_rank(run_dir, EXITED)
     _finalize_mpi()
@@ -327,13 +334,18 @@ def _run_process(run_dir: Path) -> int:
 LOG_FILE = "blocks.log"
 
 
+def launcher_rank() -> str | None:
+    """The global rank of this process as its launcher (torchrun, srun, mpirun) says; None without one."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK")))
+
+
 def _log_warnings_to_run_dir(run_dir: Path) -> None:
     """Append this rank's warnings and errors (log records and ``warnings.warn``) to the run dir's ``blocks.log``.
 
     One process logs through the driver's own ``blocks.log`` (Hydra's job log); workers that
     torchrun, srun or mpirun started are other processes, with the rank in every line.
     """
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK")))
+    rank = launcher_rank()
     if rank is None:
         return
     handler = logging.FileHandler(run_dir / LOG_FILE)  # appends: every rank and the driver share the file
@@ -399,7 +411,7 @@ def _report_user_error(run_dir: Path, error: BlocksError) -> int:
         print(f"blocks: training failed:\n{text}", file=sys.stderr, flush=True)
         return error.exit_code
     print(f"blocks: the job cannot run:\n{text}", file=sys.stderr, flush=True)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if launcher_rank() in (None, "0"):  # every rank refuses alike; one writes
         Summary(status="failed", reason=text).write(run_dir)
     return error.exit_code
 
