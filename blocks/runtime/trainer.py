@@ -28,6 +28,7 @@ from blocks.data.base import TokenBatch
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
 from blocks.runtime.callbacks import build_callbacks
 from blocks.runtime.checkpointing import CheckpointCallback
+from blocks.runtime.cluster import cluster_environment
 from blocks.runtime.datamodule import BlocksDataModule
 from blocks.runtime.health import HealthGuard, StallWatchdog
 from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
@@ -79,6 +80,7 @@ def build_run(
     started), so a stall ends it at once (:class:`StallWatchdog`); otherwise the process goes on
     after the job (a sweep's next job) and a stall first interrupts training.
     """
+    environment = cluster_environment(plan)  # refuses a worker no launcher started, before writing anything
     quiet_lightning()
     derived = plan.derived
     trainer_block = plan.trainer
@@ -184,6 +186,7 @@ def build_run(
             accelerator=derived.accelerator, precision=plan.precision, world_size=derived.world_size, io=io
         ),
         precision=plan.strategy.lightning_precision(plan.precision),  # type: ignore[arg-type]
+        plugins=[environment],
         max_steps=derived.total_steps,
         max_epochs=-1,
         accumulate_grad_batches=derived.accumulate,
