@@ -19,11 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 from blocks.core import jobs
-from blocks.launch import driver
+from blocks.launch import driver, worker
 from blocks.launch.evaluate import evaluate
 from blocks.launch.worker import vanished_ranks
 from blocks.runtime.trainer import build_run
 from tests.conftest import (
+    REPO,
     blocks_run_until_step,
     call_in_fresh_process,
     free_port,
@@ -482,6 +483,107 @@ def test_srun_style_workers_are_detected_as_slurm(tmp_path: Path) -> None:
             assert task.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+SRUN_TASK = {"SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+SRUN_TASK |= {"SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train"}
+"""The variables srun gives its first task (the task counts are set by each test)."""
+
+
+def without_launchers() -> dict[str, str]:
+    """This environment without any launcher's variables (SLURM, Open MPI, torchrun)."""
+    launchers = ("SLURM_", "OMPI_", "TORCHELASTIC_")
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith(launchers) and k not in TORCH_DISTRIBUTED_ENV
+    }
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tasks"),
+    [
+        (["strategy=single"], {"SLURM_NTASKS": "4"}),  # Lightning: "You set --ntasks=4 ... not supported"
+        (["strategy=ddp", "trainer.devices=1"], {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2"}),
+    ],
+)
+def test_slurm_variables_a_one_process_run_inherits_are_not_its_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: list[str], tasks: dict[str, str]
+) -> None:
+    """Regression: `blocks run` in an sbatch script or salloc shell took the allocation's SLURM variables for its
+    own job, and Lightning refused them with a traceback about --ntasks or `devices`."""
+    for name, value in (SRUN_TASK | tasks).items():
+        monkeypatch.setenv(name, value)
+    summary = driver.run(["recipe=blobs", "trainer.max_steps=2", "monitor.progress=off", *strategy], tmp_path)
+    assert (summary.status, summary.world_size) == ("completed", 1)
+
+
+def test_a_worker_srun_lays_out_unlike_the_plan_is_refused_naming_the_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: srun's --ntasks-per-node other than trainer.devices failed with Lightning's ValueError
+    (a traceback naming Lightning's `devices`), after the run dir's files were started."""
+    driver.prepare([*FAST_DDP, "monitor.progress=off"], tmp_path)
+    tasks = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": "2"}
+    for name, value in (SRUN_TASK | tasks).items():
+        monkeypatch.setenv(name, value)
+    assert worker.run_worker(tmp_path) == 2
+    reason = read_summary(tmp_path)["reason"]
+    assert (
+        "trainer.devices=2 processes per node, but srun starts 1 task(s) per node (--ntasks-per-node=1)"
+        in reason
+    )
+    assert "trainer.nodes=1, but the SLURM job has 2 node(s) (--nodes=2)" in reason
+    assert not (tmp_path / "metrics.csv").exists(), "refused before training wrote anything"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is not None, reason="mpi4py is installed")
+@pytest.mark.slow
+def test_a_worker_mpirun_started_without_mpi4py_refuses_instead_of_training_a_job_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Regression: without mpi4py no rank found MPI, and Lightning started a whole job per rank in one run dir."""
+    run_dir = tmp_path / "run"
+    driver.prepare([*FAST_DDP, "monitor.progress=off"], run_dir)
+    mpi_rank = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    with spawned(
+        [sys.executable, "-m", "blocks.launch.worker", str(run_dir)],
+        cwd=tmp_path,
+        env=without_launchers() | mpi_rank,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as task:
+        out, _ = task.communicate(timeout=120)
+    assert task.returncode == 2, out[-3000:]
+    assert "mpi4py is not installed" in out and "pip install 'blocks[mpi]'" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert read_summary(run_dir)["status"] == "failed"
+    assert not (run_dir / "metrics.csv").exists(), "no rank trained"
+
+
+@pytest.mark.slow
+def test_a_worker_srun_started_exits_130_when_a_signal_stopped_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an interrupted srun (or mpirun) worker saved and exited 0, so the scheduler marked the job
+    completed and the batch script could not requeue it; torchrun's workers still exit 0 (no restart)."""
+    run_dir = tmp_path / "run"
+    signal_at = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalAtStep, step: 2}]"
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    driver.prepare(["recipe=blobs", "trainer.max_steps=50", "monitor.progress=off", signal_at], run_dir)
+    env = without_launchers() | SRUN_TASK | {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1"}
+    env["PYTHONPATH"] = str(REPO)
+    with spawned(
+        [sys.executable, "-m", "blocks.launch.worker", str(run_dir)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as task:
+        out, _ = task.communicate(timeout=120)
+    assert task.returncode == 130, out[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and "SIGTERM stopped training" in summary["reason"], summary
 
 
 @pytest.mark.slow

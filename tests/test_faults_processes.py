@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.conftest import (
     blocks_run_until_step,
     call_in_fresh_process,
     describe_process,
+    free_port,
     job_pids,
     read_summary,
     run_cli,
@@ -192,6 +194,34 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     assert resumed["status"] == "completed" and resumed["global_step"] == steps
     assert resumed["resumed_from"].endswith(store.step_dir_name(summary["global_step"]))
     assert resumed["state_digest"] == uninterrupted_digest(tmp_path, args)
+
+
+@pytest.mark.slow
+def test_sigterm_while_torchrun_waits_for_the_other_nodes_interrupts_the_job(tmp_path: Path) -> None:
+    """Regression: a SIGTERM that reached torchrun before it handled signals (importing, or at the rendezvous)
+    killed it, and the job ended `failed` with status 1, which a requeue script does not requeue."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, "strategy=ddp", "trainer.nodes=2", "trainer.devices=1", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
+    with spawned(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 120
+        while not job_pids(run_dir) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # no second node ever comes: torchrun is before its workers
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 0), summary
+    assert summary["reason"].startswith("SIGTERM stopped the job before its workers wrote a summary"), summary
+    assert "nothing was trained or saved" in summary["reason"], summary
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
