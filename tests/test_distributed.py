@@ -265,16 +265,39 @@ def test_three_two_process_jobs_at_once_never_collide(three_ddp_jobs: list[tuple
         assert read_summary(run_dir)["status"] == "completed"
 
 
+def run_two_nodes(cwd: Path, common: list[str], *per_node: list[str]) -> list[tuple[int, str]]:
+    """Two `blocks run` invocations, one per "node" (*common* plus that node's overrides), at one rendezvous; their exit statuses and stderr."""
+    env = {**os.environ, "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
+    ended = []
+    with contextlib.ExitStack() as stack:
+        nodes = [
+            stack.enter_context(
+                spawned(
+                    [sys.executable, "-m", "blocks", "run", *common, *extra],
+                    cwd=cwd,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for extra in per_node
+        ]
+        for node in nodes:
+            _, err = node.communicate(timeout=240)
+            ended.append((node.returncode, err))
+    return ended
+
+
 @pytest.mark.slow
 def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:
-    """Two `blocks run` invocations, one per "node", meet at a c10d rendezvous and train together."""
+    """Two `blocks run` invocations, one per "node", meet at a c10d rendezvous and train together.
+
+    First with another optim.lr on each node: the job fails on both before training, naming
+    the key (before, both trained with the config.yaml written last and exited 0).
+    """
     run_dir = tmp_path / "run"
-    env = {**os.environ, "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
-    args = [
-        sys.executable,
-        "-m",
-        "blocks",
-        "run",
+    common = [
         "recipe=blobs",
         "data.samples=1024",
         "trainer.max_epochs=1",
@@ -284,18 +307,16 @@ def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:
         "monitor.progress=off",
         f"hydra.run.dir={run_dir}",
     ]
-    with contextlib.ExitStack() as stack:
-        nodes = [
-            stack.enter_context(
-                spawned(
-                    args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-                )
-            )
-            for _ in range(2)
-        ]
-        for node in nodes:
-            _, err = node.communicate(timeout=240)
-            assert node.returncode == 0, err[-3000:]
+    for returncode, err in run_two_nodes(tmp_path, common, ["optim.lr=0.1"], ["optim.lr=0.0001"]):
+        assert returncode == 1, err[-3000:]
+        assert "started with different configs" in err and "optim.lr=0.1" in err and "optim.lr=0.0001" in err
+        assert "run the same command on every node" in err
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and summary["global_step"] == 0
+    assert "optim.lr" in summary["reason"]
+
+    for returncode, err in run_two_nodes(tmp_path, common, [], []):
+        assert returncode == 0, err[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert "train/loss_rank1" in (run_dir / "metrics.csv").read_text().splitlines()[0]

@@ -18,8 +18,8 @@ import pytest
 from blocks.checkpoint import store
 from blocks.launch import driver
 from blocks.launch.lifeline import WORKER_NAME
-from blocks.launch.lock import LOCK_FILE, DirBusy
-from blocks.launch.torchrun import read_failures
+from blocks.launch.lock import LOCK_FILE, RUN_DIR_FIX, DirBusy, DirLock
+from blocks.launch.torchrun import multi_node_job, read_failures
 from blocks.spec.errors import BlocksError
 from tests.conftest import (
     REPO,
@@ -269,15 +269,46 @@ def write_lock(run_dir: Path, **holder: object) -> None:
     (run_dir / LOCK_FILE).write_text(json.dumps({**content, **holder}))
 
 
-def test_a_run_dir_held_by_a_live_job_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+def test_a_run_dir_held_by_a_live_job_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's driver of a multi-node job is refused too (it took no lock, resumed the live job's
+    checkpoints and replaced its config.yaml), before torchrun waits for the other node."""
+    monkeypatch.setenv("BLOCKS_RDZV_ENDPOINT", f"127.0.0.1:{free_port()}")
+    multi_node = [*TINY, "strategy=ddp", "trainer.nodes=2", "trainer.devices=1", "data.batch_size=16"]
     with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as holder:
         write_lock(tmp_path / "run", pid=holder.pid)
-        with pytest.raises(DirBusy) as refused:
-            driver.run(TINY, tmp_path / "run")
-    problem = refused.value.problems[0]
-    assert problem.key == "hydra.run.dir"
-    assert f"pid {holder.pid} on host {socket.gethostname()}" in problem.message
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_FILE]
+        for args in (TINY, multi_node):
+            with pytest.raises(DirBusy) as refused:
+                driver.run(args, tmp_path / "run")
+            problem = refused.value.problems[0]
+            assert problem.key == "hydra.run.dir"
+            assert f"pid {holder.pid} on host {socket.gethostname()}" in problem.message
+            assert "choose another hydra.run.dir" in problem.fix
+            assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_FILE]
+
+
+def test_the_drivers_of_one_multi_node_job_share_its_run_dir_lock_and_any_other_job_is_refused(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    job = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node0:29500"})
+    first = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job)
+    first.acquire()
+    try:
+        second = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job)
+        second.acquire()  # the other node's driver joins
+        assert second.joined and not first.joined
+        second.release()
+        assert (run_dir / LOCK_FILE).exists(), "only the holder gives the lock back"
+        other = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node1:29500"})
+        with pytest.raises(DirBusy):  # another multi-node job
+            DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=other).acquire()
+        with pytest.raises(DirBusy):  # a single-node job
+            driver.run(TINY, run_dir)
+    finally:
+        first.release()
+    assert not (run_dir / LOCK_FILE).exists()
 
 
 @pytest.mark.parametrize(

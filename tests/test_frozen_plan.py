@@ -59,14 +59,19 @@ def test_a_worker_reads_config_yaml_once(tmp_path: Path, monkeypatch: pytest.Mon
     """The worker rebuilds its blocks and its loggers' hyperparameters from one read of ``config.yaml``."""
     run_dir = tmp_path / "run"
     plan = driver.prepare(TINY, run_dir)  # as `blocks run` hands its plan to the launch
-    read = OmegaConf.load
+    load, read_text = OmegaConf.load, Path.read_text
     names: list[str] = []
 
     def counted(file_: str | Path, *args: object, **kwargs: object) -> object:
         names.append(Path(file_).name)
-        return read(file_, *args, **kwargs)
+        return load(file_, *args, **kwargs)
+
+    def counted_text(path: Path, *args: object, **kwargs: object) -> str:
+        names.append(path.name)
+        return read_text(path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(OmegaConf, "load", counted)
+    monkeypatch.setattr(Path, "read_text", counted_text)
     assert driver.launch(run_dir, plan).status == "completed"
     assert names.count(CONFIG_FILE) == 1
 

@@ -6,6 +6,7 @@ files without importing each other.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,28 @@ that completes writes its own and removes this one.
 """
 
 Status = Literal["completed", "failed", "interrupted"]
+
+
+def config_digest(text: str) -> str:
+    """The sha256 of a ``config.yaml``'s text: what the driver wrote and a worker read are the same config when these agree."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_ABSENT = object()
+
+
+def differing_keys(before: object, after: object, key: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configs as plain containers (a key one lacks included)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        names = [*before, *(name for name in after if name not in before)]
+        return [
+            k
+            for name in names
+            for k in differing_keys(
+                before.get(name, _ABSENT), after.get(name, _ABSENT), f"{key}.{name}".lstrip(".")
+            )
+        ]
+    return [] if before == after else [key]
 
 
 @dataclass

@@ -55,6 +55,7 @@ from blocks.launch.sweep import REFUSED, RunDirTaken, SweepJob, current_job, job
 from blocks.launch.torchrun import (
     EXIT_INTERRUPTED,
     FAILURES_FILE,
+    multi_node_job,
     needs_launcher,
     read_failures,
     run_torchrun,
@@ -90,8 +91,9 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
     try:
         if in_sweep and checked is None:
             checked = _planned_by_precheck(cfg, choices, run_dir, list(hydra_cfg.overrides.task))
-        with held(run_dir, cfg, choices, checked, sweep_job) as plan:
-            summary = launch(run_dir, plan)
+        with held(run_dir, cfg, choices, checked, sweep_job) as written:
+            plan = written.plan
+            summary = launch(run_dir, plan, written.config_text)
     except JobFailed as exc:
         print(f"blocks: {exc} (run dir: {run_dir})", file=sys.stderr)
         job_ended(run_dir, exc.summary.status)
@@ -278,13 +280,26 @@ def _checked(
     return frozen, plan
 
 
-def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Plan:
+@dataclass(frozen=True)
+class Written:
+    """The job files a driver wrote into its run dir.
+
+    Attributes:
+        plan: the plan written: that of a finished run's recorded display settings when a
+            rerun that trains nothing changed only those (:func:`refuse_rewriting_finished`).
+        config_text: the text of the ``config.yaml`` written; this node's workers check that
+            they train with it (:func:`launch`).
+    """
+
+    plan: Plan
+    config_text: str
+
+
+def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``.
 
     An earlier run's ``summary.json`` goes first (:func:`retire_summary`): from here on the run
-    dir describes this attempt. Returns the plan written: that of a finished run's recorded
-    display settings when a rerun that trains nothing changed only those
-    (:func:`refuse_rewriting_finished`).
+    dir describes this attempt.
     """
     directory = job_checkpoint_dir(run_dir, plan)
     previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
@@ -303,14 +318,14 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Plan:
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
     retire_summary(run_dir)
-    write_job_files(run_dir, frozen, plan)
+    text = write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
         # every node's driver of a multi-node job records the same job: its SLURM job, if any
         nonce = None if plan.derived.nodes == 1 or uses_ray(plan) else os.environ.get("SLURM_JOB_ID", "")
         record_start(run_dir, directory, resume_from, OmegaConf.to_yaml(frozen), nonce)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
-    return plan
+    return Written(plan, text)
 
 
 @contextlib.contextmanager
@@ -320,14 +335,15 @@ def held(
     choices: dict[str, str],
     checked: Checked | None = None,
     sweep_job: SweepJob | None = None,
-) -> Iterator[Plan]:
+) -> Iterator[Written]:
     """Check the job, lock its run dir (and checkpoint dir), write its job files; locked until the block ends.
 
     A plan with errors is refused before the lock is taken; a run dir or checkpoint dir held
     by a live job, or a resume or storage that cannot work, is refused before anything is
-    written. Multi-node jobs under torchrun share one run dir between the nodes' drivers, so
-    they are not locked (under Ray one driver starts every node's workers, so they are). A
-    *checked* run for this run dir is not planned again. A job of a sweep (*sweep_job*) is
+    written. The drivers of a multi-node job under torchrun, one per node, share their run
+    dir: they share its locks too, as the job their rendezvous names (:func:`multi_node_job`),
+    and any other job is refused as a single-node one is (under Ray one driver starts every
+    node's workers, and locks alone). A *checked* run for this run dir is not planned again. A job of a sweep (*sweep_job*) is
     refused a run dir that holds another job (:meth:`SweepJob.claim`): it would resume that
     job's checkpoints and replace its files.
     """
@@ -335,17 +351,16 @@ def held(
         frozen, plan = checked.config, checked.plan
     else:
         frozen, plan = _checked(config, choices, run_dir)
-    one_driver = plan.derived.nodes == 1 or uses_ray(plan)
+    job = None if plan.derived.nodes == 1 or uses_ray(plan) else multi_node_job(run_dir)
     with contextlib.ExitStack() as locks:
-        if one_driver:
-            locks.enter_context(locked(run_dir))
-            if locks_checkpoint_dir(run_dir, plan):
-                locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir))
+        locks.enter_context(locked(run_dir, job))
+        if locks_checkpoint_dir(run_dir, plan):
+            locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir, job))
         identity = sweep_job.claim(run_dir, frozen, dict(plan.choices)) if sweep_job is not None else None
-        plan = _write_job_files(run_dir, frozen, plan)
+        written = _write_job_files(run_dir, frozen, plan)
         if sweep_job is not None and identity is not None:
             sweep_job.record(run_dir, identity)
-        yield plan
+        yield written
 
 
 def job_checkpoint_dir(run_dir: Path, plan: Plan) -> str:
@@ -370,8 +385,11 @@ def locks_checkpoint_dir(run_dir: Path, plan: Plan) -> bool:
     return not isinstance(fs, MemoryFileSystem)
 
 
-def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
+def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = None) -> Summary:
     """Train the run in *run_dir*: in this process, through torchrun for several processes or restarts, or on Ray.
+
+    *config_text* is the ``config.yaml`` this driver wrote: torchrun's workers are given it and
+    refuse to train when a rank's differs (another node's driver wrote another config).
 
     An earlier run's ``summary.json`` is taken away first (:func:`retire_summary`). A run that
     dies without writing one (a crash before training) still gets one, with status ``failed``
@@ -391,7 +409,7 @@ def launch(run_dir: Path, plan: Plan | None = None) -> Summary:
 
             code = run_ray(run_dir, plan)
         else:
-            code, stopped_by = run_torchrun(run_dir, plan)
+            code, stopped_by = run_torchrun(run_dir, plan, config_text)
         if code == 0 and plan.derived.nodes > 1 and not on_ray:
             _await(run_dir / SUMMARY_FILE, timeout_s=SUMMARY_WAIT_S)  # global rank 0 may run on another node
         if not (run_dir / SUMMARY_FILE).exists():
@@ -555,11 +573,11 @@ def prepare(overrides: list[str], run_dir: Path, environment: Environment | None
     """
     composed = compose(overrides)
     frozen, plan = _checked(composed.config, composed.choices, run_dir, environment)
-    return _write_job_files(run_dir, frozen, plan)
+    return _write_job_files(run_dir, frozen, plan).plan
 
 
 def run(overrides: list[str], run_dir: Path) -> Summary:
     """Compose, plan and train one job, writing its run dir (no Hydra job): the Python ``blocks run``."""
     composed = compose(overrides)
-    with held(run_dir, composed.config, composed.choices) as plan:
-        return launch(run_dir, plan)
+    with held(run_dir, composed.config, composed.choices) as written:
+        return launch(run_dir, written.plan, written.config_text)

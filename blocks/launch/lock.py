@@ -7,6 +7,11 @@ in either order); it gives both back at the end. A second job into a
 held directory is refused, naming the holder. A lock whose holder is gone (a dead pid on this
 host, or a heartbeat older than :data:`STALE_AFTER_S` from any host) is taken over with a warning.
 
+The drivers of one multi-node job (one ``blocks run`` per node, started with torchrun's
+rendezvous) share the locks: each lock names its *job*, and a driver of the job that holds a
+directory joins it instead of being refused. The first driver holds the lock (and its heartbeat)
+until it ends; a job of any other kind, or another multi-node job, is refused as before.
+
 A local directory is locked by creating its lock file with ``O_EXCL``: of two jobs, exactly one
 gets it. A directory in an object store (``s3://...``, any fsspec URL) has no atomic
 create-if-absent in general, so the lock is a best effort: the object is written when absent
@@ -203,7 +208,9 @@ class DirLock:
 
     *key* and *fix* make the refusal's :class:`Problem` (``{lock}`` in *fix* names the lock
     file, *file_name* in *directory*); *run_dir*, the holder's run dir, is recorded so a
-    refused job can name it.
+    refused job can name it. *job* names a job several drivers run together (the nodes of a
+    multi-node job): a lock held by a live driver of the same *job* is joined, not refused
+    (:attr:`joined`), and only its holder removes it.
     """
 
     def __init__(
@@ -214,6 +221,7 @@ class DirLock:
         run_dir: Path | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         file_name: str = LOCK_FILE,
+        job: str | None = None,
     ) -> None:
         self.directory = str(directory)
         self.file = lock_file_at(directory, file_name)
@@ -229,6 +237,9 @@ class DirLock:
         }
         if run_dir is not None:
             self._content["run_dir"] = str(run_dir)
+        if job is not None:
+            self._content["job"] = job
+        self.joined = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -239,6 +250,9 @@ class DirLock:
                 break
             holder = self.file.read()
             if holder is not None and holder_is_alive(holder):
+                if self._same_job(holder):
+                    self.joined = True  # another node's driver of this job holds it for both
+                    return
                 raise self._busy(holder)
             log.warning(
                 "taking over the stale lock %s (holder %s)",
@@ -252,10 +266,13 @@ class DirLock:
         self._thread.start()
 
     def refuse_if_held(self) -> None:
-        """Raise :class:`DirBusy` when a live job holds the directory; take nothing, write nothing."""
+        """Raise :class:`DirBusy` when a live job (not this lock's *job*) holds the directory; take nothing, write nothing."""
         holder = self.file.read()
-        if holder is not None and holder_is_alive(holder):
+        if holder is not None and holder_is_alive(holder) and not self._same_job(holder):
             raise self._busy(holder)
+
+    def _same_job(self, holder: dict[str, Any]) -> bool:
+        return "job" in self._content and holder.get("job") == self._content["job"]
 
     def _busy(self, holder: dict[str, Any]) -> DirBusy:
         where = (
@@ -305,9 +322,9 @@ def held_lock(lock: DirLock) -> Iterator[DirLock]:
         lock.release()
 
 
-def locked(run_dir: Path) -> contextlib.AbstractContextManager[DirLock]:
-    """Hold the lock on *run_dir* for the duration of the block."""
-    return held_lock(DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX))
+def locked(run_dir: Path, job: str | None = None) -> contextlib.AbstractContextManager[DirLock]:
+    """Hold the lock on *run_dir* for the duration of the block (join it when the drivers of *job* share it)."""
+    return held_lock(DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job))
 
 
 def is_held(directory: str | Path) -> bool:
@@ -317,22 +334,28 @@ def is_held(directory: str | Path) -> bool:
 
 
 @contextlib.contextmanager
-def checkpoint_dir_locked(directory: str, run_dir: Path) -> Iterator[DirLock]:
+def checkpoint_dir_locked(directory: str, run_dir: Path, job: str | None = None) -> Iterator[DirLock]:
     """Hold the lock on the checkpoint *directory* of the job in *run_dir* for the duration of the block.
 
-    A *directory* that is another live job's run dir is refused too. Storage the lock cannot
+    A *directory* that is another live job's run dir is refused too. The drivers of one
+    multi-node *job* share the lock (:class:`DirLock`). Storage the lock cannot
     be written to is refused like the storage check refuses it (a :class:`BlocksError` on
     ``checkpoint.dir``), not with a traceback.
     """
     lock = DirLock(
-        directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, run_dir=run_dir, file_name=CHECKPOINT_LOCK_FILE
+        directory,
+        "checkpoint.dir",
+        CHECKPOINT_DIR_FIX,
+        run_dir=run_dir,
+        file_name=CHECKPOINT_LOCK_FILE,
+        job=job,
     )
     try:
         if not (
             isinstance(lock.file, LocalLockFile) and lock.file.path.parent.resolve() == run_dir.resolve()
         ):
             # another live job's run dir is that job's, whatever it holds
-            DirLock(directory, "checkpoint.dir", CHECKPOINT_DIR_FIX).refuse_if_held()
+            DirLock(directory, "checkpoint.dir", CHECKPOINT_DIR_FIX, job=job).refuse_if_held()
         lock.acquire()
     except DirBusy:
         raise

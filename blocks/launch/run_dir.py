@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exp
     WEIGHTS_FILE,
     Status,
     Summary,
+    differing_keys,
 )
 from blocks.core.secrets import env_interpolations, resolve_keeping_env
 from blocks.spec.block import Block
@@ -40,12 +42,28 @@ def freeze_config(config: DictConfig, run_dir: Path) -> DictConfig:
     return frozen
 
 
-def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> None:
-    """Write ``config.yaml`` and ``plan.json``: enough for any worker to rebuild the run."""
+def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> str:
+    """Write ``config.yaml`` and ``plan.json``: enough for any worker to rebuild the run. Returns ``config.yaml``'s text.
+
+    Each file is replaced in one rename: the drivers of a multi-node job write the same files
+    into the shared run dir, and a worker reads either's whole file, never a mix of two.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
+    text = OmegaConf.to_yaml(config)
     shown = dataclasses.replace(plan, from_environment=env_interpolations(config))  # what is written decides
-    (run_dir / PLAN_FILE).write_text(json.dumps(shown.to_json(), indent=2) + "\n")
+    _replace(run_dir / CONFIG_FILE, text)
+    _replace(run_dir / PLAN_FILE, json.dumps(shown.to_json(), indent=2) + "\n")
+    return text
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write *text* into a temporary file beside *path*, then rename it over *path*."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 DISPLAY_KEYS = (
@@ -79,7 +97,7 @@ def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
     if before is None:
         return []
     after = OmegaConf.to_container(config, resolve=False)
-    changed = _differing(before, after, "")
+    changed = differing_keys(before, after)
     default = str((run_dir / CHECKPOINTS_DIR).resolve())
     if OmegaConf.select(config, "checkpoint.dir", default=None) == default:  # a moved run dir's own default
         changed = [key for key in changed if key != "checkpoint.dir"]
@@ -100,19 +118,6 @@ def _recorded(run_dir: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return recorded if isinstance(recorded, dict) else None
-
-
-def _differing(before: object, after: object, key: str) -> list[str]:
-    if isinstance(before, dict) and isinstance(after, dict):
-        names = [*before, *(name for name in after if name not in before)]
-        return [
-            k
-            for name in names
-            for k in _differing(
-                before.get(name, _MISSING), after.get(name, _MISSING), f"{key}.{name}".lstrip(".")
-            )
-        ]
-    return [] if before == after else [key]
 
 
 def _value_at(container: object, key: str) -> object:
@@ -231,10 +236,12 @@ class FrozenRun:
     Attributes:
         config: ``config.yaml``, values from the environment still ``${oc.env:...}``.
         plan: its blocks, with everything else from ``plan.json``.
+        config_text: ``config.yaml``'s text as read.
     """
 
     config: DictConfig
     plan: Plan
+    config_text: str = ""
 
 
 def load_run(run_dir: Path) -> FrozenRun:
@@ -243,7 +250,8 @@ def load_run(run_dir: Path) -> FrozenRun:
     Nothing is planned again and no hardware is detected: a worker trains with the derived
     numbers and the environment the driver planned against, even when its own machine differs.
     """
-    config = OmegaConf.load(run_dir / CONFIG_FILE)
+    text = (run_dir / CONFIG_FILE).read_text()
+    config = OmegaConf.create(text)
     assert isinstance(config, DictConfig)
     plan_file = run_dir / PLAN_FILE
     if not plan_file.exists():
@@ -257,7 +265,7 @@ def load_run(run_dir: Path) -> FrozenRun:
     frozen = json.loads(plan_file.read_text())
     from_environment = hide_environment_values(config)
     plan = Plan.thawed(config_to_blocks(config), frozen, from_environment=from_environment)
-    return FrozenRun(config=config, plan=plan)
+    return FrozenRun(config=config, plan=plan, config_text=text)
 
 
 def load_plan(run_dir: Path) -> Plan:

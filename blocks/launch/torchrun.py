@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from blocks.core.plan import Plan
+from blocks.core.run_files import config_digest
 from blocks.launch.lifeline import children_environment, die_with_parent
 from blocks.spec.errors import BlocksError, Problem
 
@@ -24,6 +25,14 @@ EXIT_INTERRUPTED = 130
 
 RDZV_ENDPOINT_ENV = "BLOCKS_RDZV_ENDPOINT"
 """``host:port`` of the c10d rendezvous shared by the nodes of a multi-node job."""
+
+
+DRIVER_CONFIG_ENV = "BLOCKS_DRIVER_CONFIG"
+"""The ``config.yaml`` text this node's driver wrote, for its workers to compare with every rank's."""
+DRIVER_CONFIG_DIGEST_ENV = "BLOCKS_DRIVER_CONFIG_SHA256"
+"""Its sha256 (:func:`~blocks.core.run_files.config_digest`): all that is passed of a text too long for a variable."""
+DRIVER_CONFIG_MAX_CHARS = 64 * 1024
+"""The longest text passed whole (Linux refuses an environment string over 128 KiB)."""
 
 
 def needs_launcher(plan: Plan) -> bool:
@@ -66,13 +75,33 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
             f"--nnodes={derived.nodes}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id=blocks-{hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]}",
+            f"--rdzv-id={rendezvous_id(run_dir)}",
         ]
     return [*command, "-m", "blocks.launch.worker", str(run_dir)]
 
 
-def torchrun_environment(plan: Plan, environ: dict[str, str] | None = None) -> dict[str, str]:
+def rendezvous_id(run_dir: Path) -> str:
+    """The c10d rendezvous id of a multi-node job in *run_dir*: the same on every node that names the same run dir."""
+    return f"blocks-{hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]}"
+
+
+def multi_node_job(run_dir: Path, environ: dict[str, str] | None = None) -> str:
+    """What names one multi-node job on every node: its rendezvous endpoint and id.
+
+    The nodes' drivers share their run dir's lock under it (:class:`~blocks.launch.lock.DirLock`).
+    """
+    endpoint = (os.environ if environ is None else environ).get(RDZV_ENDPOINT_ENV, "")
+    return f"{endpoint} {rendezvous_id(run_dir)}"
+
+
+def torchrun_environment(
+    plan: Plan, environ: dict[str, str] | None = None, config_text: str | None = None
+) -> dict[str, str]:
     """The environment for torchrun.
+
+    *config_text*, the ``config.yaml`` this node's driver wrote, is passed on to the workers
+    (:data:`DRIVER_CONFIG_ENV`, its digest alone when it is long): they refuse to train when
+    the ranks' configs differ, as they do when the nodes were started with different overrides.
 
     Workers get their own TCPStore instead of sharing the rendezvous store: with the shared
     store, a restarted round can read the previous round's peer addresses and fail to connect
@@ -85,6 +114,12 @@ def torchrun_environment(plan: Plan, environ: dict[str, str] | None = None) -> d
     env.setdefault("PYTHONUNBUFFERED", "1")
     if plan.derived.devices > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop(DRIVER_CONFIG_ENV, None)
+    env.pop(DRIVER_CONFIG_DIGEST_ENV, None)
+    if config_text is not None:
+        env[DRIVER_CONFIG_DIGEST_ENV] = config_digest(config_text)
+        if len(config_text) <= DRIVER_CONFIG_MAX_CHARS:
+            env[DRIVER_CONFIG_ENV] = config_text
     return children_environment(env)
 
 
@@ -95,8 +130,10 @@ class TorchrunExit(NamedTuple):
     signal: str | None = None
 
 
-def run_torchrun(run_dir: Path, plan: Plan) -> TorchrunExit:
+def run_torchrun(run_dir: Path, plan: Plan, config_text: str | None = None) -> TorchrunExit:
     """Run this node's workers under torchrun; how it ended.
+
+    *config_text*: the ``config.yaml`` this driver wrote (:func:`torchrun_environment`).
 
     torchrun runs in a session of its own and dies with this process (so do its workers).
     SIGTERM and SIGINT reach it once, from here: the first is passed on (torchrun passes it
@@ -107,7 +144,9 @@ def run_torchrun(run_dir: Path, plan: Plan) -> TorchrunExit:
     """
     on_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(
-        torchrun_command(run_dir, plan), env=torchrun_environment(plan), start_new_session=on_main_thread
+        torchrun_command(run_dir, plan),
+        env=torchrun_environment(plan, config_text=config_text),
+        start_new_session=on_main_thread,
     )
     forwarded: list[int] = []
 

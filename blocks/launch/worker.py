@@ -29,12 +29,13 @@ from blocks.launch.run_dir import (
     load_run,
     retire_summary,
 )
-from blocks.launch.torchrun import EXIT_INTERRUPTED
+from blocks.launch.torchrun import DRIVER_CONFIG_DIGEST_ENV, DRIVER_CONFIG_ENV, EXIT_INTERRUPTED
 from blocks.spec.errors import BlocksError, TrainingError
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
     from blocks.runtime.preemption import Preemption
+    from blocks.runtime.same_config import DriverConfig
 
 
 def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> Summary:
@@ -55,9 +56,14 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
     from blocks.runtime.callbacks import early_stop_reason
     from blocks.runtime.health import stall_detected
+    from blocks.runtime.same_config import SameConfigOnEveryRank
     from blocks.runtime.trainer import build_run, record_progress
 
-    built = build_run(plan, run_dir, console=console, run_config=frozen.config, own_process=own_process)
+    driver = driver_config() if own_process else None
+    checks = [SameConfigOnEveryRank(driver, frozen.config_text)] if driver is not None else []
+    built = build_run(
+        plan, run_dir, console=console, run_config=frozen.config, own_process=own_process, checks=checks
+    )
     if built.preemption is not None and plan.derived.world_size == 1 and not os.environ.get(IN_RAY_TASK_ENV):
         # A signal while fit sets up the data or restores the checkpoint stops the run too. Not
         # with several processes: a rank waiting for its peers in C code would never see the
@@ -131,6 +137,14 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
             if built.preemption is not None:
                 built.preemption.disarm()  # the grace timer and the signal handlers it armed
     return summary
+
+
+def driver_config() -> DriverConfig | None:
+    """The ``config.yaml`` this node's driver wrote, as it passed it to torchrun's workers (None when it did not)."""
+    from blocks.runtime.same_config import DriverConfig
+
+    digest = os.environ.get(DRIVER_CONFIG_DIGEST_ENV)
+    return None if not digest else DriverConfig(digest, os.environ.get(DRIVER_CONFIG_ENV))
 
 
 def _settle_set_aside_weights(run_dir: Path, summary: Summary) -> None:

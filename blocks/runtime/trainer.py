@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,7 @@ def build_run(
     console: bool = True,
     run_config: DictConfig | None = None,
     own_process: bool = False,
+    checks: Sequence[pl.Callback] = (),
 ) -> BuiltRun:
     """Build the module, data module and trainer for *plan*, writing metrics into *run_dir*.
 
@@ -78,7 +79,8 @@ def build_run(
     worker has, to rebuild the plan); otherwise it is read again for the loggers.
     *own_process*: the process runs this job only (a worker torchrun, srun, mpirun or Ray
     started), so a stall ends it at once (:class:`StallWatchdog`); otherwise the process goes on
-    after the job (a sweep's next job) and a stall first interrupts training.
+    after the job (a sweep's next job) and a stall first interrupts training. *checks* are
+    callbacks that run before blocks' own (their ``setup`` refuses a run before it trains).
     """
     environment = cluster_environment(plan)  # refuses a worker no launcher started, before writing anything
     quiet_lightning()
@@ -135,6 +137,7 @@ def build_run(
         precision=plan.precision.lightning,  # the compute precision, FSDP too
     )
     callbacks: list[pl.Callback] = [
+        *checks,
         recorder,
         health,
         *plan.strategy.callbacks(accumulate=derived.accumulate),
