@@ -45,6 +45,16 @@ LM = [
     "optim.warmup_steps=2",
     "data.val_fraction=0.0999",  # 1179 validation windows: 2 processes pad one
 ]
+TINY_LM_BLOCKS = [
+    "data=text",
+    "task=lm",
+    "optim=adamw",
+    "data.seq_len=32",
+    "data.batch_size=16",
+    "optim.lr=1e-2",
+    "trainer.max_epochs=null",
+]
+"""``recipe=tiny_lm`` less its model fields, for a team's own decoder (``model=torch_module``)."""
 FAST_DDP = [
     "recipe=blobs",
     "data.samples=1024",
@@ -181,10 +191,17 @@ def test_ddp_logs_every_ranks_loss_and_the_spread(three_ddp_jobs: list[tuple[Pat
 
 
 @pytest.mark.slow
-def test_fsdp_with_activation_checkpointing_and_bf16_mixed(tmp_path: Path) -> None:
+def test_fsdp_with_activation_checkpointing_and_bf16_mixed(tmp_path: Path, monkeypatch) -> None:
+    """The tiny decoder with a float32 buffer between FSDP's root and first unit: eval casts there as FSDP did."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     summary = driver.run(
         [
-            *LM,
+            *TINY_LM_BLOCKS,
+            *LM[1:],
+            "model=torch_module",
+            "model.target=tests.fsdp_nets.OffsetDecoder",
+            "model.spec_args.vocab_size=vocab_size",
+            "model.shard=layers",
             "strategy=fsdp",
             "trainer.devices=2",
             "strategy.activation_checkpointing=true",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 import signal
 import threading
@@ -18,12 +19,15 @@ from pytorch_lightning.utilities.model_helpers import is_overridden
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp._fully_shard._fsdp_common import _cast_fp_tensor
+from torch.distributed.utils import _apply_to_tensors
 from torch.serialization import DEFAULT_PROTOCOL, _get_storage_alignment, _save
 
 __all__ = [
     "DirectBatchTransfer",
     "DirectHookNameWrites",
     "activation_checkpointed",
+    "cast_floating_tensors",
     "dispatch_hook",
     "drop_inherited_step_hooks",
     "processed_micro_batches",
@@ -41,6 +45,14 @@ __all__ = [
 def activation_checkpointed(layer: nn.Module) -> nn.Module:
     """*layer* recomputing its activations in backward (``torch.distributed.algorithms._checkpoint``)."""
     return checkpoint_wrapper(layer, preserve_rng_state=True)
+
+
+def cast_floating_tensors(dtype: torch.dtype, tree: Any) -> Any:
+    """*tree* (tensors in tuples, lists, dicts, dataclasses) with its floating tensors cast to *dtype*.
+
+    FSDP2's own cast of a unit's forward inputs (``cast_forward_inputs``) and outputs (``output_dtype``).
+    """
+    return _apply_to_tensors(functools.partial(_cast_fp_tensor, dtype), tree)
 
 
 def processed_micro_batches(trainer: pl.Trainer) -> int:

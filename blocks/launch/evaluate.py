@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,34 +89,36 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     accelerator = plan.trainer.accelerator
     device = torch.device("cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu")
     # The numerics the run's validation had: Lightning's plugin under the strategy, and the
-    # strategy's own cast of the parameters (FSDP's mixed-precision policy), if any.
+    # strategy's own casts (FSDP's mixed-precision policy at each of its units), if any.
     precision = precision_plugin(plan.strategy.lightning_precision(plan.precision), device)
     precision.convert_module(model.to(device)).eval()  # in place, like .to()
     precision.convert_module(objective.to(device))
     objective.keep_metrics_float32()
-    forward_dtype = plan.strategy.forward_parameter_dtype(plan.precision)
-    if forward_dtype is not None:
-        cast_parameters(model, getattr(torch, forward_dtype))
     if plan.data.num_samples(split) == 0:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
     objective.reset()
-    with torch.no_grad():
+    with torch.no_grad(), strategy_casts(plan, model):
         for batch in loader:
             batch = precision.convert_input({k: v.to(device) for k, v in batch.items()})
-            inputs = batch["inputs"]
-            if forward_dtype is not None and isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
-                inputs = inputs.to(getattr(torch, forward_dtype))  # as FSDP casts the forward's inputs
             with precision.val_step_context():
-                objective.update(model(inputs), batch)
+                objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
     return Evaluation(metrics, weights, subset_note(plan, split))
 
 
-def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast *model*'s parameters (not its buffers) to *dtype* in place, as FSDP's mixed-precision policy does for the forward."""
-    for parameter in model.parameters():
-        parameter.data = parameter.data.to(dtype)
+def strategy_casts(plan: Plan, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside, *model* computes as under the plan's strategy: FSDP's mixed-precision policy without the sharding.
+
+    The parameters are cast for good (buffers are not, as under FSDP); the casts of each FSDP
+    unit's inputs (and outputs) end on exit. Nothing for a strategy that casts nothing itself.
+    """
+    if plan.strategy.forward_parameter_dtype(plan.precision) is None:
+        return contextlib.nullcontext()
+    from blocks.strategy.parallelize import mixed_precision_policy, policy_without_sharding
+
+    policy = mixed_precision_policy(plan.strategy, plan.precision)
+    return policy_without_sharding(model, plan.model.shard_units(), policy)
 
 
 def precision_plugin(lightning: str, device: torch.device) -> Precision:
