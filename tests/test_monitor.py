@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import re
 from pathlib import Path
@@ -262,6 +263,72 @@ def test_a_stall_that_never_returns_to_python_is_recorded_and_ends_the_process(
     assert exits == [health.STALL_EXIT_CODE]
     assert watchdog.fired, "the watchdog recorded the stall: the run's own thread writes no summary"
     assert signal.getsignal(health.STALL_SIGNAL) == handler, "the signal's handler is given back"
+
+
+def test_a_stalled_run_whose_teardown_waits_on_a_save_that_never_returns_still_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: once the watchdog interrupted the main thread it stood down, and Lightning's teardown then
+    waited on the background checkpoint save for as long as it hung: `blocks run` and a sweep hung forever."""
+    from blocks.runtime import health
+
+    exits: list[int] = []
+    monkeypatch.setattr(health.os, "_exit", exits.append)
+    monkeypatch.setattr(health, "STALL_GRACE_S", 1.0)
+    monkeypatch.setenv("BLOCKS_FAULT_SLOW_SAVE", "2:6")  # the save of step 3 waits on it: no step for 1s
+    run_dir = tmp_path / "run"
+    with pytest.raises(driver.JobFailed):
+        driver.run(
+            [
+                *BLOBS,
+                "trainer.max_steps=4",
+                "checkpoint.every_n_steps=1",
+                "checkpoint.async_save=true",
+                "monitor.stall_timeout_s=1",
+            ],
+            run_dir,
+        )
+    assert exits == [health.STALL_EXIT_CODE], "the job did not end within the grace: the process ends"
+    assert "the job did not end within 1s after it" in capsys.readouterr().out
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed"
+    assert summary["reason"].startswith("stalled: no training step for 1s after step 3")
+
+
+def test_a_stall_of_training_outside_the_main_thread_says_it_cannot_be_interrupted(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: the Python API called from another thread cannot be interrupted, yet the watchdog said training
+    did not stop within the grace (nothing waited) and nothing warned that a stall would end the process."""
+    import threading
+
+    import pytorch_lightning as pl
+
+    from blocks.runtime import health
+
+    exits: list[int] = []
+    recorded = threading.Event()
+    monkeypatch.setattr(health.os, "_exit", exits.append)
+    watchdog = health.StallWatchdog(
+        1, tmp_path, on_stall=lambda reason, step: recorded.set(), grace_s=30, exits_process=False
+    )
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with caplog.at_level(logging.WARNING):
+        training = threading.Thread(target=watchdog.on_train_start, args=(trainer, None))
+        training.start()
+        training.join()
+        assert recorded.wait(30), "the watchdog recorded the stall"
+    watchdog.on_train_end(trainer, None)  # type: ignore[arg-type]
+    watchdog._thread.join(10)  # type: ignore[union-attr]
+    assert exits == [health.STALL_EXIT_CODE]
+    assert watchdog.fired
+    out = capsys.readouterr().out
+    assert "training runs outside the main thread, where the stall watchdog cannot interrupt it" in out
+    assert "did not stop within" not in out
+    assert "training runs outside the main thread" in caplog.text, "the run warned when it started"
 
 
 @pytest.mark.slow

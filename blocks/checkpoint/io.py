@@ -13,7 +13,10 @@ hashing and committing run on a :class:`~blocks.checkpoint.background.Background
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +29,15 @@ from blocks.checkpoint import store
 from blocks.checkpoint.background import BackgroundSaver
 from blocks.checkpoint.storage import storage_errors
 from blocks.compat.torch_private import save_without_zip_crc
+from blocks.core.environment import restart_count
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = store.STATE_FILE
+SLOW_SAVE_ENV = "BLOCKS_FAULT_SLOW_SAVE"
+"""Fault-injection hook for tests: ``STEP:SECONDS`` makes the save of the checkpoint of optimizer step STEP
+sleep SECONDS before it writes ``state.pt`` (on the thread that writes: the background one with
+``checkpoint.async_save``), in the first attempt only."""
 
 
 class UnsafeCheckpointError(store.CheckpointError):
@@ -84,6 +94,17 @@ class HostStager:
         return snapshot
 
 
+def _injected_delay(step: int) -> None:
+    """Sleep as :data:`SLOW_SAVE_ENV` says for the save of *step* (no-op without it)."""
+    value = os.environ.get(SLOW_SAVE_ENV)
+    if not value or restart_count():
+        return
+    at, seconds = value.split(":")
+    if int(at) == step:
+        log.warning("%s: the save of step %d sleeps %ss", SLOW_SAVE_ENV, step, seconds)
+        time.sleep(float(seconds))
+
+
 def write_state(url: str, state: dict[str, Any]) -> tuple[int, str]:
     """Write *state* as ``<url>/state.pt``; returns its size and digest (:data:`store.HASH`), computed while writing.
 
@@ -126,6 +147,7 @@ class FsspecCheckpointIO(CheckpointIO):
             with storage_errors(url):
                 store.replace_ours(url)  # an uncommitted leftover of the same step
                 store.begin(url)
+                _injected_delay(manifest.step)
                 digest = write_state(url, state)
                 store.commit(url, manifest, known={STATE_FILE: digest})
             self.after_commit(url)

@@ -55,7 +55,7 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
 
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
     from blocks.runtime.callbacks import early_stop_reason
-    from blocks.runtime.health import stall_detected
+    from blocks.runtime.health import end_stall_watch
     from blocks.runtime.same_config import SameConfigOnEveryRank
     from blocks.runtime.trainer import build_run, record_progress
 
@@ -125,8 +125,11 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
             summary.wall_s = time.perf_counter() - started
             if summary.status == "completed" and not built.recorder.samples_seen:
                 keep_finished_figures(summary, completed_before(run_dir))
-            # A peer that left after a stall breaks this rank's collectives too; the stall is the reason.
-            if trainer.is_global_zero and not stall_detected(trainer):
+            # The job has ended: from here its stall watchdog stays quiet, unless it already took the
+            # stall over (it records it). A peer that left after a stall breaks this rank's
+            # collectives too; the stall is the reason.
+            recorded_by_watchdog = end_stall_watch(trainer)
+            if trainer.is_global_zero and not recorded_by_watchdog:
                 summary.write(run_dir)
                 if console and plan.monitor.progress != "off":
                     _print_summary(summary)
@@ -134,6 +137,7 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
             if weights_error is not None:
                 raise weights_error
         finally:
+            end_stall_watch(trainer)  # also when recording the run failed
             if built.preemption is not None:
                 built.preemption.disarm()  # the grace timer and the signal handlers it armed
     return summary

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 STACKS_DIR = "stacks"
 STALL_EXIT_CODE = 3
+STALL_GRACE_S = 10.0
+"""Seconds the watchdog gives the other ranks' stack dumps, and a run it interrupted to come back and then end."""
 STALL_ENV = "BLOCKS_FAULT_STALL"
 """Fault-injection hook for tests: ``RANK:STEP:SECONDS`` makes global rank RANK sleep SECONDS after optimizer
 step STEP, in the first attempt only (a restarted job runs clean, as after a transient hang)."""
@@ -434,8 +436,11 @@ class StallWatchdog(pl.Callback):
       of such jobs, the Python API) first interrupts its main thread (:data:`STALL_SIGNAL`),
       which raises :class:`StallError` where it hangs: the run fails like any other and the
       process goes on. Only when the main thread does not come back within *grace_s* (stuck
-      in code that never returns to Python) is the failure recorded as above and the process
-      ended with status 3.
+      in code that never returns to Python), or the job does not end (:meth:`end_job`) within
+      *grace_s* after it came back (its teardown waits on a checkpoint save that never returns),
+      is the failure recorded as above and the process ended with status 3. So is a run that
+      trains outside the main thread (the Python API called from another thread), which no
+      signal can interrupt.
     """
 
     def __init__(
@@ -444,13 +449,13 @@ class StallWatchdog(pl.Callback):
         run_dir: Path,
         *,
         on_stall: Callable[[str, int], None],
-        grace_s: float = 10.0,
+        grace_s: float | None = None,
         exits_process: bool = True,
     ) -> None:
         self.timeout_s = timeout_s
         self.run_dir = run_dir
         self.on_stall = on_stall
-        self.grace_s = grace_s
+        self.grace_s = STALL_GRACE_S if grace_s is None else grace_s
         self.exits_process = exits_process
         self.reason = ""
         self._last_beat = time.monotonic()
@@ -461,6 +466,9 @@ class StallWatchdog(pl.Callback):
         # who ends a stalled run: "main" (the run's own thread came back) or "watchdog"
         self._ended_by: str | None = None
         self._main_back = threading.Event()
+        self._raised = False  # StallError was raised in the main thread: the job's end is still watched
+        self._job_ended = threading.Event()
+        self._on_main_thread = True
         self._signal_taken = False
         self._previous_handler: Any = None
         self._thread: threading.Thread | None = None
@@ -480,8 +488,19 @@ class StallWatchdog(pl.Callback):
         self._stop.clear()
         self._fired.clear()
         self._main_back.clear()
+        self._job_ended.clear()
+        self._raised = False
         self._ended_by = None
-        if not self.exits_process and STALL_SIGNAL is not None and _in_main_thread():
+        self._on_main_thread = _in_main_thread()
+        if not self.exits_process and not self._on_main_thread:
+            log.warning(
+                "training runs outside the main thread (%s), where the stall watchdog cannot interrupt "
+                "it: a stall (monitor.stall_timeout_s=%g) ends the whole process with status %d",
+                threading.current_thread().name,
+                self.timeout_s,
+                STALL_EXIT_CODE,
+            )
+        if not self.exits_process and STALL_SIGNAL is not None and self._on_main_thread:
             self._previous_handler = signal.signal(STALL_SIGNAL, self._interrupted)
             self._signal_taken = True
         self._thread = threading.Thread(target=self._watch, name="blocks-stall-watchdog", daemon=True)
@@ -550,10 +569,23 @@ class StallWatchdog(pl.Callback):
         Not once training has ended meanwhile (:meth:`_stand_down`): nothing is stuck any more.
         """
         if self._fired.is_set() and not self._stop.is_set() and self._claim("main"):
+            self._raised = True
             raise StallError(self.reason)
         previous = self._previous_handler
         if callable(previous):
             previous(signum, frame)
+
+    def end_job(self) -> bool:
+        """The job this watchdog watched has ended, teardown included; whether the watchdog records its stall itself.
+
+        Called by the run's own thread before it records the run (every run, stalled or not).
+        From here on the watchdog stays quiet; True when it already took over (it writes the
+        summary and ends the process): the run's own thread must then record nothing.
+        """
+        self._stop.set()
+        with self._lock:
+            self._job_ended.set()
+            return self.fired
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
@@ -586,17 +618,43 @@ class StallWatchdog(pl.Callback):
         )
         print(f"blocks: {self.reason}", flush=True)
         if not self.exits_process:
-            if self._interrupt_main() and self._main_back.wait(self.grace_s):
-                return  # the run fails in its own thread, which records it; the process goes on
-            if not self._claim("watchdog"):
-                return
+            why = self._interrupt_or_why_not()
+            if why is None:
+                return  # the run failed in its own thread and ended, which records it; the process goes on
             print(
-                f"blocks: training did not stop within {self.grace_s:g}s of the stall (it hangs outside "
-                f"Python): the process ends with status {STALL_EXIT_CODE}, and what it would run after "
-                "this job (the next jobs of a sweep) does not run; the same command again resumes",
+                f"blocks: {why}: the process ends with status {STALL_EXIT_CODE}, and what it would run "
+                "after this job (the next jobs of a sweep) does not run; the same command again resumes",
                 flush=True,
             )
         self._record_and_exit()
+
+    def _interrupt_or_why_not(self) -> str | None:
+        """Interrupt the main thread and wait for the job to end; None when it did, else why the watchdog ends it.
+
+        The watchdog takes the stall over (:attr:`fired`) before it says why.
+        """
+        if not self._on_main_thread:
+            return (
+                "training runs outside the main thread, where the stall watchdog cannot interrupt it"
+                if self._claim("watchdog")
+                else None  # training ended meanwhile
+            )
+        if not (self._interrupt_main() and self._main_back.wait(self.grace_s)):
+            return (
+                f"training did not stop within {self.grace_s:g}s of the stall (it hangs outside Python)"
+                if self._claim("watchdog")
+                else None
+            )
+        if not self._raised or self._job_ended.wait(self.grace_s):
+            return None
+        with self._lock:
+            if self._job_ended.is_set():
+                return None
+            self._ended_by = "watchdog"  # the run's own thread must not record the job over this
+        return (
+            f"training stopped, but the job did not end within {self.grace_s:g}s after it (its teardown "
+            "waits, e.g. on a background checkpoint save that does not return)"
+        )
 
     def _interrupt_main(self) -> bool:
         """Send :data:`STALL_SIGNAL` to the main thread, which raises :class:`StallError`; False when it cannot."""
@@ -638,15 +696,18 @@ def _wait_for(condition: Callable[[], bool], patience_s: float) -> None:
         time.sleep(0.2)
 
 
-def stall_detected(trainer: pl.Trainer) -> bool:
-    """Whether *trainer*'s stall watchdog fired and records the stall itself: it writes the summary and ends the process.
+def end_stall_watch(trainer: pl.Trainer) -> bool:
+    """Tell *trainer*'s stall watchdog the job has ended (:meth:`StallWatchdog.end_job`); whether it records the stall itself.
 
-    Not when it interrupted the run's own thread instead (:class:`StallError`), which records the failure as any other.
+    True when it took the stall over: it writes the summary and ends the process. Not when it
+    interrupted the run's own thread (:class:`StallError`) and the job ended in time: that
+    thread records the failure as any other.
 
     The watchdog's own state, not the process's: a stall in one run says nothing of the next
     run in the same process (in-process runs, tests).
     """
-    return any(isinstance(cb, StallWatchdog) and cb.fired for cb in trainer.callbacks)  # type: ignore[attr-defined]
+    watchdogs = [cb for cb in trainer.callbacks if isinstance(cb, StallWatchdog)]  # type: ignore[attr-defined]
+    return any([watchdog.end_job() for watchdog in watchdogs])  # every one of them is told
 
 
 def _parse_injection(value: str | None) -> tuple[int, int, float] | None:
