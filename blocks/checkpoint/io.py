@@ -29,7 +29,7 @@ from blocks.checkpoint import store
 from blocks.checkpoint.background import BackgroundSaver
 from blocks.checkpoint.storage import storage_errors
 from blocks.compat.torch_private import save_without_zip_crc
-from blocks.core.environment import restart_count
+from blocks.spec.restarts import restart_count
 
 log = logging.getLogger(__name__)
 
