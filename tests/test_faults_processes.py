@@ -296,12 +296,14 @@ def test_the_drivers_of_one_multi_node_job_share_its_run_dir_lock_and_any_other_
     first = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job)
     first.acquire()
     try:
-        second = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job)
-        second.acquire()  # the other node's driver joins
+        # the other node's driver joins, naming the first node otherwise (its full name, its address)
+        same = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node0.cluster.example:29500"})
+        second = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=same)
+        second.acquire()
         assert second.joined and not first.joined
         second.release()
         assert (run_dir / LOCK_FILE).exists(), "only the holder gives the lock back"
-        other = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node1:29500"})
+        other = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node1:29611"})
         with pytest.raises(DirBusy):  # another multi-node job
             DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=other).acquire()
         with pytest.raises(DirBusy):  # a single-node job

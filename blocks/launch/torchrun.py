@@ -86,12 +86,15 @@ def rendezvous_id(run_dir: Path) -> str:
 
 
 def multi_node_job(run_dir: Path, environ: dict[str, str] | None = None) -> str:
-    """What names one multi-node job on every node: its rendezvous endpoint and id.
+    """What names one multi-node job on every node: its rendezvous port and id.
 
     The nodes' drivers share their run dir's lock under it (:class:`~blocks.launch.lock.DirLock`).
+    Not the endpoint's host: nodes may name the first node differently (``localhost`` on it, its
+    full name or address on the others), while the port must be the same for them to meet.
     """
     endpoint = (os.environ if environ is None else environ).get(RDZV_ENDPOINT_ENV, "")
-    return f"{endpoint} {rendezvous_id(run_dir)}"
+    port = endpoint.rpartition(":")[2] if ":" in endpoint else endpoint
+    return f"port {port} {rendezvous_id(run_dir)}"
 
 
 def torchrun_environment(
