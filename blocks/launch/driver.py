@@ -27,7 +27,14 @@ from fsspec.implementations.memory import MemoryFileSystem
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.base import CheckpointBlock
-from blocks.checkpoint.resume import checkpoint_dir, read_start, record_start, resolve_resume, resume_message
+from blocks.checkpoint.resume import (
+    START_FILE,
+    checkpoint_dir,
+    read_start,
+    record_start,
+    resolve_resume,
+    resume_message,
+)
 from blocks.checkpoint.storage import preflight_storage
 from blocks.checkpoint.store import read_manifest
 from blocks.compat.hydra_private import run_output_dir
@@ -413,11 +420,14 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
         if code == 0 and plan.derived.nodes > 1 and not on_ray:
             _await(run_dir / SUMMARY_FILE, timeout_s=SUMMARY_WAIT_S)  # global rank 0 may run on another node
         if not (run_dir / SUMMARY_FILE).exists():
-            interrupted = code == EXIT_INTERRUPTED
+            # A signal passed on before any worker wrote a summary interrupted the job, whatever
+            # torchrun's status: one arriving while its interpreter starts ends it with status 1.
+            interrupted = code == EXIT_INTERRUPTED or stopped_by is not None
+            code = EXIT_INTERRUPTED if interrupted else code
             steps = trained_steps(run_dir, plan)
             Summary(
                 status="interrupted" if interrupted else "failed",
-                reason=interrupted_before_summary(stopped_by, steps)
+                reason=interrupted_before_summary(stopped_by, steps, saved_step(run_dir, plan))
                 if interrupted
                 else f"worker processes exited with status {code} without a summary",
                 world_size=plan.derived.world_size,
@@ -456,22 +466,23 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
         raise
 
 
-def interrupted_before_summary(signal_name: str | None, steps: int) -> str:
+def interrupted_before_summary(signal_name: str | None, steps: int, saved: int | None = None) -> str:
     """``summary.json``'s reason for workers a signal (*signal_name*, when known) stopped before any wrote a summary.
 
     torchrun may not have started them yet: it was importing, or waiting at the rendezvous for
-    the other nodes. *steps*: the optimizer steps the run dir holds (:func:`trained_steps`).
+    the other nodes. *steps*: the optimizer steps the job got through (:func:`trained_steps`);
+    *saved*: the step of its newest checkpoint (:func:`saved_step`), None when it has none.
     """
     stopped = (
         f"{signal_name or 'a signal'} stopped the job before its workers wrote a summary "
         "(torchrun may still have been starting them, or waiting for the other nodes)"
     )
+    again = "run the same command, with the same run dir,"
+    if saved is not None:
+        return f"{stopped}, at step {steps}: its checkpoint of step {saved} stays; {again} to resume from it"
     if steps == 0:
-        return f"{stopped}: nothing was trained or saved; run the same command, with the same run dir, to start it"
-    return (
-        f"{stopped}, at step {steps}: its last checkpoint stays; run the same command, with the same "
-        "run dir, to resume from it"
-    )
+        return f"{stopped}: nothing was trained or saved; {again} to start it"
+    return f"{stopped}, at step {steps}, with no checkpoint saved: {again} to start it again"
 
 
 RUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
@@ -508,18 +519,30 @@ def trained_steps(run_dir: Path, plan: Plan) -> int:
     """Optimizer steps a run without a summary got through: its newest checkpoint's, else metrics.csv's last step.
 
     Only the job's own checkpoints count, those it saved or continues (its recorded start's
-    candidates): another run's in the same directory tell nothing of this job's progress.
+    candidates): another run's in the same directory tell nothing of this job's progress. So
+    do only metrics.csv rows written since the job started (an earlier run's say nothing).
     """
+    saved = saved_step(run_dir, plan)
+    if saved is not None:
+        return saved
+    with contextlib.suppress(Exception):
+        if (run_dir / METRICS_FILE).stat().st_mtime < (run_dir / START_FILE).stat().st_mtime:
+            return 0
+    with contextlib.suppress(Exception), (run_dir / METRICS_FILE).open(newline="") as fh:
+        steps = [int(row["step"]) for row in csv.DictReader(fh)]
+        return steps[-1] if steps else 0
+    return 0
+
+
+def saved_step(run_dir: Path, plan: Plan) -> int | None:
+    """The step of the job's newest committed checkpoint (one it saved or continues), None when it has none."""
     from blocks.checkpoint import store
 
     with contextlib.suppress(Exception):
         newest = store.newest_valid(job_checkpoint_dir(run_dir, plan), read_start(run_dir).candidates())
         if newest is not None:
             return int(newest.manifest.step)
-    with contextlib.suppress(Exception), (run_dir / METRICS_FILE).open(newline="") as fh:
-        steps = [int(row["step"]) for row in csv.DictReader(fh)]
-        return steps[-1] if steps else 0
-    return 0
+    return None
 
 
 NEVER_EXITED = (

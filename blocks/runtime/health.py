@@ -437,7 +437,7 @@ class StallWatchdog(pl.Callback):
       which raises :class:`StallError` where it hangs: the run fails like any other and the
       process goes on. Only when the main thread does not come back within *grace_s* (stuck
       in code that never returns to Python), or the job does not end (:meth:`end_job`) within
-      *grace_s* after it came back (its teardown waits on a checkpoint save that never returns),
+      *grace_s* or *timeout_s*, the longer, after it came back (its teardown waits on a checkpoint save that never returns),
       is the failure recorded as above and the process ended with status 3. So is a run that
       trains outside the main thread (the Python API called from another thread), which no
       signal can interrupt.
@@ -645,14 +645,16 @@ class StallWatchdog(pl.Callback):
                 if self._claim("watchdog")
                 else None
             )
-        if not self._raised or self._job_ended.wait(self.grace_s):
+        # The teardown may finish a background save and gather the weights: as long as a step may take.
+        teardown_s = max(self.grace_s, self.timeout_s)
+        if not self._raised or self._job_ended.wait(teardown_s):
             return None
         with self._lock:
             if self._job_ended.is_set():
                 return None
             self._ended_by = "watchdog"  # the run's own thread must not record the job over this
         return (
-            f"training stopped, but the job did not end within {self.grace_s:g}s after it (its teardown "
+            f"training stopped, but the job did not end within {teardown_s:g}s after it (its teardown "
             "waits, e.g. on a background checkpoint save that does not return)"
         )
 
