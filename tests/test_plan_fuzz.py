@@ -113,7 +113,7 @@ def _json_problems(output: str) -> list[dict[str, typing.Any]]:
 
 
 @settings(
-    max_examples=25,
+    max_examples=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,

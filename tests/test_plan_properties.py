@@ -138,7 +138,7 @@ def _assert_names_keys(problems: typing.Sequence[typing.Any], where: str) -> Non
             assert problem.fix, f"{where}: an error has no fix: {problem}"
 
 
-EXAMPLES = int(os.environ.get("BLOCKS_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("BLOCKS_PROPERTY_EXAMPLES", "45"))
 """Drawn override sets per run: each costs a composition per bad override (~0.5 s here); raise it to search longer."""
 
 

@@ -467,6 +467,13 @@ CHECKS: tuple[Check, ...] = (
         ("recipe=blobs", "+hydra.job.env_set.MY_SETTING=1"),
     ),
     Check(
+        "data-source",
+        ("data",),
+        "data.source",
+        "data.source names files, a directory, a glob or a python: source that can be prepared into shards",
+        ("data=stream", "data.source=no-such-file-*.txt"),
+    ),
+    Check(
         "data-extra",
         ("data",),
         "data",

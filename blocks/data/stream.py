@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -83,7 +84,17 @@ class Stream(DataBlock):
         if not self.path and self.source:
             from blocks.data.shards.prepare import ensure_prepared
 
-            ensure_prepared(self.source, self.shard_url(), self.tokenizer)
+            try:
+                ensure_prepared(self.source, self.shard_url(), self.tokenizer)
+            except BlocksError as exc:  # said of blocks data prepare's SOURCE: here it is data.source
+                raise BlocksError(
+                    [
+                        dataclasses.replace(p, key="data.source", check="data-source")
+                        if p.key == "SOURCE"
+                        else p
+                        for p in exc.problems
+                    ]
+                ) from None
 
     def manifest(self) -> Manifest:
         """The shard directory's manifest (the only file planning reads; :meth:`prepare` writes it for ``source``)."""
