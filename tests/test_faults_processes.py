@@ -203,7 +203,7 @@ def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_
 ) -> None:
     """Regression: a SIGTERM that reached torchrun before it handled signals (importing, or at the rendezvous)
     killed it, and a SIGINT while its interpreter started ended it with status 1: the job ended `failed`
-    with status 1, which a requeue script does not requeue. An earlier run's metrics.csv in the run dir is
+    with status 1, which a requeue script does not requeue, and one at the rendezvous hung. An earlier run's metrics.csv in the run dir is
     not this job's progress (it was reported as its step, with a checkpoint to resume that did not exist)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -221,6 +221,8 @@ def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_
         deadline = time.monotonic() + 120
         while not job_pids(run_dir) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        if signum == signal.SIGINT:  # at the rendezvous: a KeyboardInterrupt waited there for minutes
+            time.sleep(4)
         proc.send_signal(signum)  # no second node ever comes: torchrun is before its workers
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]

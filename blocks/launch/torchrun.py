@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     exit 1 with torchrun's account of which rank failed how (with the worker's traceback when
     it raised), and no traceback of torchrun's own.
     """
+    # Until torchrun handles signals (as it starts the workers), SIGINT ends it at once, as SIGTERM
+    # does: a KeyboardInterrupt would wait for the rendezvous's C++ call to return, for minutes.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if not die_with_parent():
         os._exit(1)  # an orphan: the driver that started it is gone
     os.environ.update(children_environment({}))
