@@ -574,6 +574,20 @@ def test_a_worker_srun_lays_out_unlike_the_plan_is_refused_naming_the_keys(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is not None, reason="mpi4py is installed")
+def worker_process(run_dir: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Run ``python -m blocks.launch.worker RUN_DIR`` as a launcher (srun, mpirun) would: its status and output."""
+    with spawned(
+        [sys.executable, "-m", "blocks.launch.worker", str(run_dir)],
+        cwd=run_dir.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as task:
+        out, _ = task.communicate(timeout=120)
+    return task.returncode, out
+
+
 @pytest.mark.slow
 def test_a_worker_mpirun_started_without_mpi4py_refuses_instead_of_training_a_job_of_its_own(
     tmp_path: Path,
@@ -582,16 +596,8 @@ def test_a_worker_mpirun_started_without_mpi4py_refuses_instead_of_training_a_jo
     run_dir = tmp_path / "run"
     driver.prepare([*FAST_DDP, "monitor.progress=off"], run_dir)
     mpi_rank = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
-    with spawned(
-        [sys.executable, "-m", "blocks.launch.worker", str(run_dir)],
-        cwd=tmp_path,
-        env=without_launchers() | mpi_rank,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as task:
-        out, _ = task.communicate(timeout=120)
-    assert task.returncode == 2, out[-3000:]
+    returncode, out = worker_process(run_dir, without_launchers() | mpi_rank)
+    assert returncode == 2, out[-3000:]
     assert "mpi4py is not installed" in out and "pip install 'blocks[mpi]'" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert read_summary(run_dir)["status"] == "failed"
@@ -610,16 +616,8 @@ def test_a_worker_srun_started_exits_130_when_a_signal_stopped_it(
     driver.prepare(["recipe=blobs", "trainer.max_steps=50", "monitor.progress=off", signal_at], run_dir)
     env = without_launchers() | SRUN_TASK | {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1"}
     env["PYTHONPATH"] = str(REPO)
-    with spawned(
-        [sys.executable, "-m", "blocks.launch.worker", str(run_dir)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as task:
-        out, _ = task.communicate(timeout=120)
-    assert task.returncode == 130, out[-3000:]
+    returncode, out = worker_process(run_dir, env)
+    assert returncode == 130, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and "SIGTERM stopped training" in summary["reason"], summary
 
