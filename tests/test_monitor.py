@@ -361,6 +361,27 @@ def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(tmp_path: Path
     ]
 
 
+def test_the_gradient_norm_of_low_precision_gradients_is_not_rounded_to_their_dtype() -> None:
+    """bf16 gradients' norm as the float64 norm of the same values (was rounded to bf16's 3 digits), fp16's not inf."""
+    import torch
+
+    from blocks.runtime.health import total_grad_norm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).to(torch.bfloat16)
+    model(torch.randn(16, 64, dtype=torch.bfloat16)).float().pow(2).sum().backward()
+    exact = torch.cat([p.grad.double().flatten() for p in model.parameters()]).norm().item()
+    norm = total_grad_norm(model)
+    assert norm is not None and norm.dtype == torch.float32
+    assert norm.item() == pytest.approx(exact, rel=1e-6)
+
+    half = torch.nn.Linear(4, 1, bias=False).to(torch.float16)
+    half.weight.grad = torch.full_like(
+        half.weight, 60000.0
+    )  # each finite; their norm (120000) is past fp16's max
+    assert total_grad_norm(half).item() == pytest.approx(120000.0)
+
+
 def test_a_gradient_norm_spike_over_the_running_median_is_a_warning(caplog) -> None:
     import pytorch_lightning as pl
 

@@ -38,6 +38,7 @@ __all__ = [
     "saved_train_loader_state",
     "set_found_inf",
     "skip_automatic_hyperparameters",
+    "tensor_norms_in_float32",
     "tensors_to_device",
 ]
 
@@ -282,3 +283,21 @@ def set_found_inf(optimizer: Any, found_inf: Any) -> None:
     when it is non-zero, without a host sync. Unfused optimizers refuse the attribute.
     """
     optimizer.found_inf = found_inf
+
+
+def tensor_norms_in_float32(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's L2 norm, accumulated and returned in float32 at least (float64 stays float64).
+
+    torch's ``get_total_norm`` returns each norm in its tensor's dtype, so the norms of bfloat16
+    gradients are rounded to 3 significant digits (and differ with the sharding that groups
+    them); the foreach norm's ``dtype`` widens each result instead of copying the tensors.
+    DTensors (FSDP's sharded gradients) stay DTensors.
+    """
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    norms: list[torch.Tensor] = []
+    for group in by_device.values():
+        wide = torch.float64 if any(t.dtype == torch.float64 for t in group) else torch.float32
+        norms.extend(torch._foreach_norm(group, 2, dtype=wide))
+    return norms

@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 
 from blocks.checkpoint import store
-from blocks.compat.torch_private import dispatch_hook, set_found_inf
+from blocks.compat.torch_private import dispatch_hook, set_found_inf, tensor_norms_in_float32
 from blocks.core.environment import restart_count
 from blocks.monitor.sinks import Row
 
@@ -45,11 +45,17 @@ class DivergenceError(NonFiniteError):
 
 
 def total_grad_norm(module: torch.nn.Module) -> torch.Tensor | None:
-    """The global L2 norm of every gradient (a full tensor also when FSDP shards them), on the device."""
+    """The global L2 norm of every gradient, on the device, in float32 at least whatever the gradients' dtype.
+
+    A full tensor also when FSDP shards the gradients. Low-precision gradients
+    (``precision=bf16-true``) give the same norm whatever the process layout.
+    """
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
         return None
-    norm = torch.nn.utils.get_total_norm(grads)
+    norms = tensor_norms_in_float32(grads)
+    first = norms[0].device
+    norm = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]))
     full_tensor = getattr(norm, "full_tensor", None)  # a DTensor when FSDP shards the grads
     return full_tensor() if full_tensor is not None else norm
 
