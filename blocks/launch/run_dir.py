@@ -117,11 +117,11 @@ def _other_version(blocks: Mapping[str, Block], before: dict, after: object, key
     if recorded is _MISSING:
         if "." in key:
             return now == _field_default(blocks, key)
-        kind = next((k for k in KIND_TABLE if k.name == key), None)
+        added = next((k for k in KIND_TABLE if k.name == key), None)
         return (
-            kind is not None
+            added is not None
             and isinstance(now, dict)
-            and now.get(BLOCK_KEY) == kind.default
+            and now.get(BLOCK_KEY) == added.default
             and all(
                 value == _field_default(blocks, f"{key}.{name}")
                 for name, value in now.items()
