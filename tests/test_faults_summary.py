@@ -111,6 +111,26 @@ def test_a_field_an_older_config_yaml_lacks_is_no_change_at_its_default(
     assert (run_dir / "config.yaml").read_text() == recorded
 
 
+def test_a_section_an_older_config_yaml_lacks_or_a_field_it_has_no_more_is_no_change(
+    finished: Path, tmp_path: Path
+) -> None:
+    """A config.yaml of another version: a whole block kind absent, a field since removed: the rerun is accepted."""
+    import yaml
+
+    run_dir = copy_of(finished, tmp_path)
+    recorded = (run_dir / "config.yaml").read_text().replace(str(finished), str(run_dir))
+    older = yaml.safe_load(recorded)
+    assert older["strategy"]["_block_"] == "single"
+    del older["strategy"]  # as a version before the strategy kind wrote it, every field at its default
+    older["trainer"]["retired_knob"] = 3  # a field a later version removed
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    with pytest.raises(FinishedRunKept) as refused:
+        driver.run([*QUIET, "trainer.max_steps=20", "strategy.compile=true"], run_dir)
+    assert refused.value.problems[0].key == "strategy", "a kind the old run lacked, not at its defaults"
+    assert driver.run([*QUIET, "trainer.max_steps=20"], run_dir).status == "completed"
+    assert read_summary(run_dir)["state_digest"] == read_summary(finished)["state_digest"]
+
+
 def test_an_extension_killed_midway_leaves_no_completed_summary(finished: Path, tmp_path: Path) -> None:
     run_dir = copy_of(finished, tmp_path)
     args = [*ARGS, "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]

@@ -110,6 +110,10 @@ def test_lightning_logging_callbacks_log_at_the_monitor_cadence(tmp_path: Path, 
             "trainer.callbacks[0].path._target_: 'os.system' is refused",
         ),
         ("trainer.callbacks=[{_target_: tests.legacy_team.Shell}]", "is really subprocess.Popen"),
+        (
+            "trainer.callbacks=[{_target_: pytorch_lightning.callbacks.LearningRateMonitor}]",
+            "logs through a Lightning logger, and monitor.loggers has none",
+        ),
     ],
 )
 def test_code_that_is_no_callback_or_logger_is_refused_before_anything_starts(
@@ -124,6 +128,24 @@ def test_code_that_is_no_callback_or_logger_is_refused_before_anything_starts(
     assert not run_dir.exists() and not (tmp_path / "pwned").exists()
     assert said in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
+
+
+def test_a_callback_lightning_refuses_at_set_up_is_an_error_on_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback the plan cannot judge (a team's LearningRateMonitor, no logger) fails on its key, no traceback."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    callback = "trainer.callbacks=[{_target_: tests.lightning_habits.TeamLearningRateMonitor}]"
+    run_dir = tmp_path / "run"
+    result = run_in_process(
+        ["run", *BLOBS, "trainer.max_steps=2", callback, f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "trainer.callbacks[0]: TeamLearningRateMonitor refused the run" in text, text[-2000:]
+    assert "monitor.loggers=[csv,tensorboard]" in text
+    assert "Traceback" not in result.output
+    assert read_summary(run_dir)["status"] == "failed"
 
 
 def test_trainer_knobs_reach_lightning(tmp_path: Path) -> None:

@@ -276,6 +276,21 @@ def test_pipeline_stages_refer_to_earlier_train_stages() -> None:
         Pipeline(stages=(Train("a"), Export("a", source="a")))
 
 
+def test_planning_a_pipeline_shows_every_stage_and_finds_an_evaluations_problem(tmp_path: Path) -> None:
+    """``blocks plan`` of a pipeline checks what ``blocks run`` checks before its first stage, evaluations included."""
+    result = run_in_process(["plan", "recipe=digits_pipeline", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    for stage in ("pretrain", "finetune", "evaluate", "export"):
+        assert f"stage: {stage}" in result.output
+    assert "evaluate finetune's model on its val split" in result.output
+    bad = ["plan", "recipe=digits_pipeline", "evaluate.data.batch_size=0", f"hydra.run.dir={tmp_path}"]
+    result = run_in_process(bad, cwd=tmp_path)
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "stage 'evaluate' of recipe=digits_pipeline has problems" in text and "data.batch_size" in text
+    assert not any(tmp_path.iterdir()), "planning writes nothing"
+
+
 def test_planning_a_pipeline_imports_neither_torch_nor_sklearn(tmp_path: Path) -> None:
     check = (
         "import sys\nfrom blocks.cli.main import main\ntry:\n    main(['plan', 'recipe=digits_pipeline'])\n"

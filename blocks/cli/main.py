@@ -94,10 +94,25 @@ def cmd_plan(
         stage_plans = _plan_stages(chosen[1], root, rest)
         if as_json:
             print(json.dumps({name: plan.to_json() for name, plan in stage_plans}, indent=2))
-        for name, plan in stage_plans if not as_json else []:
-            stdout.print(f"[bold]stage:[/] {escape(name)}", highlight=False)
-            stdout.print(plan_panel(plan))
-        return 0 if all(plan.ok for _, plan in stage_plans) else EXIT_INVALID
+        planned = dict(stage_plans)
+        for stage in chosen[1].stages if not as_json else []:
+            stdout.print(f"[bold]stage:[/] {escape(stage.name)}", highlight=False)
+            if stage.name in planned:
+                stdout.print(plan_panel(planned[stage.name]))
+            else:
+                stdout.print(f"  {escape(_stage_line(stage))}", highlight=False)
+        if not all(plan.ok for _, plan in stage_plans):
+            return EXIT_INVALID
+        from blocks.launch.pipeline import StageProblems, check_evaluations, stage_settings
+
+        try:  # what blocks run checks before its first stage: each evaluation against its source's config
+            settings = {
+                stage.name: stage_settings(chosen[1], stage, root, rest) for stage in chosen[1].stages
+            }
+            check_evaluations(chosen[1], settings)
+        except StageProblems as exc:
+            return _fail(exc, exc.header(chosen[0]).replace("; nothing was started", ""))
+        return 0
     plans = []
     try:
         job_overrides, searches = (
@@ -498,6 +513,18 @@ def _plan_stages(pipeline: Pipeline, root: Path, args: Sequence[str]) -> list[tu
         for stage in pipeline.stages
         if isinstance(stage, Train)
     ]
+
+
+def _stage_line(stage: object) -> str:
+    """What an evaluation or export stage does, in one line (a train stage shows its plan)."""
+    from blocks.core.pipeline import Evaluate
+
+    if isinstance(stage, Evaluate):
+        said = " ".join(stage.overrides)
+        return f"evaluate {stage.source}'s model on its {stage.split} split" + (
+            f" with {said}" if said else ""
+        )
+    return f"export {getattr(stage, 'source', '')}'s model"
 
 
 def _pipeline_args(name: str, args: Sequence[str]) -> tuple[Path, list[str]]:

@@ -573,6 +573,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "callback-refused",
+        ("trainer",),
+        "trainer.callbacks[0]",
+        "each callback is built with its arguments, and none refuses the Trainer while Lightning sets up",
+        (),
+    ),
+    Check(
         "loader-options",
         ("data",),
         "data.target",
@@ -670,6 +677,14 @@ CHECKS: tuple[Check, ...] = (
         "trainer.callbacks[0]._target_",
         "a Lightning callback whose job a block does (ModelCheckpoint, progress bars) is refused with the block's key",
         ("trainer.callbacks=[{_target_: pytorch_lightning.callbacks.ModelCheckpoint}]",),
+    ),
+    Check(
+        "callback-needs-logger",
+        ("trainer", "monitor"),
+        "trainer.callbacks[0]._target_",
+        "a Lightning callback that logs through a logger (LearningRateMonitor, DeviceStatsMonitor) "
+        "has one in monitor.loggers",
+        ("trainer.callbacks=[{_target_: pytorch_lightning.callbacks.LearningRateMonitor}]",),
     ),
     Check(
         "callback-metric",

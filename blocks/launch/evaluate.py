@@ -94,9 +94,10 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     precision.convert_module(model.to(device)).eval()  # in place, like .to()
     precision.convert_module(objective.to(device))
     objective.keep_metrics_float32()
-    if plan.data.num_samples(split) == 0:
+    overfit = split == "val" and bool(plan.trainer.overfit_batches)
+    if plan.data.num_samples(split) == 0 and not overfit:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
-    loader = DataLoader(plan.data.build(split), batch_size=plan.data.batch_size, shuffle=False)
+    loader = DataLoader(scored_split(plan, split), batch_size=plan.data.batch_size, shuffle=False)
     objective.reset()
     with torch.no_grad(), strategy_casts(plan, model):
         for batch in loader:
@@ -105,6 +106,22 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
                 objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
     return Evaluation(metrics, weights, subset_note(plan, split))
+
+
+def scored_split(plan: Plan, split: str) -> torch.utils.data.Dataset:
+    """The samples *split* stands for in the run: with ``trainer.overfit_batches``, ``val`` is the overfit batches it validated on."""
+    if split == "val" and plan.trainer.overfit_batches:
+        from torch.utils.data import Subset
+
+        train = plan.data.build("train")
+        return Subset(train, range(overfit_samples(plan)))  # as the run's datamodule takes them
+    return plan.data.build(split)
+
+
+def overfit_samples(plan: Plan) -> int:
+    """How many samples the overfit batches of a run with ``trainer.overfit_batches`` hold (its validation set)."""
+    derived = plan.derived
+    return min(derived.train_samples, plan.trainer.overfit_batches * derived.global_batch)
 
 
 def strategy_casts(plan: Plan, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -135,7 +152,15 @@ def precision_plugin(lightning: str, device: torch.device) -> Precision:
 
 
 def subset_note(plan: Plan, split: str) -> tuple[str, ...]:
-    """A note when the run's validation scored fewer samples than this evaluation (``trainer.limit_val_batches``)."""
+    """A note when the run's validation scored other samples than the split (``trainer.overfit_batches``) or fewer (``trainer.limit_val_batches``)."""
+    overfit = plan.trainer.overfit_batches
+    if split == "val" and overfit:
+        return (
+            f"note: the run trained and validated on its first {overfit} global batch(es) of the train split "
+            f"(trainer.overfit_batches={overfit}, {overfit_samples(plan)} samples), not on its val split: "
+            "this scores those samples, as its summary.json val metrics do "
+            "(trainer.overfit_batches=0 scores the val split)",
+        )
     limit = plan.trainer.limit_val_batches
     if split != "val" or limit is None:
         return ()

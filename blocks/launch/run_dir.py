@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from blocks.core.compose import config_to_blocks
+from blocks.core.compose import BLOCK_KEY, config_to_blocks
 from blocks.core.masking import hide_environment_values
 from blocks.core.plan import Plan
 from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exported for launch)
@@ -32,6 +32,7 @@ from blocks.core.run_files import (  # noqa: F401  (the run-dir contract, re-exp
 from blocks.core.secrets import env_interpolations, resolve_keeping_env
 from blocks.spec.block import Block
 from blocks.spec.errors import BlocksError, Problem
+from blocks.spec.kinds import KIND_TABLE
 
 
 def freeze_config(config: DictConfig, run_dir: Path) -> DictConfig:
@@ -90,8 +91,11 @@ _MISSING = object()
 def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
     """The keys whose values *config* changes from the run dir's ``config.yaml`` (none when it has none).
 
-    A block field that ``config.yaml`` lacks (written before the field existed) is no change
-    when *config* gives it the field's default.
+    What a version of blocks other than the one that wrote ``config.yaml`` spells differently is
+    no change: a block field ``config.yaml`` lacks (written before the field existed) at the
+    field's default, a whole block section it lacks (before the kind existed) with the kind's
+    default block and every field at its default, and a recorded field or section the
+    current blocks no longer have.
     """
     before = _recorded(run_dir)
     if before is None:
@@ -101,15 +105,36 @@ def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
     default = str((run_dir / CHECKPOINTS_DIR).resolve())
     if OmegaConf.select(config, "checkpoint.dir", default=None) == default:  # a moved run dir's own default
         changed = [key for key in changed if key != "checkpoint.dir"]
-    missing = [key for key in changed if _value_at(before, key) is _MISSING]
-    if missing:
+    if any(_value_at(before, key) is _MISSING or _value_at(after, key) is _MISSING for key in changed):
         blocks = config_to_blocks(config)
-        changed = [
-            key
-            for key in changed
-            if key not in missing or _value_at(after, key) != _field_default(blocks, key)
-        ]
+        changed = [key for key in changed if not _other_version(blocks, before, after, key)]
     return changed
+
+
+def _other_version(blocks: Mapping[str, Block], before: dict, after: object, key: str) -> bool:
+    """Whether *key* differs only as another version of blocks writes it (see :func:`changed_keys`)."""
+    recorded, now = _value_at(before, key), _value_at(after, key)
+    if recorded is _MISSING:
+        if "." in key:
+            return now == _field_default(blocks, key)
+        added = next((k for k in KIND_TABLE if k.name == key), None)
+        return (
+            added is not None
+            and isinstance(now, dict)
+            and now.get(BLOCK_KEY) == added.default
+            and all(
+                value == _field_default(blocks, f"{key}.{name}")
+                for name, value in now.items()
+                if name != BLOCK_KEY
+            )
+        )
+    if now is _MISSING:  # a field or block kind that this version no longer has
+        kind, _, name = key.partition(".")
+        block = blocks.get(kind)
+        if block is None:
+            return isinstance(recorded, dict) and BLOCK_KEY in recorded
+        return bool(name) and name.split(".", 1)[0] not in {f.name for f in dataclasses.fields(block)}
+    return False
 
 
 def _recorded(run_dir: Path) -> dict | None:

@@ -54,7 +54,7 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
-    from blocks.runtime.callbacks import early_stop_reason
+    from blocks.runtime.callbacks import early_stop_reason, refused_by_callback
     from blocks.runtime.health import end_stall_watch
     from blocks.runtime.same_config import SameConfigOnEveryRank
     from blocks.runtime.trainer import build_run, record_progress
@@ -77,8 +77,15 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
         restarts=restart_count(),
         resumed_from=built.resume_from,
     )
+    refused: BlocksError | None = None
     try:
-        trainer.fit(module, datamodule=built.datamodule, ckpt_path=built.resume_from, weights_only=True)
+        try:
+            trainer.fit(module, datamodule=built.datamodule, ckpt_path=built.resume_from, weights_only=True)
+        except Exception as exc:
+            refused = refused_by_callback(exc, built.users)
+            if refused is None:
+                raise
+            raise refused from None
         summary.reason = early_stop_reason(trainer, plan.derived.total_steps)
         if plan.derived.val_samples and module.validated_at_step != trainer.global_step:
             trainer.validate(module, datamodule=built.datamodule, verbose=False)
@@ -95,6 +102,7 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
         if (
             isinstance(exc, BlocksError)
             and not isinstance(exc, TrainingError)
+            and exc is not refused  # in Lightning's set-up, before the first step
             and built.recorder.training_started
         ):
             raise TrainingError(exc.problems) from exc  # not a job that could not start: exit status 1

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,8 @@ class BuiltRun:
     checkpointer: CheckpointCallback | None = None
     health: HealthGuard | None = None
     preemption: Preemption | None = None
+    users: list[pl.Callback] = field(default_factory=list)
+    """The callbacks of ``trainer.callbacks``, in its order."""
 
 
 def quiet_lightning() -> None:
@@ -215,7 +217,9 @@ def build_run(
     skip_automatic_hyperparameters(module, datamodule)  # the loggers got the whole config above
     read_step_signature_once(trainer, module)
     preemption.install(trainer)
-    return BuiltRun(module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption)
+    return BuiltRun(
+        module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption, users
+    )
 
 
 def _amp_clips(plan: Plan) -> bool:

@@ -31,6 +31,9 @@ OWNED_BY_BLOCKS = {
 }
 """Lightning callbacks whose job a block does (the Trainer is built without them), with the block's key."""
 
+NEEDS_A_LOGGER = ("LearningRateMonitor", "DeviceStatsMonitor")
+"""Lightning callbacks that log through the Trainer's loggers and refuse a Trainer without one."""
+
 METRIC_ARGUMENT = "monitor"
 """The argument Lightning's metric-watching callbacks (EarlyStopping, ...) name a metric in."""
 
@@ -66,6 +69,15 @@ def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
                 f"remove it from trainer.callbacks and set {owned[1]}",
                 check="callback-owned-by-block",
             )
+        if target.rsplit(".", 1)[-1] in NEEDS_A_LOGGER and not _has_lightning_logger(ctx):
+            ctx.error(
+                f"{field}.{TARGET_KEY}",
+                f"'{target}' logs through a Lightning logger, and monitor.loggers has none "
+                "(csv is metrics.csv, written by blocks, not a Lightning logger)",
+                "add one, e.g. monitor.loggers=[csv,tensorboard], or remove the callback from trainer.callbacks",
+                check="callback-needs-logger",
+                related=("monitor.loggers",),
+            )
         report_import_paths(ctx, entry_import_paths(entry, field, CALLBACK_CLASS))
         args = {k: v for k, v in entry.items() if k != TARGET_KEY}
         metric = args.get(METRIC_ARGUMENT)
@@ -76,3 +88,8 @@ def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
                 check="callback-metric",
                 validation_check="callback-validation",
             )
+
+
+def _has_lightning_logger(ctx: CheckContext) -> bool:
+    """Whether ``monitor.loggers`` names a Lightning logger the Trainer gets (anything but ``csv``)."""
+    return any(entry != "csv" for entry in ctx.monitor.loggers)
