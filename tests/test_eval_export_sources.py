@@ -188,22 +188,6 @@ def test_new_package_refuses_a_module_name_python_cannot_import_as_its_own(
     assert not (tmp_path / "pkg").exists()
 
 
-def test_eval_of_an_overfit_run_scores_the_batches_it_validated_on(tmp_path: Path) -> None:
-    """``trainer.overfit_batches``: the run validated on its overfit batches; eval scores those and says so."""
-    from blocks.launch.evaluate import evaluation
-
-    run_dir = tmp_path / "run"
-    _run(tmp_path, run_dir, "trainer.max_steps=3", "trainer.overfit_batches=1", "data.batch_size=16")
-    logged = json.loads((run_dir / "summary.json").read_text())["metrics"]
-    scored = evaluation(str(run_dir))
-    assert scored.metrics["val/loss"] == pytest.approx(logged["val/loss"], rel=1e-5)
-    assert scored.metrics["val/accuracy"] == pytest.approx(logged["val/accuracy"], rel=1e-5)
-    (note,) = scored.notes
-    assert "trainer.overfit_batches=1, 16 samples" in note and "not on its val split" in note
-    real = evaluation(str(run_dir), ["trainer.overfit_batches=0"])
-    assert real.metrics["val/loss"] != pytest.approx(logged["val/loss"], rel=1e-5) and not real.notes
-
-
 def _bf16_val_metrics_summed_in_float64(run_dir: Path) -> dict[str, float]:
     """``val/loss`` and ``val/accuracy`` of a classification run's weights cast to bfloat16, each batch's loss summed in float64."""
     import torch

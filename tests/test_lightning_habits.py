@@ -168,11 +168,21 @@ def test_trainer_knobs_reach_lightning(tmp_path: Path) -> None:
     assert reports and "run_training_epoch" in "".join(p.read_text() for p in reports)
 
 
-def test_overfit_batches_are_the_epoch_the_summary_counts(tmp_path: Path) -> None:
+def test_overfit_batches_are_the_epoch_the_summary_counts_and_what_eval_scores(tmp_path: Path) -> None:
     overfit = ["trainer.overfit_batches=2", "data.batch_size=512", "trainer.max_epochs=3"]
     summary = driver.run([*BLOBS, *overfit, "trainer.max_steps=5"], tmp_path)
     assert summary.status == "completed" and summary.global_step == 5
     assert summary.epoch == 2, "two passes of two optimizer steps over the overfit batches, then one step"
+
+    from blocks.launch.evaluate import evaluation
+
+    scored = evaluation(str(tmp_path))  # the overfit batches the run validated on, not its val split
+    assert scored.metrics["val/loss"] == pytest.approx(summary.metrics["val/loss"], rel=1e-5)
+    assert scored.metrics["val/accuracy"] == pytest.approx(summary.metrics["val/accuracy"], rel=1e-5)
+    (note,) = scored.notes
+    assert "trainer.overfit_batches=2, 1024 samples" in note and "not on its val split" in note
+    real = evaluation(str(tmp_path), ["trainer.overfit_batches=0"])
+    assert real.metrics["val/loss"] != pytest.approx(summary.metrics["val/loss"], rel=1e-5) and not real.notes
 
 
 def test_a_lightning_module_whose_own_steps_would_be_ignored_is_refused_before_anything_starts(
