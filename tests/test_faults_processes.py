@@ -313,7 +313,7 @@ def test_the_drivers_of_one_multi_node_job_share_its_run_dir_lock_and_any_other_
         second.acquire()
         assert second.joined and not first.joined
         second.release()
-        assert (run_dir / LOCK_FILE).exists(), "only the holder gives the lock back"
+        assert (run_dir / LOCK_FILE).exists(), "the first driver still holds it"
         other = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node1:29611"})
         with pytest.raises(DirBusy):  # another multi-node job
             DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=other).acquire()
