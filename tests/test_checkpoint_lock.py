@@ -225,6 +225,18 @@ def test_an_s3_lock_keeps_its_heartbeat_and_one_from_another_host_goes_stale_by_
         lock.release()
     assert not stored(fs, key)
 
+    # The drivers of a multi-node job share it there too, until the last one ends.
+    first, joined = (
+        DirLock(url, "checkpoint.dir", "fix", file_name=CHECKPOINT_LOCK_FILE, job="j") for _ in "ab"
+    )
+    first.acquire()
+    joined.acquire()
+    assert joined.joined
+    first.release()
+    assert stored(fs, key)
+    joined.release()
+    assert not stored(fs, key)
+
 
 def test_a_multi_node_jobs_lock_is_held_until_its_last_driver_ends_and_every_driver_beats(
     tmp_path: Path,
