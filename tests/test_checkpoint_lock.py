@@ -23,7 +23,15 @@ import pytest
 from blocks.checkpoint import store
 from blocks.checkpoint.resume import read_start
 from blocks.launch import driver
-from blocks.launch.lock import CHECKPOINT_LOCK_FILE, LOCK_FILE, DirBusy, DirLock, checkpoint_dir_locked
+from blocks.launch.lock import (
+    CHECKPOINT_LOCK_FILE,
+    LOCK_FILE,
+    RUN_DIR_FIX,
+    DirBusy,
+    DirLock,
+    checkpoint_dir_locked,
+)
+from blocks.launch.torchrun import multi_node_job
 from tests.conftest import blocks_run_until_step, run_cli, spawned
 from tests.test_checkpoint import s3_server  # noqa: F401  (a fixture)
 
@@ -216,3 +224,59 @@ def test_an_s3_lock_keeps_its_heartbeat_and_one_from_another_host_goes_stale_by_
     finally:
         lock.release()
     assert not stored(fs, key)
+
+    # The drivers of a multi-node job share it there too, until the last one ends.
+    first, joined = (
+        DirLock(url, "checkpoint.dir", "fix", file_name=CHECKPOINT_LOCK_FILE, job="j") for _ in "ab"
+    )
+    first.acquire()
+    joined.acquire()
+    assert joined.joined
+    first.release()
+    assert stored(fs, key)
+    joined.release()
+    assert not stored(fs, key)
+
+
+def test_a_multi_node_jobs_lock_is_held_until_its_last_driver_ends_and_every_driver_beats(
+    tmp_path: Path,
+) -> None:
+    """The drivers of one multi-node job share the lock: the one that joined keeps it alive
+    after the first ends (before, only the first beat and released it, so a third job could take
+    the dir 120 s after it ended while another node still trained)."""
+    run_dir = tmp_path / "run"
+    job = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node0:29500"})
+    first = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job, heartbeat_s=0.1)
+    joined = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job, heartbeat_s=0.1)
+    first.acquire()
+    joined.acquire()
+    try:
+        assert joined.joined
+        first.release()
+        assert (run_dir / LOCK_FILE).exists(), "a driver of the job still runs"
+        with pytest.raises(DirBusy, match=f"pid {os.getpid()} on host {socket.gethostname()}"):
+            DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX).acquire()
+        beat = json.loads((run_dir / LOCK_FILE).read_text())["heartbeat"]
+        deadline = time.monotonic() + 30
+        while json.loads((run_dir / LOCK_FILE).read_text())["heartbeat"] == beat:
+            assert time.monotonic() < deadline, "the joined driver never refreshed the heartbeat"
+            time.sleep(0.05)
+    finally:
+        joined.release()
+    assert not (run_dir / LOCK_FILE).exists(), "the last driver gives the lock back"
+
+    # A member that died is dropped: the live one, releasing, is the last and removes the lock.
+    dead = {"host": socket.gethostname(), "pid": 2**22 + 12345, "token": "dead", "heartbeat": time.time()}
+    run_dir.mkdir(exist_ok=True)
+    with spawned([sys.executable, "-c", "import time; time.sleep(600)"]) as node:
+        live = {**dead, "pid": node.pid, "token": "live"}
+        (run_dir / LOCK_FILE).write_text(json.dumps({**dead, "job": job, "members": [dead, live]}))
+        with pytest.raises(DirBusy, match=f"pid {node.pid} on host"):  # the live member is named
+            DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX).acquire()
+        requeued = DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=job)
+        requeued.acquire()
+        assert requeued.joined
+        tokens = [m["token"] for m in json.loads((run_dir / LOCK_FILE).read_text())["members"]]
+        assert tokens[0] == "live" and "dead" not in tokens and len(tokens) == 2
+        requeued.release()
+        assert [m["token"] for m in json.loads((run_dir / LOCK_FILE).read_text())["members"]] == ["live"]

@@ -313,7 +313,7 @@ def test_the_drivers_of_one_multi_node_job_share_its_run_dir_lock_and_any_other_
         second.acquire()
         assert second.joined and not first.joined
         second.release()
-        assert (run_dir / LOCK_FILE).exists(), "only the holder gives the lock back"
+        assert (run_dir / LOCK_FILE).exists(), "the first driver still holds it"
         other = multi_node_job(run_dir, {"BLOCKS_RDZV_ENDPOINT": "node1:29611"})
         with pytest.raises(DirBusy):  # another multi-node job
             DirLock(run_dir, "hydra.run.dir", RUN_DIR_FIX, job=other).acquire()
@@ -738,3 +738,26 @@ def test_the_resume_advice_fits_a_sweep_job_and_a_run_without_checkpoints(tmp_pa
     reason = interruption_reason(None, 7, off, tmp_path / "run")
     assert "checkpointing is off (checkpoint.enabled=false), so it cannot resume" in reason
     assert "to resume" not in reason
+
+
+def test_a_node_whose_peers_never_come_says_what_it_waits_for_and_gives_up_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One node of two started (the other failed before the rendezvous): it says once what it
+    waits for, and after BLOCKS_RDZV_TIMEOUT_S ends with an error naming what to check (before,
+    nothing was printed for torchrun's 600 s, then a failure 'with status 1 without a summary')."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("BLOCKS_RDZV_ENDPOINT", endpoint)
+    monkeypatch.setenv("BLOCKS_RDZV_TIMEOUT_S", "1")
+    run_dir = tmp_path / "run"
+    args = [*TINY, "strategy=ddp", "trainer.nodes=2", "trainer.devices=1", f"hydra.run.dir={run_dir}"]
+    result = run_in_process(["run", *args], cwd=tmp_path)
+    assert result.returncode == 1, result.output[-3000:]
+    assert result.output.count(f"waiting for 2 nodes at {endpoint}") == 1, result.output[-3000:]
+    assert "gives up after 1 s: BLOCKS_RDZV_TIMEOUT_S" in result.output
+    torchrun = capfd.readouterr().err  # torchrun's own output, not the driver's
+    assert "Traceback" not in result.output + torchrun and "RendezvousTimeoutError" in torchrun
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and summary["global_step"] == 0
+    assert f"did not all meet at the rendezvous at {endpoint} within 1 s" in summary["reason"]
+    assert "the other nodes' output" in summary["reason"] and summary["reason"] in result.output

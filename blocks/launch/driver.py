@@ -61,9 +61,11 @@ from blocks.launch.run_dir import (
 from blocks.launch.sweep import REFUSED, RunDirTaken, SweepJob, current_job, job_ended
 from blocks.launch.torchrun import (
     EXIT_INTERRUPTED,
+    EXIT_NO_RENDEZVOUS,
     FAILURES_FILE,
     multi_node_job,
     needs_launcher,
+    no_rendezvous,
     read_failures,
     run_torchrun,
 )
@@ -425,11 +427,15 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
             interrupted = code == EXIT_INTERRUPTED or stopped_by is not None
             code = EXIT_INTERRUPTED if interrupted else code
             steps = trained_steps(run_dir, plan)
+            if interrupted:
+                reason = interrupted_before_summary(stopped_by, steps, saved_step(run_dir, plan))
+            elif code == EXIT_NO_RENDEZVOUS and not on_ray:
+                reason = no_rendezvous(plan)
+            else:
+                reason = f"worker processes exited with status {code} without a summary"
             Summary(
                 status="interrupted" if interrupted else "failed",
-                reason=interrupted_before_summary(stopped_by, steps, saved_step(run_dir, plan))
-                if interrupted
-                else f"worker processes exited with status {code} without a summary",
+                reason=reason,
                 world_size=plan.derived.world_size,
                 restarts=restarts_done(run_dir),
                 global_step=steps,

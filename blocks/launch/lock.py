@@ -8,9 +8,14 @@ held directory is refused, naming the holder. A lock whose holder is gone (a dea
 host, or a heartbeat older than :data:`STALE_AFTER_S` from any host) is taken over with a warning.
 
 The drivers of one multi-node job (one ``blocks run`` per node, started with torchrun's
-rendezvous) share the locks: each lock names its *job*, and a driver of the job that holds a
-directory joins it instead of being refused. The first driver holds the lock (and its heartbeat)
-until it ends; a job of any other kind, or another multi-node job, is refused as before.
+rendezvous) share the locks: each lock names its *job* and lists its *members*, and a driver of
+the job that holds a directory joins it (adds itself) instead of being refused. Every member
+refreshes its own heartbeat; one that ends removes itself, and the last one removes the lock, so
+the directory stays held while any node's driver runs, whichever started first. A member that
+died (a dead pid on this host, or no heartbeat for :data:`STALE_AFTER_S`) is dropped by the
+others; a job of any other kind, or another multi-node job, is refused as before. Members update
+the lock by reading and rewriting it: two that do so at the same instant can drop one's entry,
+which that member writes back at its next heartbeat (and a lock removed meanwhile is recreated).
 
 A local directory is locked by creating its lock file with ``O_EXCL``: of two jobs, exactly one
 gets it. A directory in an object store (``s3://...``, any fsspec URL) has no atomic
@@ -85,19 +90,37 @@ def _parse(text: str | bytes | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def holder_is_alive(holder: dict[str, Any], now: float | None = None) -> bool:
-    """Whether the job described by a lock file's content still holds its directory."""
-    now = time.time() if now is None else now
+def _entry_alive(entry: dict[str, Any], now: float) -> bool:
+    """Whether the process an entry names (host, pid, heartbeat) is alive."""
     try:
-        heartbeat = float(holder["heartbeat"])
-        pid = int(holder["pid"])
+        heartbeat = float(entry["heartbeat"])
+        pid = int(entry["pid"])
     except (KeyError, TypeError, ValueError):
         return False
     if now - heartbeat > STALE_AFTER_S:
         return False
-    if holder.get("host") == socket.gethostname():
+    if entry.get("host") == socket.gethostname():
         return _pid_alive(pid)
     return True
+
+
+def members(holder: dict[str, Any]) -> list[dict[str, Any]]:
+    """The drivers that share a lock: its ``members``, else (a lock of one job) its holder."""
+    listed = holder.get("members")
+    if isinstance(listed, list):
+        return [m for m in listed if isinstance(m, dict)]
+    return [{k: holder.get(k) for k in ("host", "pid", "token", "heartbeat")}]
+
+
+def live_members(holder: dict[str, Any], now: float | None = None) -> list[dict[str, Any]]:
+    """The members of a lock (:func:`members`) that are still alive."""
+    now = time.time() if now is None else now
+    return [m for m in members(holder) if _entry_alive(m, now)]
+
+
+def holder_is_alive(holder: dict[str, Any], now: float | None = None) -> bool:
+    """Whether the job described by a lock file's content still holds its directory (any member is alive)."""
+    return bool(live_members(holder, now))
 
 
 class LockFile(Protocol):
@@ -145,7 +168,8 @@ class LocalLockFile:
 
     def replace(self, text: str) -> None:
         """Write a temporary file and rename it over the lock: readers never see half of it."""
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        # unique across hosts: the drivers of a multi-node job rewrite one lock on a shared file system
+        tmp = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex}.tmp")
         tmp.write_text(text)
         tmp.replace(self.path)
 
@@ -210,7 +234,7 @@ class DirLock:
     file, *file_name* in *directory*); *run_dir*, the holder's run dir, is recorded so a
     refused job can name it. *job* names a job several drivers run together (the nodes of a
     multi-node job): a lock held by a live driver of the same *job* is joined, not refused
-    (:attr:`joined`), and only its holder removes it.
+    (:attr:`joined`); every member keeps its heartbeat, and the last one to release removes it.
     """
 
     def __init__(
@@ -228,32 +252,38 @@ class DirLock:
         self.key = key
         self.fix = fix
         self.heartbeat_s = heartbeat_s
-        self._content: dict[str, Any] = {
+        self.job = job
+        self._me: dict[str, Any] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "heartbeat": time.time(),
             "token": uuid.uuid4().hex,
+            "heartbeat": time.time(),
+        }
+        self._content: dict[str, Any] = {
+            **self._me,
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         if run_dir is not None:
             self._content["run_dir"] = str(run_dir)
         if job is not None:
             self._content["job"] = job
+            self._content["members"] = [self._me]
         self.joined = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`DirBusy` naming the live holder."""
+        """Take the lock (or join it: a live driver of this *job* holds it), or raise :class:`DirBusy` naming the live holder."""
         for _ in range(3):
             if self.file.create(json.dumps(self._content)):
                 break
             holder = self.file.read()
             if holder is not None and holder_is_alive(holder):
-                if self._same_job(holder):
-                    self.joined = True  # another node's driver of this job holds it for both
-                    return
-                raise self._busy(holder)
+                if not self._same_job(holder):
+                    raise self._busy(holder)
+                self._write_member(holder)  # another node's driver of this job holds it for both
+                self.joined = True
+                break
             log.warning(
                 "taking over the stale lock %s (holder %s)",
                 self.file.location,
@@ -272,44 +302,88 @@ class DirLock:
             raise self._busy(holder)
 
     def _same_job(self, holder: dict[str, Any]) -> bool:
-        return "job" in self._content and holder.get("job") == self._content["job"]
+        return self.job is not None and holder.get("job") == self.job
 
     def _busy(self, holder: dict[str, Any]) -> DirBusy:
+        who = next(iter(live_members(holder)), holder)  # the first driver may have ended, a joined one not
         where = (
             f", run dir {holder['run_dir']}" if holder.get("run_dir") not in (None, self.directory) else ""
         )
         return DirBusy(
             Problem(
                 self.key,
-                f"{self.directory} is in use by another job: pid {holder.get('pid')} on host "
-                f"{holder.get('host')}, started {holder.get('started')}{where}",
+                f"{self.directory} is in use by another job: pid {who.get('pid')} on host "
+                f"{who.get('host')}, started {holder.get('started')}{where}",
                 self.fix.format(lock=self.file.location),
             )
         )
 
+    def _write_member(self, holder: dict[str, Any], leaving: bool = False) -> None:
+        """Rewrite the shared lock *holder* with this driver's entry refreshed (or, *leaving*, without it).
+
+        Members found dead are dropped; the lock is removed when no live member is left.
+        """
+        now = time.time()
+        self._me["heartbeat"] = now
+        others = [m for m in live_members(holder, now) if m.get("token") != self._me["token"]]
+        kept = others if leaving else [*others, self._me]
+        if not kept:
+            self.file.remove()
+            return
+        first = kept[0]
+        holder.update(
+            members=kept,
+            host=first.get("host"),
+            pid=first.get("pid"),
+            token=first.get("token"),
+            heartbeat=max(float(m.get("heartbeat", 0)) for m in kept),
+        )
+        self.file.replace(json.dumps(holder))
+
     def _ours(self) -> bool:
         holder = self.file.read()
-        return holder is not None and holder.get("token") == self._content["token"]
+        return holder is not None and holder.get("token") == self._me["token"]
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             with contextlib.suppress(Exception):  # a store that fails once is retried at the next beat
-                if not self._ours():
+                if not self._refresh():
                     log.warning(
                         "the lock %s is no longer this job's: another job took it over", self.file.location
                     )
                     return
-                self._content["heartbeat"] = time.time()
-                self.file.replace(json.dumps(self._content))
+
+    def _refresh(self) -> bool:
+        """Refresh this driver's heartbeat in the lock; False when another job holds it now."""
+        if self.job is None:
+            if not self._ours():
+                return False
+            self._me["heartbeat"] = self._content["heartbeat"] = time.time()
+            self.file.replace(json.dumps(self._content))
+            return True
+        holder = self.file.read()
+        if holder is None:  # removed by a member that missed this one's entry (see the module's docstring)
+            self._me["heartbeat"] = time.time()
+            self.file.create(json.dumps({**self._content, **self._me, "members": [self._me]}))
+            return True  # created, or another driver was quicker: the next beat sees whose it is
+        if not self._same_job(holder):
+            return False
+        self._write_member(holder)
+        return True
 
     def release(self) -> None:
-        """Stop the heartbeat and remove the lock (when it is still ours)."""
+        """Stop the heartbeat and give the lock back: remove it when still ours (the last live member of its *job*)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         with contextlib.suppress(Exception):
-            if self._ours():
-                self.file.remove()
+            if self.job is None:
+                if self._ours():
+                    self.file.remove()
+                return
+            holder = self.file.read()
+            if holder is not None and self._same_job(holder):
+                self._write_member(holder, leaving=True)
 
 
 @contextlib.contextmanager

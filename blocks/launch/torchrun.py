@@ -25,6 +25,14 @@ EXIT_INTERRUPTED = 130
 
 RDZV_ENDPOINT_ENV = "BLOCKS_RDZV_ENDPOINT"
 """``host:port`` of the c10d rendezvous shared by the nodes of a multi-node job."""
+RDZV_TIMEOUT_ENV = "BLOCKS_RDZV_TIMEOUT_S"
+"""How long, in seconds, a node waits at the rendezvous for the other nodes before it gives up."""
+RDZV_TIMEOUT_DEFAULT_S = 600
+"""torchrun's own join timeout."""
+STORE_TIMEOUT_S = 60
+"""torchrun's timeout of an operation on the rendezvous store (reaching the first node's included)."""
+EXIT_NO_RENDEZVOUS = 3
+"""torchrun's status (never ``blocks run``'s) when the nodes did not all meet at the rendezvous."""
 
 
 DRIVER_CONFIG_ENV = "BLOCKS_DRIVER_CONFIG"
@@ -71,11 +79,13 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
                     "command with the same hydra.run.dir on each, or start workers with srun (see docs)",
                 )
             )
+        timeout = rendezvous_timeout(environ)
         command += [
             f"--nnodes={derived.nodes}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={rendezvous_id(run_dir)}",
+            f"--rdzv-conf=join_timeout={timeout},read_timeout={min(timeout, STORE_TIMEOUT_S)}",
         ]
     return [*command, "-m", "blocks.launch.worker", str(run_dir)]
 
@@ -83,6 +93,49 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
 def rendezvous_id(run_dir: Path) -> str:
     """The c10d rendezvous id of a multi-node job in *run_dir*: the same on every node that names the same run dir."""
     return f"blocks-{hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]}"
+
+
+def rendezvous_timeout(environ: dict[str, str] | None = None) -> int:
+    """Seconds a node waits at the rendezvous for the others: ``$BLOCKS_RDZV_TIMEOUT_S``, else torchrun's 600."""
+    text = (os.environ if environ is None else environ).get(RDZV_TIMEOUT_ENV, "").strip()
+    if not text:
+        return RDZV_TIMEOUT_DEFAULT_S
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds <= 0:
+        raise BlocksError(
+            Problem(
+                RDZV_TIMEOUT_ENV,
+                f"{RDZV_TIMEOUT_ENV}={text!r} is not a whole number of seconds above 0",
+                f"set {RDZV_TIMEOUT_ENV} to how long a node may wait for the others (e.g. 600), or unset it",
+            )
+        )
+    return seconds
+
+
+def waiting_line(run_dir: Path, plan: Plan, environ: dict[str, str] | None = None) -> str:
+    """What a multi-node driver prints as its torchrun waits for the other nodes at the rendezvous."""
+    environ = dict(os.environ if environ is None else environ)
+    return (
+        f"blocks: waiting for {plan.derived.nodes} nodes at {environ.get(RDZV_ENDPOINT_ENV)} "
+        f"(rendezvous_id {rendezvous_id(run_dir)}, gives up after {rendezvous_timeout(environ)} s: "
+        f"{RDZV_TIMEOUT_ENV})"
+    )
+
+
+def no_rendezvous(plan: Plan, environ: dict[str, str] | None = None) -> str:
+    """Why a multi-node job ended before training when its nodes never all met, and what to check."""
+    environ = dict(os.environ if environ is None else environ)
+    return (
+        f"the {plan.derived.nodes} nodes did not all meet at the rendezvous at "
+        f"{environ.get(RDZV_ENDPOINT_ENV)} within {rendezvous_timeout(environ)} s ({RDZV_TIMEOUT_ENV}), "
+        "so nothing was trained: check the other nodes' output for an error that stopped them before "
+        "they joined (a data path missing on one node, say), that every node ran the same command with "
+        f"the same hydra.run.dir and {RDZV_ENDPOINT_ENV}, and that the endpoint's host and port are "
+        f"reachable from every node; raise {RDZV_TIMEOUT_ENV} when the nodes start further apart"
+    )
 
 
 def multi_node_job(run_dir: Path, environ: dict[str, str] | None = None) -> str:
@@ -146,8 +199,11 @@ def run_torchrun(run_dir: Path, plan: Plan, config_text: str | None = None) -> T
     on purpose too: the status is :data:`EXIT_INTERRUPTED`, not the signal's death.
     """
     on_main_thread = threading.current_thread() is threading.main_thread()
+    command = torchrun_command(run_dir, plan)
+    if plan.derived.nodes > 1:
+        print(waiting_line(run_dir, plan), flush=True)
     process = subprocess.Popen(
-        torchrun_command(run_dir, plan),
+        command,
         env=torchrun_environment(plan, config_text=config_text),
         start_new_session=on_main_thread,
     )
@@ -199,6 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, get_args_parser
 
@@ -224,6 +285,15 @@ def main(argv: list[str] | None = None) -> None:
             write_failures(run_dir, exc)
             print(exc.format_msg(), file=sys.stderr, flush=True)
             sys.exit(1)
+        except (RendezvousTimeoutError, RendezvousConnectionError, RendezvousClosedError) as exc:
+            # the driver explains it (no_rendezvous); torch's own words say which wait ended
+            said = ": ".join(str(e) for e in (exc, exc.__cause__) if e is not None and str(e))
+            print(
+                f"blocks: torchrun gave up at the rendezvous ({type(exc).__name__}{': ' + said if said else ''})",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(EXIT_NO_RENDEZVOUS)
 
 
 def start_forkserver() -> None:
