@@ -219,7 +219,9 @@ def fsdp_sync_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copy what a test would change.
     """
     run_dir = tmp_path_factory.mktemp("fsdp-sync") / "run"
-    result = run_cli(["run", *FSDP_LM, "trainer.max_steps=8", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    result = run_in_process(
+        ["run", *FSDP_LM, "trainer.max_steps=8", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent
+    )
     assert result.returncode == 0, result.output[-3000:]
     return run_dir
 
@@ -244,7 +246,7 @@ def fsdp_resumed_on_two(fsdp_sync_run: Path, tmp_path_factory: pytest.TempPathFa
         "trainer.max_steps=12",
         f"hydra.run.dir={run_dir}",
     ]
-    result = run_cli(args, cwd=root)
+    result = run_in_process(args, cwd=root)
     assert result.returncode == 0, result.output[-3000:]
     return {"run": run_dir, "checkpoints": checkpoints}
 

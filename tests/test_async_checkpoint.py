@@ -14,7 +14,7 @@ from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 from blocks.checkpoint import store
 from blocks.launch import driver
 from tests.conftest import FSDP_LM, run_in_process
-from tests.test_checkpoint import LM, blocks_run, digest_of_uninterrupted, read_summary, run_and_kill_at
+from tests.test_checkpoint import LM, digest_of_uninterrupted, read_summary, run_and_kill_at
 
 WRITE_DELAY_S = 0.3
 
@@ -125,10 +125,11 @@ def test_kill_9_during_async_saves_and_rerun_reaches_the_uninterrupted_digest(tm
 @pytest.mark.xdist_group("torchrun")  # with the FSDP save/resume test, which shares fsdp_sync_run
 def test_fsdp_async_save_commits_shards_and_matches_sync(fsdp_sync_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "async"
-    result = blocks_run(
-        [*FSDP_LM, "trainer.max_steps=8", "checkpoint.async_save=true", f"hydra.run.dir={run_dir}"], tmp_path
+    result = run_in_process(
+        ["run", *FSDP_LM, "trainer.max_steps=8", "checkpoint.async_save=true", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     for saved in (fsdp_sync_run, run_dir):
         committed, uncommitted = store.scan(str(saved / "checkpoints"))
         assert [c.manifest.step for c in committed] == [4, 8] and not uncommitted
@@ -136,17 +137,18 @@ def test_fsdp_async_save_commits_shards_and_matches_sync(fsdp_sync_run: Path, tm
         store.verify(committed[-1].url)
     assert read_summary(run_dir)["state_digest"] == read_summary(fsdp_sync_run)["state_digest"]
     resumed = tmp_path / "resumed"
-    result = blocks_run(
+    result = run_in_process(
         [
+            "run",
             *FSDP_LM,
             "checkpoint.async_save=true",
             "trainer.max_steps=10",
             f"checkpoint.resume={run_dir / 'checkpoints' / store.step_dir_name(8)}",
             f"hydra.run.dir={resumed}",
         ],
-        tmp_path,
+        cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     assert read_summary(resumed)["global_step"] == 10
 
 

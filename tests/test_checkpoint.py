@@ -8,8 +8,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,17 +29,6 @@ LM = [
     "model.dropout=0.1",
 ]
 DDP = ["strategy=ddp", "trainer.devices=2", "data.batch_size=8"]
-
-
-def blocks_run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "blocks", "run", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def trained(args: list[str], run_dir: Path) -> dict:
@@ -282,8 +269,9 @@ def test_fsdp_save_on_two_resume_on_two_and_load_on_one(
     assert read_summary(fsdp_resumed_on_two["run"])["resumed_from"].endswith(store.step_dir_name(8))
     ckpt = tmp_path / "ckpt"
     shutil.copytree(fsdp_resumed_on_two["checkpoints"], ckpt)
-    single = blocks_run(
+    single = run_in_process(
         [
+            "run",
             *FSDP_LM,
             f"checkpoint.dir={ckpt}",
             "trainer.devices=1",
@@ -291,9 +279,9 @@ def test_fsdp_save_on_two_resume_on_two_and_load_on_one(
             "trainer.max_steps=16",
             f"hydra.run.dir={tmp_path / 'c'}",
         ],
-        tmp_path,
+        cwd=tmp_path,
     )
-    assert single.returncode == 0, single.stderr[-3000:]
+    assert single.returncode == 0, single.output[-3000:]
     summary = read_summary(tmp_path / "c")
     assert summary["resumed_from"].endswith(store.step_dir_name(12)) and summary["world_size"] == 1
     out = export_checkpoint(store.join(str(ckpt), store.step_dir_name(16)), tmp_path / "model.safetensors")
@@ -322,10 +310,11 @@ def s3_server(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.slow
 def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) -> None:
-    env, fs = s3_server
+    _, fs = s3_server
     url = "s3://blocks-test/run1"
     args = [*LM, "trainer.max_steps=9", f"checkpoint.dir={url}", "checkpoint.keep_last=2"]
-    # The one-process runs train here, where s3_server pointed fsspec at the server as well.
+    # Every run trains from here, where s3_server pointed fsspec at the server as well (and the
+    # environment of the FSDP run's workers).
     first = run_in_process(["run", *args, f"hydra.run.dir={tmp_path / 'a'}"], cwd=tmp_path)
     assert first.returncode == 0, first.output[-3000:]
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("blocks-test/run1")) == [
@@ -340,8 +329,9 @@ def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) 
     )
     assert second.returncode == 0, second.output[-3000:]
     assert read_summary(tmp_path / "b")["resumed_from"] == f"{url}/step-000000009"
-    sharded = blocks_run(
+    sharded = run_in_process(
         [
+            "run",
             "recipe=tiny_lm",
             "trainer.max_steps=4",
             "trainer.val_every=null",
@@ -352,10 +342,9 @@ def test_s3_checkpoints_save_retain_resume_and_shard(tmp_path: Path, s3_server) 
             "checkpoint.dir=s3://blocks-test/fsdp",
             f"hydra.run.dir={tmp_path / 'c'}",
         ],
-        tmp_path,
-        env,
+        cwd=tmp_path,
     )
-    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert sharded.returncode == 0, sharded.output[-3000:]
     assert any(p.endswith(".distcp") for p in fs.ls("blocks-test/fsdp/step-000000004/dcp"))
     assert store.read_manifest("s3://blocks-test/fsdp/step-000000004").sharded
 

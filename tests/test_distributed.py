@@ -32,6 +32,7 @@ from tests.conftest import (
     parent_of,
     read_summary,
     run_cli,
+    run_in_process,
     spawned,
 )
 
@@ -87,7 +88,7 @@ def strategy_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     sweep = tmp_path_factory.mktemp("strategies") / "sweep"
     args = ["run", "-m", *LM, "data.batch_size=8", "strategy=ddp,fsdp", "trainer.devices=2"]
-    result = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent)
+    result = run_in_process([*args, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent)
     assert result.returncode == 0, result.output
     return sweep
 

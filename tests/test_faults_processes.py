@@ -82,7 +82,9 @@ def test_workers_die_with_the_killed_blocks_run_group_and_a_second_job_is_refuse
         assert len(job_pids(run_dir, workers_only=True)) == 2
         assert torchrun_pid(run_dir) in job_pids(run_dir)
         config_before = (run_dir / "config.yaml").read_bytes()
-        second = run_cli(["run", *LONG_DDP, "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        second = run_in_process(
+            ["run", *LONG_DDP, "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+        )
         assert second.returncode == 2, second.output
         assert f"pid {proc.pid}" in second.output and socket.gethostname() in second.output
         assert "Traceback" not in second.output
@@ -188,7 +190,7 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     assert [c.manifest.step for c in committed] == [
         summary["global_step"]
     ]  # every_n_steps=0: the signal saved
-    rerun = run_cli(["run", *args, "monitor.progress=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    rerun = run_in_process(["run", *args, "monitor.progress=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert rerun.returncode == 0, rerun.output[-3000:]
     resumed = read_summary(run_dir)
     assert resumed["status"] == "completed" and resumed["global_step"] == steps

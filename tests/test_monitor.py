@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from blocks.checkpoint import store
 from blocks.launch import driver
-from tests.conftest import read_summary, run_cli
+from tests.conftest import read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -113,8 +113,10 @@ def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli_in_process, tmp_
 
 
 @pytest.mark.slow
-def test_under_ddp_every_rank_stops_together(cli, tmp_path: Path) -> None:
-    result = cli("run", *HUGE_LR, "strategy=ddp", "trainer.devices=2", f"hydra.run.dir={tmp_path / 'run'}")
+def test_under_ddp_every_rank_stops_together(cli_in_process, tmp_path: Path) -> None:
+    result = cli_in_process(
+        "run", *HUGE_LR, "strategy=ddp", "trainer.devices=2", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert result.returncode == 1
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "failed" and "monitor.on_nonfinite=stop" in summary["reason"]
@@ -154,9 +156,12 @@ def test_rollback_without_checkpoints_is_a_plan_error(cli) -> None:
 
 
 @pytest.mark.slow
-def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(tmp_path: Path) -> None:
+def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", "1:3:300")  # read by the workers
+    result = run_in_process(
         [
             "run",
             *BLOBS,
@@ -167,7 +172,6 @@ def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(tmp_path: Pat
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
-        env={"BLOCKS_FAULT_STALL": "1:3:300"},
     )
     assert result.returncode == 1, result.output[-3000:]
     summary = read_summary(run_dir)
@@ -332,9 +336,12 @@ def test_a_stall_of_training_outside_the_main_thread_says_it_cannot_be_interrupt
 
 
 @pytest.mark.slow
-def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(tmp_path: Path) -> None:
+def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir = tmp_path / "run"
-    result = run_cli(
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:5:300")  # read by the workers
+    result = run_in_process(
         [
             "run",
             *BLOBS,
@@ -347,7 +354,6 @@ def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(tmp_path: Path
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
-        env={"BLOCKS_FAULT_STALL": "0:5:300"},
     )
     assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(run_dir)

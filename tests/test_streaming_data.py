@@ -435,13 +435,13 @@ def test_ddp_from_s3_killed_and_rerun_matches_the_uninterrupted_run(s3) -> None:
         "model.dropout=0.1",
     ]
     whole = work / "uninterrupted"
-    done = run_cli(["run", *args, f"hydra.run.dir={whole}"], cwd=work)
+    done = run_in_process(["run", *args, f"hydra.run.dir={whole}"], cwd=work)
     assert done.returncode == 0, done.output[-3000:]
     killed = work / "killed"
     with blocks_run_until_step([*args, f"hydra.run.dir={killed}"], cwd=work, step=8) as proc:
         os.killpg(proc.pid, signal.SIGKILL)
     assert not (killed / "summary.json").exists() or read_summary(killed)["status"] != "completed"
-    rerun = run_cli(["run", *args, f"hydra.run.dir={killed}"], cwd=work)
+    rerun = run_in_process(["run", *args, f"hydra.run.dir={killed}"], cwd=work)
     assert rerun.returncode == 0, rerun.output[-3000:]
     summary = read_summary(killed)
     assert summary["resumed_from"]
