@@ -34,6 +34,20 @@ class TeamLearningRateMonitor(pl.callbacks.LearningRateMonitor):
     """A team's own LearningRateMonitor: the plan does not know it needs a logger, Lightning's set-up refuses it without one."""
 
 
+class LearningRateMonitor(pl.Callback):
+    """A team's own callback that shares a name with Lightning's: it needs no logger."""
+
+
+class RefusesMidRun(pl.Callback):
+    """Raises Lightning's ``MisconfigurationException`` after two optimizer steps: a failure in training, not at set-up."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+        if trainer.global_step == 2:
+            raise MisconfigurationException("changed its mind")
+
+
 def not_a_callback() -> None:
     """A function: never a callback."""
 

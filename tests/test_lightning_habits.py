@@ -133,7 +133,11 @@ def test_code_that_is_no_callback_or_logger_is_refused_before_anything_starts(
 def test_a_callback_lightning_refuses_at_set_up_is_an_error_on_its_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A callback the plan cannot judge (a team's LearningRateMonitor, no logger) fails on its key, no traceback."""
+    """A callback the plan cannot judge (a team's LearningRateMonitor, no logger) fails on its key, no traceback.
+
+    Only Lightning's own classes are judged by name, and only a refusal while Lightning sets up
+    is "could not start" (exit 2); the same exception once training ran is a training failure.
+    """
     monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     callback = "trainer.callbacks=[{_target_: tests.lightning_habits.TeamLearningRateMonitor}]"
     run_dir = tmp_path / "run"
@@ -146,6 +150,22 @@ def test_a_callback_lightning_refuses_at_set_up_is_an_error_on_its_key(
     assert "monitor.loggers=[csv,tensorboard]" in text
     assert "Traceback" not in result.output
     assert read_summary(run_dir)["status"] == "failed"
+
+    namesake = "trainer.callbacks=[{_target_: tests.lightning_habits.LearningRateMonitor}]"
+    planned = run_in_process(["plan", *BLOBS, namesake], cwd=tmp_path)
+    assert planned.returncode == 0, "only Lightning's LearningRateMonitor needs a logger, not a namesake"
+
+    mid_run = "trainer.callbacks=[{_target_: tests.lightning_habits.RefusesMidRun}]"
+    late = tmp_path / "late"
+    result = run_in_process(
+        ["run", *BLOBS, "trainer.max_steps=4", mid_run, f"hydra.run.dir={late}"], cwd=tmp_path
+    )
+    assert result.returncode == 1, (
+        "a callback's error after training started is a training failure, not exit 2"
+    )
+    summary = read_summary(late)
+    assert summary["status"] == "failed" and summary["global_step"] == 2
+    assert "changed its mind" in summary["reason"]
 
 
 def test_trainer_knobs_reach_lightning(tmp_path: Path) -> None:

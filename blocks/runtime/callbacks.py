@@ -35,8 +35,12 @@ def build_callbacks(entries: list[Any]) -> list[pl.Callback]:
     return built
 
 
+SET_UP_HOOKS = frozenset({"setup", "on_fit_start", "on_train_start", "on_sanity_check_start"})
+"""The hooks a callback checks its Trainer in, before any training step: a refusal there means the run could not start."""
+
+
 def refused_by_callback(exc: BaseException, users: list[pl.Callback]) -> BlocksError | None:
-    """*exc* as a problem on ``trainer.callbacks[i]`` when callback *i* raised it while Lightning set up, else None.
+    """*exc* as a problem on ``trainer.callbacks[i]`` when callback *i* raised it in a set-up hook, else None.
 
     Lightning's own callbacks check the Trainer they are given (a ``MisconfigurationException``,
     e.g. a ``LearningRateMonitor`` without a logger) in their set-up hooks, after blocks' plan.
@@ -49,7 +53,7 @@ def refused_by_callback(exc: BaseException, users: list[pl.Callback]) -> BlocksE
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
         for i, callback in enumerate(users):
-            if owner is callback:
+            if owner is callback and tb.tb_frame.f_code.co_name in SET_UP_HOOKS:
                 key = f"trainer.callbacks[{i}]"
                 fix = f"correct or remove {key}"
                 if "logger" in str(exc).lower():

@@ -34,6 +34,9 @@ OWNED_BY_BLOCKS = {
 NEEDS_A_LOGGER = ("LearningRateMonitor", "DeviceStatsMonitor")
 """Lightning callbacks that log through the Trainer's loggers and refuse a Trainer without one."""
 
+LIGHTNING_CALLBACKS = ("pytorch_lightning.callbacks.", "lightning.pytorch.callbacks.")
+"""Where Lightning's own callbacks live: only there does a class name say what the class does."""
+
 METRIC_ARGUMENT = "monitor"
 """The argument Lightning's metric-watching callbacks (EarlyStopping, ...) name a metric in."""
 
@@ -46,6 +49,11 @@ def callback_paths(callbacks: list[Any]) -> list[tuple[str, str, Kind]]:
             continue
         paths += entry_import_paths(entry, f"trainer.callbacks[{i}]", CALLBACK_CLASS)
     return paths
+
+
+def lightning_callback_name(target: str) -> str | None:
+    """The class name of *target* when it is one of Lightning's own callbacks, else None (a team's namesake)."""
+    return target.rsplit(".", 1)[-1] if target.startswith(LIGHTNING_CALLBACKS) else None
 
 
 def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
@@ -61,7 +69,8 @@ def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
             )
             continue
         target = entry[TARGET_KEY]
-        owned = OWNED_BY_BLOCKS.get(target.rsplit(".", 1)[-1])
+        name = lightning_callback_name(target)
+        owned = OWNED_BY_BLOCKS.get(name or "")
         if owned is not None:
             ctx.error(
                 f"{field}.{TARGET_KEY}",
@@ -69,7 +78,7 @@ def check_callbacks(ctx: CheckContext, callbacks: list[Any]) -> None:
                 f"remove it from trainer.callbacks and set {owned[1]}",
                 check="callback-owned-by-block",
             )
-        if target.rsplit(".", 1)[-1] in NEEDS_A_LOGGER and not _has_lightning_logger(ctx):
+        if name in NEEDS_A_LOGGER and not _has_lightning_logger(ctx):
             ctx.error(
                 f"{field}.{TARGET_KEY}",
                 f"'{target}' logs through a Lightning logger, and monitor.loggers has none "
