@@ -763,3 +763,15 @@ def test_a_node_whose_peers_never_come_says_what_it_waits_for_and_gives_up_clear
     assert summary["status"] == "failed" and summary["global_step"] == 0
     assert f"did not all meet at the rendezvous at {endpoint} within 1 s" in summary["reason"]
     assert "the other nodes' output" in summary["reason"] and summary["reason"] in result.output
+
+    config = (run_dir / "config.yaml").read_text()
+    for unusable in ({"BLOCKS_RDZV_TIMEOUT_S": "-5"}, {"BLOCKS_RDZV_ENDPOINT": ""}):
+        for name, value in unusable.items():
+            monkeypatch.setenv(name, value)
+        refused = run_in_process(["run", *args, "trainer.max_steps=7"], cwd=tmp_path)
+        assert refused.returncode == 2, refused.output[-3000:]
+        assert (
+            "BLOCKS_RDZV_TIMEOUT_S='-5'" if "BLOCKS_RDZV_TIMEOUT_S" in unusable else "BLOCKS_RDZV_ENDPOINT="
+        ) in (" ".join(refused.output.split()))
+        assert read_summary(run_dir) == summary, "the last attempt's record stays"
+        assert (run_dir / "config.yaml").read_text() == config, "nothing is written"

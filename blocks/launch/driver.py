@@ -67,6 +67,7 @@ from blocks.launch.torchrun import (
     needs_launcher,
     no_rendezvous,
     read_failures,
+    rendezvous_settings,
     run_torchrun,
 )
 from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
@@ -360,7 +361,10 @@ def held(
         frozen, plan = checked.config, checked.plan
     else:
         frozen, plan = _checked(config, choices, run_dir)
-    job = None if plan.derived.nodes == 1 or uses_ray(plan) else multi_node_job(run_dir)
+    job = None
+    if plan.derived.nodes > 1 and not uses_ray(plan):
+        rendezvous_settings(plan)
+        job = multi_node_job(run_dir)
     with contextlib.ExitStack() as locks:
         locks.enter_context(locked(run_dir, job))
         if locks_checkpoint_dir(run_dir, plan):

@@ -69,17 +69,7 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
     if derived.nodes == 1:
         command.append("--standalone")
     else:
-        endpoint = environ.get(RDZV_ENDPOINT_ENV)
-        if not endpoint:
-            raise BlocksError(
-                Problem(
-                    "trainer.nodes",
-                    f"trainer.nodes={derived.nodes} needs a rendezvous that every node can reach",
-                    f"set {RDZV_ENDPOINT_ENV}=<host of node 0>:<free port> on every node and run the same "
-                    "command with the same hydra.run.dir on each, or start workers with srun (see docs)",
-                )
-            )
-        timeout = rendezvous_timeout(environ)
+        endpoint, timeout = rendezvous_settings(plan, environ)
         command += [
             f"--nnodes={derived.nodes}",
             "--rdzv-backend=c10d",
@@ -93,6 +83,25 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
 def rendezvous_id(run_dir: Path) -> str:
     """The c10d rendezvous id of a multi-node job in *run_dir*: the same on every node that names the same run dir."""
     return f"blocks-{hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]}"
+
+
+def rendezvous_settings(plan: Plan, environ: dict[str, str] | None = None) -> tuple[str, int]:
+    """The endpoint and timeout of a multi-node job's rendezvous, from the environment; refused when unusable.
+
+    The driver checks them before it locks or writes anything (a bad value loses no record).
+    """
+    environ = dict(os.environ if environ is None else environ)
+    endpoint = environ.get(RDZV_ENDPOINT_ENV)
+    if not endpoint:
+        raise BlocksError(
+            Problem(
+                "trainer.nodes",
+                f"trainer.nodes={plan.derived.nodes} needs a rendezvous that every node can reach",
+                f"set {RDZV_ENDPOINT_ENV}=<host of node 0>:<free port> on every node and run the same "
+                "command with the same hydra.run.dir on each, or start workers with srun (see docs)",
+            )
+        )
+    return endpoint, rendezvous_timeout(environ)
 
 
 def rendezvous_timeout(environ: dict[str, str] | None = None) -> int:
