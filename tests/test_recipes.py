@@ -288,6 +288,18 @@ def test_planning_a_pipeline_shows_every_stage_and_finds_an_evaluations_problem(
     assert result.returncode == 2, result.output
     text = " ".join(result.output.split())
     assert "stage 'evaluate' of recipe=digits_pipeline has problems" in text and "data.batch_size" in text
+
+    listed = run_in_process([*bad, "--json"], cwd=tmp_path)
+    assert listed.returncode == 2
+    stages = json.loads(listed.stdout)
+    assert list(stages) == ["pretrain", "finetune", "evaluate", "export"], "every stage, in order"
+    assert stages["finetune"]["valid"] and stages["export"] == {
+        "stage": "export",
+        "does": "export finetune's model",
+        "valid": True,
+        "problems": [],
+    }
+    assert not stages["evaluate"]["valid"] and stages["evaluate"]["problems"][0]["key"] == "data.batch_size"
     assert not any(tmp_path.iterdir()), "planning writes nothing"
 
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from blocks.core.pipeline import Pipeline
     from blocks.core.plan import Plan
     from blocks.launch.driver import Checked
+    from blocks.launch.pipeline import StageProblems
 
 EXIT_INVALID = 2
 
@@ -90,29 +91,22 @@ def cmd_plan(
 
     chosen = _pipeline_of(overrides)
     if chosen is not None:
-        root, rest = _pipeline_args(chosen[0], overrides)
-        stage_plans = _plan_stages(chosen[1], root, rest)
+        recipe, pipeline = chosen
+        root, rest = _pipeline_args(recipe, overrides)
+        stage_plans = dict(_plan_stages(pipeline, root, rest))
+        valid = all(plan.ok for plan in stage_plans.values())
+        evaluations = _evaluation_problems(pipeline, root, rest) if valid else None
         if as_json:
-            print(json.dumps({name: plan.to_json() for name, plan in stage_plans}, indent=2))
-        planned = dict(stage_plans)
-        for stage in chosen[1].stages if not as_json else []:
+            print(json.dumps(_pipeline_json(pipeline, stage_plans, evaluations), indent=2))
+        for stage in pipeline.stages if not as_json else []:
             stdout.print(f"[bold]stage:[/] {escape(stage.name)}", highlight=False)
-            if stage.name in planned:
-                stdout.print(plan_panel(planned[stage.name]))
+            if stage.name in stage_plans:
+                stdout.print(plan_panel(stage_plans[stage.name]))
             else:
                 stdout.print(f"  {escape(_stage_line(stage))}", highlight=False)
-        if not all(plan.ok for _, plan in stage_plans):
-            return EXIT_INVALID
-        from blocks.launch.pipeline import StageProblems, check_evaluations, stage_settings
-
-        try:  # what blocks run checks before its first stage: each evaluation against its source's config
-            settings = {
-                stage.name: stage_settings(chosen[1], stage, root, rest) for stage in chosen[1].stages
-            }
-            check_evaluations(chosen[1], settings)
-        except StageProblems as exc:
-            return _fail(exc, exc.header(chosen[0]).replace("; nothing was started", ""))
-        return 0
+        if evaluations is not None and not as_json:
+            return _fail(evaluations, evaluations.header(recipe).replace("; nothing was started", ""))
+        return 0 if valid and evaluations is None else EXIT_INVALID
     plans = []
     try:
         job_overrides, searches = (
@@ -513,6 +507,37 @@ def _plan_stages(pipeline: Pipeline, root: Path, args: Sequence[str]) -> list[tu
         for stage in pipeline.stages
         if isinstance(stage, Train)
     ]
+
+
+def _evaluation_problems(pipeline: Pipeline, root: Path, rest: list[str]) -> StageProblems | None:
+    """What ``blocks run`` checks before its first stage, each evaluation against its source's config: the problems, else None."""
+    from blocks.launch.pipeline import StageProblems, check_evaluations, stage_settings
+
+    try:
+        settings = {stage.name: stage_settings(pipeline, stage, root, rest) for stage in pipeline.stages}
+        check_evaluations(pipeline, settings)
+    except StageProblems as exc:
+        return exc
+    return None
+
+
+def _pipeline_json(
+    pipeline: Pipeline, stage_plans: dict[str, Plan], evaluations: StageProblems | None
+) -> dict[str, Any]:
+    """``blocks plan --json`` of a pipeline: each stage by name, in order; a train stage's plan, else what it does."""
+    payload: dict[str, Any] = {}
+    for stage in pipeline.stages:
+        if stage.name in stage_plans:
+            payload[stage.name] = stage_plans[stage.name].to_json()
+            continue
+        problems = evaluations.problems if evaluations is not None and evaluations.stage == stage.name else []
+        payload[stage.name] = {
+            "stage": type(stage).__name__.lower(),
+            "does": _stage_line(stage),
+            "valid": not problems,
+            "problems": [problem.to_json() for problem in problems],
+        }
+    return payload
 
 
 def _stage_line(stage: object) -> str:
