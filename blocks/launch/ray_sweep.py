@@ -91,15 +91,18 @@ class RayLauncher(Launcher):
                 for idx, overrides in enumerate(job_overrides)
             ]
             outcomes = self._await(ray, job_overrides, initial_job_idx, futures, signals, started)
-        finally:
+        except BaseException:
             signals.restore()
+            raise
         if isinstance(outcomes, str):
+            # The handlers stay: another Ctrl-C would break Ray's shutdown as this process exits.
             print(
                 f"blocks: {outcomes}; the sweep stops (the same command resumes it)",
                 file=sys.stderr,
                 flush=True,
             )
             raise SystemExit(EXIT_INTERRUPTED)
+        signals.restore()
         return outcomes
 
     def _await(
