@@ -320,7 +320,7 @@ def test_a_rank_that_cannot_stop_is_killed_after_the_shutdown_grace(on_ray: str,
     rank can neither save nor end itself; without the backstop the driver waited forever."""
     run_dir = tmp_path / "run"
     args = [*LONG_DDP, "trainer.shutdown_grace_s=2", f"hydra.run.dir={run_dir}"]
-    with start_blocks_run([*args, "trainer.max_steps=100000", "hydra.sweep.subdir=2"], tmp_path) as proc:
+    with start_blocks_run(args, tmp_path) as proc:
         wait_for_checkpoint(run_dir, 5)
         wedged = max(job_pids(run_dir, workers_only=True))
         os.kill(wedged, signal.SIGSTOP)
@@ -332,6 +332,7 @@ def test_a_rank_that_cannot_stop_is_killed_after_the_shutdown_grace(on_ray: str,
     assert wait_gone(run_dir) == []
 
 
+@pytest.mark.slow
 def test_a_job_driver_in_a_ray_task_takes_the_sigint_a_not_forced_cancel_sends(
     on_ray: str, tmp_path: Path
 ) -> None:
