@@ -333,6 +333,48 @@ def test_a_rank_that_cannot_stop_is_killed_after_the_shutdown_grace(on_ray: str,
 
 
 @pytest.mark.slow
+def test_a_job_driver_in_a_ray_task_takes_the_sigint_a_not_forced_cancel_sends(
+    on_ray: str, tmp_path: Path
+) -> None:
+    """The sweep's driver stops a job with ``ray.cancel(force=False)``, which runs the task's SIGINT
+    handler: a job on Ray workers then passes SIGTERM to them, as on a signal to ``blocks run``
+    (it took a KeyboardInterrupt, and its workers were killed unsaved)."""
+    script = (
+        "import os, sys, time, ray\n"
+        "from blocks.launch.ray_workers import IN_RAY_TASK_ENV, Signals\n"
+        "ray.init(address=sys.argv[1], logging_level='error')\n"
+        "@ray.remote(max_retries=0)\n"
+        "def job(flag):\n"
+        "    os.environ[IN_RAY_TASK_ENV] = '1'\n"
+        "    signals = Signals()\n"
+        "    signals.install()\n"
+        "    open(flag, 'w').close()\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not signals.received and time.monotonic() < deadline:\n"
+        "        time.sleep(0.1)\n"
+        "    signals.restore()\n"
+        "    return signals.received\n"
+        "flag = sys.argv[2]\n"
+        "ref = job.remote(flag)\n"
+        "while not os.path.exists(flag):\n"
+        "    time.sleep(0.1)\n"
+        "ray.cancel(ref, force=False, recursive=False)\n"
+        "try:\n"
+        "    print(ray.get(ref))\n"
+        "except ray.exceptions.RayError as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, on_ray, str(tmp_path / "installed")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == f"[{int(signal.SIGINT)}]", out.stdout[-2000:]
+
+
+@pytest.mark.slow
 def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     args = [
@@ -356,21 +398,25 @@ def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tm
 
 @pytest.mark.slow
 def test_a_sweep_job_whose_ray_task_dies_fails_alone_and_an_interrupted_one_stops_the_sweep(
-    on_ray: str, tmp_path: Path
+    on_ray: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A job that kills its own Ray worker (SIGKILL: no handler runs) gets a ``failed`` summary
     naming the crash while the others run on; a job a SIGTERM stopped (its driver exits 130, which
-    ends its task as a crash would) stops the sweep with 130, as under the basic launcher."""
+    ends its task as a crash would) stops the sweep with 130, as under the basic launcher.
+
+    Run again (that job alone), the sweep resumes it; Ctrl-C to the sweep's driver then stops it as a
+    signal stops one job: it saves a checkpoint and says ``interrupted``, and the driver exits
+    130 without a traceback (it ended with a KeyboardInterrupt, the job killed unsaved)."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     sweep = tmp_path / "sweep"
     callbacks = (
         "trainer.callbacks=[{_target_: tests.lightning_habits.KillOwnProcess, max_steps: 3},"
         " {_target_: tests.lightning_habits.SignalAtStep, step: 3}]"
     )
-    args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2,3,20", "monitor.progress=off", callbacks]
-    args += ["hydra/launcher=ray", f"hydra.sweep.dir={sweep}"]
-    result = run_cli(
-        args, cwd=tmp_path, timeout=300, env={"BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)}
-    )
+    args = ["-m", "recipe=blobs", "monitor.progress=off", callbacks, "data.samples=200000"]
+    args += ["checkpoint.every_n_steps=5", "hydra/launcher=ray", f"hydra.sweep.dir={sweep}"]
+    result = run_cli(["run", *args, "trainer.max_steps=2,3,100000"], cwd=tmp_path, timeout=300)
     assert result.returncode == 130, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
     assert read_summary(sweep / "0")["status"] == "completed"
@@ -380,3 +426,14 @@ def test_a_sweep_job_whose_ray_task_dies_fails_alone_and_an_interrupted_one_stop
     assert "job #2 was interrupted" in result.output and "the sweep stops" in result.output, result.output[
         -3000:
     ]
+    with start_blocks_run([*args, "trainer.max_steps=100000", "hydra.sweep.subdir=2"], tmp_path) as proc:
+        wait_for_checkpoint(sweep / "2", 5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "SIGINT received" in out, out[-3000:]
+    resumed = read_summary(sweep / "2")
+    assert resumed["status"] == "interrupted" and resumed["resumed_from"], resumed
+    committed, _ = store.scan(str(sweep / "2" / "checkpoints"))
+    assert committed[-1].manifest.step == resumed["global_step"] > 3
+    assert wait_gone(sweep / "2") == []

@@ -9,20 +9,25 @@ the node of their rank 0, so jobs never clash. Hydra's own ``hydra-ray-launcher`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+if TYPE_CHECKING:
+    from blocks.launch.ray_workers import Signals
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ class RayLauncher(Launcher):
         """Run every job as a Ray task and return their results in order."""
         import ray
 
-        from blocks.launch.ray_workers import ADDRESS_ENV
+        from blocks.launch.ray_workers import ADDRESS_ENV, Signals
         from blocks.launch.torchrun import EXIT_INTERRUPTED
 
         setup_globals()
@@ -71,30 +76,88 @@ class RayLauncher(Launcher):
         remote = ray.remote(num_cpus=self.job_cpus, max_retries=0)(_execute_job)
         state = Singleton.get_state()
         started = time.time()
-        futures = [
-            remote.remote(
-                initial_job_idx + idx,
-                list(overrides),
-                self.hydra_context,
-                self.config,
-                self.task_function,
-                state,
+        signals = Signals()  # from here a signal stops the jobs instead of ending this process
+        signals.install()
+        try:
+            futures = [
+                remote.remote(
+                    initial_job_idx + idx,
+                    list(overrides),
+                    self.hydra_context,
+                    self.config,
+                    self.task_function,
+                    state,
+                )
+                for idx, overrides in enumerate(job_overrides)
+            ]
+            outcomes = self._await(ray, job_overrides, initial_job_idx, futures, signals, started)
+        except BaseException:
+            signals.restore()
+            raise
+        if isinstance(outcomes, str):
+            # The handlers stay: another Ctrl-C would break Ray's shutdown as this process exits.
+            print(
+                f"blocks: {outcomes}; the sweep stops (the same command resumes it)",
+                file=sys.stderr,
+                flush=True,
             )
-            for idx, overrides in enumerate(job_overrides)
-        ]
+            raise SystemExit(EXIT_INTERRUPTED)
+        signals.restore()
+        return outcomes
+
+    def _await(
+        self,
+        ray: Any,
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        futures: list[Any],
+        signals: Signals,
+        started: float,
+    ) -> list[JobReturn] | str:
+        """Every job's result in order, or why the sweep stopped early (a signal, an interrupted job).
+
+        A job whose task dies fails alone. A signal to this driver stops every job still
+        running as a signal stops one job: :func:`ray.cancel` (not forced) runs SIGINT's handler
+        in the job's task, so the job saves a checkpoint, says ``interrupted`` and ends; jobs not
+        started yet never start. A job a signal stopped itself stops the jobs after it that way
+        (as the basic launcher, which would not start them). A second signal ends the running
+        jobs at once.
+        """
+        from blocks.launch.ray_workers import POLL_S
+
         results: list[JobReturn] = []
-        for idx, (overrides, future) in enumerate(zip(job_overrides, futures, strict=True)):
+        stopped: str | None = None
+        forced = False
+        for idx, future in enumerate(futures):
+            while True:
+                if signals.received and stopped is None:
+                    stopped = f"{signal.Signals(signals.received[0]).name} received"
+                    print(
+                        f"blocks: {stopped}; stopping the running jobs, each saves a checkpoint",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    _cancel(ray, futures[idx:], force=False)
+                if len(signals.received) > 1 and not forced:
+                    forced = True
+                    _cancel(ray, futures[idx:], force=True)
+                ready, _ = ray.wait([future], timeout=POLL_S)
+                if ready:
+                    break
             try:  # one at a time: a job whose task dies fails alone, the others run on
                 results.append(ray.get(future))
             except ray.exceptions.RayError as exc:
+                if stopped is not None and isinstance(exc, ray.exceptions.TaskCancelledError):
+                    continue  # stopped before it began: nothing to record
                 try:
-                    results.append(self._crashed(initial_job_idx + idx, list(overrides), exc, started))
-                except JobInterrupted as stop:  # as the basic launcher: an interrupted job ends the sweep
-                    for other in futures[idx + 1 :]:
-                        ray.cancel(other, force=True)
-                    print(f"blocks: {stop}; the sweep stops", file=sys.stderr)
-                    raise SystemExit(EXIT_INTERRUPTED) from None
-        return results
+                    results.append(
+                        self._crashed(initial_job_idx + idx, list(job_overrides[idx]), exc, started)
+                    )
+                except JobInterrupted as interrupted:
+                    if stopped is None:  # as the basic launcher: an interrupted job ends the sweep
+                        stopped = str(interrupted)
+                        _cancel(ray, futures[idx + 1 :], force=False)
+        return stopped if stopped is not None else results
 
     def _crashed(self, idx: int, overrides: list[str], error: Exception, started: float) -> JobReturn:
         """The result of job *idx*, whose Ray task died (its worker killed, its node lost): a failed job.
@@ -133,6 +196,13 @@ class RayLauncher(Launcher):
             status=JobStatus.COMPLETED,
             _return_value=failed_objective(task_cfg),
         )
+
+
+def _cancel(ray: Any, futures: list[Any], *, force: bool) -> None:
+    """Stop the tasks of *futures*' jobs: not forced, a running job saves and ends as on a signal."""
+    for future in futures:
+        with contextlib.suppress(Exception):  # a task that just ended
+            ray.cancel(future, force=force, recursive=False)
 
 
 class JobInterrupted(Exception):

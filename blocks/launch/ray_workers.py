@@ -196,19 +196,26 @@ class WorkerProcess:
 
 
 @dataclass
-class _Signals:
-    """SIGTERM/SIGINT received by the driver: the first is passed to the workers, a second kills them."""
+class Signals:
+    """SIGTERM/SIGINT received by a driver: the first asks its work to stop and save, a second ends it at once.
+
+    In a Ray task (a job of a ``hydra/launcher=ray`` sweep) only SIGINT is taken: it is how
+    ``ray.cancel`` stops the task (the sweep's driver stopping its jobs), and SIGTERM stays Ray's.
+    """
 
     received: list[int] = field(default_factory=list)
     previous: dict[int, Any] = field(default_factory=dict)
 
     def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread() or os.environ.get(IN_RAY_TASK_ENV):
+        """Record the signals from now on (from the main thread only, where Python runs handlers)."""
+        if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        taken = (signal.SIGINT,) if os.environ.get(IN_RAY_TASK_ENV) else (signal.SIGTERM, signal.SIGINT)
+        for sig in taken:
             self.previous[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
 
     def restore(self) -> None:
+        """Put back the handlers :meth:`install` replaced."""
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
@@ -220,7 +227,7 @@ def run_ray(run_dir: Path, plan: Plan) -> int:
     """
     ray = connect(plan)
     max_failures = plan.trainer.max_failures
-    signals = _Signals()
+    signals = Signals()
     signals.install()
     try:
         attempt = 0
@@ -252,7 +259,7 @@ def _render(failures: list[dict[str, Any]]) -> str:
     )
 
 
-def _attempt(ray: Any, run_dir: Path, plan: Plan, attempt: int, signals: _Signals) -> list[dict[str, Any]]:
+def _attempt(ray: Any, run_dir: Path, plan: Plan, attempt: int, signals: Signals) -> list[dict[str, Any]]:
     """One attempt on fresh actors; the failures of the workers that failed first (empty on success)."""
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -325,7 +332,7 @@ def _attempt(ray: Any, run_dir: Path, plan: Plan, attempt: int, signals: _Signal
 
 
 def _watch(
-    ray: Any, actors: list[Any], devices: int, signals: _Signals, grace_s: float
+    ray: Any, actors: list[Any], devices: int, signals: Signals, grace_s: float
 ) -> list[dict[str, Any]]:
     """Wait for the workers; pass on signals; on the first failure kill the others and return who failed.
 
