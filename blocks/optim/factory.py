@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from blocks.compat.torch_private import set_last_lr
 from blocks.optim.schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def reapply_settings(
     ]
     for group, rate in zip(optimizer.param_groups, rates, strict=True):
         group["lr"] = rate
-    scheduler._last_lr = rates  # what get_last_lr() returns until the next step
+    set_last_lr(scheduler, rates)
     return changed
 
 
