@@ -199,6 +199,8 @@ def test_resume_refuses_a_checkpoint_of_another_model(cli_in_process, tmp_path: 
     )
     assert result.returncode == 2, result.output[-2000:]
     assert "was saved by a job with a different model" in result.output
+    # the run dir's config.yaml saved the checkpoint: the message names what changed
+    assert "different model: model.d_model 32 -> 48" in result.output
     assert "checkpoint.resume=never" in result.output
 
 

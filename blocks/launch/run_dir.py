@@ -93,7 +93,7 @@ def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
     A block field that ``config.yaml`` lacks (written before the field existed) is no change
     when *config* gives it the field's default.
     """
-    before = _recorded(run_dir)
+    before = recorded_config(run_dir)
     if before is None:
         return []
     after = OmegaConf.to_container(config, resolve=False)
@@ -112,7 +112,8 @@ def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
     return changed
 
 
-def _recorded(run_dir: Path) -> dict | None:
+def recorded_config(run_dir: Path) -> dict | None:
+    """The run dir's ``config.yaml`` as recorded (interpolations unresolved); None when it has none."""
     try:
         recorded = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=False)
     except (OSError, ValueError):
@@ -176,7 +177,7 @@ def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> t
         )
     if not changed:
         return config, []
-    before = _recorded(run_dir)
+    before = recorded_config(run_dir)
     after = OmegaConf.to_container(config, resolve=False)
     kept = OmegaConf.create(after)
     assert isinstance(kept, DictConfig)
