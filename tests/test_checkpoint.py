@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from blocks.checkpoint import store
 from blocks.checkpoint.export import checkpoint_weights, export_checkpoint
+from blocks.optim.schedule import lr_factor
 from tests.conftest import FSDP_LM, blocks_run_until_step, moto_s3_server, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
@@ -185,6 +186,8 @@ def test_resume_refuses_a_checkpoint_of_another_model(cli_in_process, tmp_path: 
     )
     assert result.returncode == 2, result.output[-2000:]
     assert "was saved by a job with a different model" in result.output
+    # the run dir's config.yaml saved the checkpoint: the message names what changed
+    assert "different model: model.d_model 32 -> 48" in result.output
     assert "checkpoint.resume=never" in result.output
 
 
@@ -383,6 +386,49 @@ def test_a_resume_with_another_accumulation_keeps_counting_the_same_data_positio
         _, reference = saved(whole[after])
         for name, tensor in reference.items():
             torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
+def test_a_resume_trains_on_with_the_changed_optimizer_settings(tmp_path: Path) -> None:
+    """A run extended from 10 to 20 steps with another ``optim.lr`` and weight decay follows them from step 11.
+
+    Regression: the checkpoint's optimizer and scheduler state brought back the saving run's LR,
+    weight decay and base LRs, so the changed settings were ignored (the LR stayed 0.001's
+    schedule), and step 11 used the old schedule's last LR. Now every resumed step logs the LR
+    the new 20-step schedule gives (what an uninterrupted run logs), and the final checkpoint
+    holds the new settings, the no-decay group still undecayed.
+    """
+    run_dir = tmp_path / "run"
+    args = [
+        "recipe=blobs",
+        "optim=adamw",
+        "optim.schedule=cosine",
+        "optim.warmup_steps=0",
+        "optim.min_lr_ratio=0.1",
+    ]
+    args += [
+        "checkpoint.every_n_steps=10",
+        "trainer.val_every=null",
+        "monitor.log_every_n_steps=1",
+        "monitor.progress=off",
+    ]
+    trained([*args, "trainer.max_steps=10", "optim.lr=0.001", "optim.weight_decay=0.01"], run_dir)
+    extended = [
+        *args,
+        "trainer.max_steps=20",
+        "optim.lr=0.01",
+        "optim.weight_decay=0.1",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_in_process(["run", *extended], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    logged = {step: row["lr"] for step, row in logged_rows(run_dir).items() if step > 10}
+    schedule = {"warmup_steps": 0, "total_steps": 20, "schedule": "cosine", "min_lr_ratio": 0.1}
+    expected = {step: 0.01 * lr_factor(step - 1, **schedule) for step in range(11, 21)}
+    assert logged == pytest.approx(expected, rel=1e-3)  # the CSV rounds
+    state = torch.load(run_dir / "checkpoints" / store.step_dir_name(20) / "state.pt", weights_only=True)
+    (optimizer,) = state["optimizer_states"]
+    assert [group["weight_decay"] for group in optimizer["param_groups"]] == [0.1, 0.0]
+    assert state["lr_schedulers"][0]["base_lrs"] == [0.01, 0.01]
 
 
 @pytest.mark.parametrize(

@@ -193,3 +193,35 @@ def test_a_resumed_run_judges_divergence_by_the_first_steps_loss(
     resumed = completed(train(args, resumed_dir))
     assert resumed["resumed_from"].endswith(store.step_dir_name(5))
     assert resumed["global_step"] == whole["global_step"] == 10
+
+
+def test_a_rollback_to_the_checkpoint_a_run_resumed_from_keeps_the_changed_optimizer_settings(
+    tmp_path: Path, with_fault: Callable[[pl.Callback], None]
+) -> None:
+    """A run resumed with another ``optim.lr`` and weight decay rolls back (step 7) to the checkpoint it resumed from.
+
+    Regression: the rollback loaded that checkpoint's optimizer settings with its state, so the
+    run trained on with the weight decay of the run that saved it. Now it keeps its own.
+    """
+    run_dir = tmp_path / "run"
+    args = [
+        *BASE,
+        "optim=adamw",
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "monitor.log_every_n_steps=1",
+    ]
+    with_fault(NaNGradients({7}))
+    completed(train([*args, "trainer.max_steps=5", "optim.lr=0.001", "optim.weight_decay=0.01"], run_dir))
+    changed = [
+        "trainer.max_steps=8",
+        "optim.lr=0.01",
+        "optim.weight_decay=0.1",
+        "monitor.on_nonfinite=rollback",
+    ]
+    resumed = completed(train([*args, *changed], run_dir))
+    assert resumed["metrics"]["health/rollbacks"] == 1
+    state = torch.load(run_dir / "checkpoints" / store.step_dir_name(8) / "state.pt", weights_only=True)
+    (optimizer,) = state["optimizer_states"]
+    assert [group["weight_decay"] for group in optimizer["param_groups"]] == [0.1, 0.0]
+    assert [group["lr"] for group in optimizer["param_groups"]] == [0.01, 0.01]

@@ -7,8 +7,9 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from blocks.checkpoint import store
 from blocks.spec.errors import BlocksError, Problem
@@ -47,18 +48,74 @@ def job_digests(plan: Plan) -> dict[str, str]:
     written before a key existed does not hold it; a resume does not compare what it lacks.
     """
     content = plan.data.content_digest()
-    ignored = {*plan.data.reading_fields, *(plan.data.location_fields if content is not None else ())}
-    data = {k: v for k, v in dataclasses.asdict(plan.data).items() if k not in ignored}
-    compared: dict[str, object] = {
-        "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
-        "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
-        "data": {"_block_": plan.data.block_name, **data},
-        "optim": {"_block_": plan.optim.block_name},
-        "seed": {"seed": plan.trainer.seed},
-    }
+    compared = _compared(plan, _sections(plan), content is not None)
     if content is not None:
         compared["data_content"] = {"digest": content}
     return store.block_digests(compared)
+
+
+def _sections(plan: Plan) -> dict[str, dict[str, Any]]:
+    """The plan's block configs, as ``config.yaml`` records them (``_block_`` and every field)."""
+    return {
+        kind: {"_block_": block.block_name, **dataclasses.asdict(block)}
+        for kind, block in (
+            ("model", plan.model),
+            ("task", plan.task),
+            ("data", plan.data),
+            ("optim", plan.optim),
+        )
+    } | {"trainer": {"seed": plan.trainer.seed}}
+
+
+def _compared(plan: Plan, sections: Mapping[str, Any], content_digested: bool) -> dict[str, dict[str, Any]]:
+    """The :data:`COMPARED` entries (but the data content) of block configs *sections*, as :func:`job_digests` digests them."""
+    ignored = {*plan.data.reading_fields, *(plan.data.location_fields if content_digested else ())}
+    data = sections["data"]
+    return {
+        "model": dict(sections["model"]),
+        "task": dict(sections["task"]),
+        "data": {
+            k: v for k, v in data.items() if k not in ignored or data.get("_block_") != plan.data.block_name
+        },
+        "optim": {"_block_": sections["optim"].get("_block_")},
+        "seed": {"seed": sections["trainer"].get("seed")},
+    }
+
+
+SEED_KEY = "trainer.seed"
+
+
+def _differing_fields(
+    plan: Plan, manifest: store.Manifest, differing: list[str], recorded: Mapping[str, Any] | None
+) -> list[str]:
+    """The config keys of *differing* entries that changed, as ``key saved -> now``; none unless *recorded* saved *manifest*.
+
+    *recorded* is a run dir's ``config.yaml``: its entries are known to be the saving job's
+    only where they give the digests the manifest holds.
+    """
+    if not recorded:
+        return []
+    try:
+        before = _compared(plan, recorded, plan.data.content_digest() is not None)
+    except (AttributeError, KeyError, TypeError):  # a config.yaml without a block's section
+        return []
+    after = _compared(plan, _sections(plan), plan.data.content_digest() is not None)
+    digests = store.block_digests(before)
+    fields = []
+    for kind in differing:
+        if kind not in before or digests[kind] != manifest.block_digests.get(kind):
+            continue
+        for name in sorted(before[kind].keys() | after[kind].keys(), key=lambda n: n != "_block_"):
+            was, now = _plain(before[kind].get(name)), _plain(after[kind].get(name))
+            if was != now:
+                key = SEED_KEY if kind == "seed" else kind if name == "_block_" else f"{kind}.{name}"
+                fields.append(f"{key} {was} -> {now}")
+    return fields
+
+
+def _plain(value: Any) -> str:
+    """*value* as the digests serialize it (a tuple and a list of the same items are the same)."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def is_restart() -> bool:
@@ -127,7 +184,12 @@ def read_start(run_dir: Path | None) -> Start:
 
 
 def resolve_resume(
-    plan: Plan, directory: str, start: Start | None = None, *, previous: Start | None = None
+    plan: Plan,
+    directory: str,
+    start: Start | None = None,
+    *,
+    previous: Start | None = None,
+    recorded: Mapping[str, Any] | None = None,
 ) -> str | None:
     """The checkpoint this run resumes from, per ``checkpoint.resume``; refusals name the key and the fix.
 
@@ -143,7 +205,9 @@ def resolve_resume(
     When the directory holds checkpoints but none can be used (all corrupt), the run fails
     with the reasons rather than silently training from step 0. A checkpoint past the run's
     last step (:attr:`Derived.total_steps`) is refused: nothing would be trained, and the
-    run would end beyond the steps it was given.
+    run would end beyond the steps it was given. The driver passes *recorded*, its run dir's
+    ``config.yaml``: a checkpoint of another model, task or data that it saved is refused
+    naming the keys that changed.
     """
     block = plan.checkpoint
     if not block.enabled:
@@ -155,7 +219,7 @@ def resolve_resume(
         else:
             found = _newest_for_auto(directory, previous)
         if found is not None:
-            return _usable(plan, found.url, found.manifest)
+            return _usable(plan, found.url, found.manifest, recorded)
         if block.resume == "auto":
             return None
     if block.resume == "never":
@@ -170,12 +234,12 @@ def resolve_resume(
                 "point checkpoint.resume at a committed checkpoint, or use auto",
             )
         ) from None
-    return _usable(plan, block.resume, manifest)
+    return _usable(plan, block.resume, manifest, recorded)
 
 
-def _usable(plan: Plan, url: str, manifest: store.Manifest) -> str:
+def _usable(plan: Plan, url: str, manifest: store.Manifest, recorded: Mapping[str, Any] | None) -> str:
     """*url*, once its checkpoint fits this run, lies within its steps and loads without unpickling anything."""
-    _check_compatible(plan, url, manifest)
+    _check_compatible(plan, url, manifest, recorded)
     _check_within_steps(plan, url, manifest)
     _check_loadable(url, manifest)
     return url
@@ -307,17 +371,21 @@ def _data_digest_of_every_field(plan: Plan) -> str:
     return store.block_digests({"data": {"_block_": plan.data.block_name, **fields}})["data"]
 
 
-def _check_compatible(plan: Plan, url: str, manifest: store.Manifest) -> None:
+def _check_compatible(
+    plan: Plan, url: str, manifest: store.Manifest, recorded: Mapping[str, Any] | None = None
+) -> None:
     digests = job_digests(plan)
     accepted = {kind: {digest} for kind, digest in digests.items()}
     accepted["data"].add(_data_digest_of_every_field(plan))
     differing = [kind for kind in digests if manifest.block_digests.get(kind) not in (None, *accepted[kind])]
     problems = []
     if differing:
+        fields = _differing_fields(plan, manifest, differing, recorded)
         problems.append(
             Problem(
                 "checkpoint.resume",
-                f"{url} was saved by a job with a different {', '.join(COMPARED.get(k, k) for k in differing)}",
+                f"{url} was saved by a job with a different {', '.join(COMPARED.get(k, k) for k in differing)}"
+                + (f": {', '.join(fields)}" if fields else ""),
                 "resume with the same blocks, seed and data, or start fresh with checkpoint.resume=never "
                 "(or another checkpoint.dir)",
             )

@@ -37,6 +37,7 @@ __all__ = [
     "saved_batch_progress",
     "saved_train_loader_state",
     "set_found_inf",
+    "set_last_lr",
     "skip_automatic_hyperparameters",
     "tensor_norms_in_float32",
     "tensors_to_device",
@@ -283,6 +284,15 @@ def set_found_inf(optimizer: Any, found_inf: Any) -> None:
     when it is non-zero, without a host sync. Unfused optimizers refuse the attribute.
     """
     optimizer.found_inf = found_inf
+
+
+def set_last_lr(scheduler: torch.optim.lr_scheduler.LRScheduler, rates: list[Any]) -> None:
+    """What the scheduler's ``get_last_lr()`` returns (and its ``state_dict`` saves) until its next step.
+
+    torch sets it only in ``step``; a scheduler whose groups' LRs were set by hand keeps reporting
+    the old ones otherwise.
+    """
+    scheduler._last_lr = rates
 
 
 def tensor_norms_in_float32(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -54,6 +54,7 @@ from blocks.launch.run_dir import (
     Summary,
     freeze_config,
     load_plan,
+    recorded_config,
     refuse_rewriting_finished,
     retire_summary,
     write_job_files,
@@ -313,7 +314,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     """
     directory = job_checkpoint_dir(run_dir, plan)
     previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
-    resume_from = resolve_resume(plan, directory, previous=previous)
+    resume_from = resolve_resume(plan, directory, previous=previous, recorded=recorded_config(run_dir))
     if resume_from and read_manifest(resume_from).step >= plan.derived.total_steps:
         steps = plan.derived.total_steps
         frozen, kept = refuse_rewriting_finished(run_dir, frozen, steps)

@@ -97,7 +97,7 @@ def changed_keys(run_dir: Path, config: DictConfig) -> list[str]:
     default block and every field at its default, and a recorded field or section the
     current blocks no longer have.
     """
-    before = _recorded(run_dir)
+    before = recorded_config(run_dir)
     if before is None:
         return []
     after = OmegaConf.to_container(config, resolve=False)
@@ -137,7 +137,8 @@ def _other_version(blocks: Mapping[str, Block], before: dict, after: object, key
     return False
 
 
-def _recorded(run_dir: Path) -> dict | None:
+def recorded_config(run_dir: Path) -> dict | None:
+    """The run dir's ``config.yaml`` as recorded (interpolations unresolved); None when it has none."""
     try:
         recorded = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG_FILE), resolve=False)
     except (OSError, ValueError):
@@ -201,7 +202,7 @@ def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> t
         )
     if not changed:
         return config, []
-    before = _recorded(run_dir)
+    before = recorded_config(run_dir)
     after = OmegaConf.to_container(config, resolve=False)
     kept = OmegaConf.create(after)
     assert isinstance(kept, DictConfig)

@@ -22,6 +22,7 @@ from blocks.checkpoint import store
 from blocks.compat.torch_private import dispatch_hook, set_found_inf, tensor_norms_in_float32
 from blocks.core.environment import restart_count
 from blocks.monitor.sinks import Row
+from blocks.runtime.module import BlocksModule
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +294,8 @@ class HealthGuard(pl.Callback):
         checkpoint = trainer.strategy.load_checkpoint(newest.url)
         trainer.strategy.load_model_state_dict(checkpoint, strict=True)
         trainer.strategy.load_optimizer_state_dict(checkpoint)
+        if isinstance(trainer.lightning_module, BlocksModule):
+            trainer.lightning_module.apply_optim_settings()
         return True
 
     def check_row(self, trainer: pl.Trainer, row: Row) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from blocks.optim.base import OptimBlock
 from blocks.runtime.datamodule import VALID
 from blocks.runtime.init import initialize
 from blocks.task.base import TaskBlock
+
+log = logging.getLogger(__name__)
 
 
 class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule):
@@ -44,6 +47,7 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         self.optim_block = optim
         self.total_steps = total_steps
         self.val_metrics: dict[str, float] = {}
+        self._optim_settings: list[dict[str, Any]] = []
         self.validated_at_step = -1
 
     def configure_model(self) -> None:
@@ -95,9 +99,32 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         self.validated_at_step = self.trainer.global_step
         self.objective.reset()
 
+    def on_train_start(self) -> None:
+        """Apply the optim block's settings over those a resumed checkpoint restored (see :meth:`apply_optim_settings`)."""
+        self.apply_optim_settings()
+
+    def apply_optim_settings(self) -> None:
+        """Put this run's optimizer settings and LR schedule back after a checkpoint's optimizer state was loaded.
+
+        A resume (or a rollback) restores the saving run's LR, weight decay, betas... with the
+        optimizer state; the changed ``optim`` settings apply from the first step trained after it.
+        """
+        from blocks.optim.factory import reapply_settings
+
+        scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+        changed = reapply_settings(self.trainer.optimizers[0], scheduler, self._optim_settings)  # type: ignore[arg-type]
+        if changed and self.trainer.is_global_zero:
+            log.info(
+                "this run's optimizer settings replace the checkpoint's: %s",
+                ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changed.items()),
+            )
+
     def configure_optimizers(self) -> Any:
         """The optim block's optimizer with a per-step LR schedule."""
+        from blocks.optim.factory import group_settings
+
         optimizer, scheduler = self.optim_block.build(self.model.named_parameters(), self.total_steps)
+        self._optim_settings = group_settings(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
