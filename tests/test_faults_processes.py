@@ -163,7 +163,7 @@ MULTI_PROCESS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", sorted(MULTI_PROCESS))
 def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resumes_exactly(
-    tmp_path: Path, strategy: str
+    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
     steps = 30  # the workers stop within a step or two of the signal (the rerun resumes from step 6 or 7)
@@ -173,11 +173,15 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
         "trainer.devices=2",
         "trainer.val_every=null",
         "monitor.log_every_n_steps=1",
+        "monitor.stall_timeout_s=120",  # arms the fault hook below; no stall comes near it
     ]
+    # rank 0 pauses after step 8, so on a loaded machine the job cannot finish before the signal lands
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:8:5")
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, out[-3000:]
+    monkeypatch.delenv("BLOCKS_FAULT_STALL")
     assert "Traceback" not in out
     # torchrun, shutting down, never reads the finished workers' results: they must end by
     # themselves, not wait 30 s of a preemption's grace period for its SIGKILL
