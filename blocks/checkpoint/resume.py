@@ -16,6 +16,7 @@ from blocks.spec.restarts import restart_count
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
+    from blocks.data.base import DataBlock
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +47,32 @@ def job_digests(plan: Plan) -> dict[str, str]:
     for data that reads files, their content (:meth:`DataBlock.content_digest`). A manifest
     written before a key existed does not hold it; a resume does not compare what it lacks.
     """
-    content = plan.data.content_digest()
-    ignored = {*plan.data.reading_fields, *(plan.data.location_fields if content is not None else ())}
-    data = {k: v for k, v in dataclasses.asdict(plan.data).items() if k not in ignored}
     compared: dict[str, object] = {
         "model": {"_block_": plan.model.block_name, **dataclasses.asdict(plan.model)},
         "task": {"_block_": plan.task.block_name, **dataclasses.asdict(plan.task)},
-        "data": {"_block_": plan.data.block_name, **data},
         "optim": {"_block_": plan.optim.block_name},
-        "seed": {"seed": plan.trainer.seed},
+        **_data_compared(plan.data, plan.trainer.seed),
     }
+    return store.block_digests(compared)
+
+
+SAMPLE_KEYS = ("data", "seed", "data_content")
+"""The :func:`job_digests` keys that decide which samples a run trained on (the rest: the weights' shape, the optimizer)."""
+
+
+def sample_digests(data: DataBlock, seed: int) -> dict[str, str]:
+    """The :data:`SAMPLE_KEYS` digests of a run with *data* and ``trainer.seed`` *seed*, as :func:`job_digests` has them."""
+    return store.block_digests(_data_compared(data, seed))
+
+
+def _data_compared(data: DataBlock, seed: int) -> dict[str, object]:
+    content = data.content_digest()
+    ignored = {*data.reading_fields, *(data.location_fields if content is not None else ())}
+    fields = {k: v for k, v in dataclasses.asdict(data).items() if k not in ignored}
+    compared: dict[str, object] = {"data": {"_block_": data.block_name, **fields}, "seed": {"seed": seed}}
     if content is not None:
         compared["data_content"] = {"digest": content}
-    return store.block_digests(compared)
+    return compared
 
 
 def is_restart() -> bool:

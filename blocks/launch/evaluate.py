@@ -77,13 +77,15 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     from blocks.checkpoint.sources import find_weights, load_found
     from blocks.core import catalog
     from blocks.runtime.init import load_into
-    from blocks.runtime.model_export import run_config
+    from blocks.runtime.model_export import refuse_rewritten_config, run_config
 
     catalog.load()
-    config, plan = eval_plan(run_config(source), overrides, split)
+    trained = run_config(source)
+    config, plan = eval_plan(trained, overrides, split)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
     weights = find_weights(source, key="source")
+    refuse_rewritten_config(weights, trained, source)
     load_into(model, load_found(weights, source, key="source"), key="source", source=weights.url)
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
