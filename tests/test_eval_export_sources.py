@@ -233,6 +233,9 @@ def test_eval_scores_as_the_run_validated_and_says_where_it_cannot(
     OmegaConf.save(edited, limited / "config.yaml")
     result = cli_in_process("eval", str(limited))
     assert result.returncode == 0 and "trainer.limit_val_batches=1" in result.output, result.output
+    # Regression: the note weighed the limit with eval's batch size, not the run's.
+    result = cli_in_process("eval", str(limited), "data.batch_size=256")
+    assert result.returncode == 0 and "trainer.limit_val_batches=1" in result.output, result.output
     result = cli_in_process("eval", str(runs["other"] / "summary.json"))
     assert result.returncode == 2 and "it is a file, not a run dir" in result.output, result.output
     (limited / "config.yaml").write_text(config.replace("_block_: mlp", "_block_: acme/wide"))
