@@ -105,3 +105,10 @@ class KillOwnProcess(pl.Callback):
 
         if trainer.max_steps == self.max_steps:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CtrlCWhileBuilt(pl.Callback):
+    """Raises what a Ctrl-C landing while the run is built raises: KeyboardInterrupt, before its signal handling is armed."""
+
+    def __init__(self) -> None:
+        raise KeyboardInterrupt
