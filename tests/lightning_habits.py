@@ -112,3 +112,17 @@ class CtrlCWhileBuilt(pl.Callback):
 
     def __init__(self) -> None:
         raise KeyboardInterrupt
+
+
+class SigintAt(pl.Callback):
+    """Sends this process a SIGINT (a Ctrl-C) once training reaches optimizer step *step*."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)
