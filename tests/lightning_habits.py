@@ -119,3 +119,24 @@ class KillOwnProcess(pl.Callback):
 
         if trainer.max_steps == self.max_steps:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CtrlCWhileBuilt(pl.Callback):
+    """Raises what a Ctrl-C landing while the run is built raises: KeyboardInterrupt, before its signal handling is armed."""
+
+    def __init__(self) -> None:
+        raise KeyboardInterrupt
+
+
+class SigintAt(pl.Callback):
+    """Sends this process a SIGINT (a Ctrl-C) once training reaches optimizer step *step*."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)

@@ -233,8 +233,48 @@ def test_eval_scores_as_the_run_validated_and_says_where_it_cannot(
     OmegaConf.save(edited, limited / "config.yaml")
     result = cli_in_process("eval", str(limited))
     assert result.returncode == 0 and "trainer.limit_val_batches=1" in result.output, result.output
+    # Regression: the note weighed the limit with eval's batch size, not the run's.
+    result = cli_in_process("eval", str(limited), "data.batch_size=256")
+    assert result.returncode == 0 and "trainer.limit_val_batches=1" in result.output, result.output
     result = cli_in_process("eval", str(runs["other"] / "summary.json"))
     assert result.returncode == 2 and "it is a file, not a run dir" in result.output, result.output
     (limited / "config.yaml").write_text(config.replace("_block_: mlp", "_block_: acme/wide"))
     result = cli_in_process("eval", str(limited))
     assert result.returncode == 2 and "install the block package of the namespace 'acme'" in result.output
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_a_checkpoint_is_not_scored_on_a_split_a_later_run_in_its_dir_rewrote(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Regression: a later run in the same run dir (other val_fraction, killed before its first
+    checkpoint) rewrote config.yaml; eval of the earlier run's checkpoint scored it on a "val"
+    split holding samples it trained on, export copied that config, and the refusal for the run
+    dir named its checkpoints/ twice (absolute and relative)."""
+    import contextlib
+
+    from blocks.checkpoint.sources import resolve_weights
+    from blocks.launch.evaluate import evaluation
+    from blocks.runtime.model_export import export_model
+
+    run = tmp_path / "r2"
+    shutil.copytree(runs["other"], run)
+    config = OmegaConf.load(run / "config.yaml")
+    config.checkpoint.dir, config.data.val_fraction = str(run / "checkpoints"), 0.5
+    OmegaConf.save(config, run / "config.yaml")
+    (run / ".resume-start.json").write_text(json.dumps({"job": "later", "lineage": [], "foreign": []}))
+    with contextlib.chdir(tmp_path), pytest.raises(BlocksError) as info:
+        resolve_weights("r2", key="source")
+    message = info.value.problems[0].message
+    assert "saved by another run" in message and " and " not in message.split(" were saved")[0], message
+    checkpoint = str(run / "checkpoints" / "step-000000020")
+    for attempt in (lambda: evaluation(checkpoint), lambda: export_model(checkpoint, tmp_path / "out")):
+        with pytest.raises(BlocksError) as info:
+            attempt()
+        (problem,) = info.value.problems
+        assert (problem.key, problem.check) == ("source", "eval-split"), problem
+        assert "another data than" in problem.message, problem.message
+    assert not (tmp_path / "out").exists()
+    config.data.val_fraction = 0.1  # the config it trained with: scored as before
+    OmegaConf.save(config, run / "config.yaml")
+    assert evaluation(checkpoint).metrics["val/loss"] > 0

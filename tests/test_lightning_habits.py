@@ -375,3 +375,20 @@ def test_a_logger_that_cannot_start_fails_before_the_first_step(
     assert said in text and fix in text, text[-2000:]
     assert "Traceback" not in result.output
     assert not (run_dir / "metrics.csv").exists(), "no training step ran"
+
+
+def test_a_ctrl_c_while_a_one_process_run_is_built_is_an_interruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a SIGINT before training started (its signal handling not armed yet) left
+    ``failed`` with exit 1, where the contract says ``interrupted`` and 130."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    callback = "trainer.callbacks=[{_target_: tests.lightning_habits.CtrlCWhileBuilt}]"
+    run_dir = tmp_path / "run"
+    result = run_in_process(
+        ["run", *BLOBS, "trainer.max_steps=2", callback, f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert result.returncode == 130 and "Traceback" not in result.output, result.output
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and summary["global_step"] == 0, summary
+    assert "SIGINT" in summary["reason"] and "run the same command" in summary["reason"], summary

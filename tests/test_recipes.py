@@ -241,6 +241,21 @@ def test_pipeline_killed_during_finetune_skips_pretrain_and_resumes(tmp_path: Pa
     assert (root / "export" / "model" / "model.safetensors").is_file()
 
 
+def test_a_stage_a_signal_stopped_says_to_resume_with_the_pipelines_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the advice named the stage's dir, where the pipeline would train a new run from step 0."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    root = tmp_path / "pipe"
+    ctrl_c = "pretrain.trainer.callbacks=[{_target_: tests.lightning_habits.SigintAt, step: 2}]"
+    result = run_in_process(["run", *PIPE, ctrl_c, f"hydra.run.dir={root}"], cwd=tmp_path)
+    assert result.returncode == 130, result.output[-3000:]
+    summary = read_summary(root / "pretrain")
+    assert summary["status"] == "interrupted" and summary["global_step"] == 2, summary
+    assert summary["reason"].endswith(f"to resume, run the same command with hydra.run.dir={root}"), summary
+    assert not (root / "finetune").exists()
+
+
 def test_a_pipeline_refuses_hydra_flags(cli_in_process) -> None:
     result = cli_in_process("run", "recipe=digits_pipeline", "-m")
     assert result.returncode == 2 and "is a pipeline" in result.output

@@ -17,6 +17,7 @@ from blocks.spec.restarts import restart_count
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
+    from blocks.data.base import DataBlock
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,29 @@ def job_digests(plan: Plan) -> dict[str, str]:
     return store.block_digests(compared)
 
 
+SAMPLE_KEYS = ("data", "seed", "data_content")
+"""The :func:`job_digests` keys that decide which samples a run trained on (the rest: the weights' shape, the optimizer)."""
+
+
+def sample_digests(data: DataBlock, seed: int) -> dict[str, str]:
+    """The :data:`SAMPLE_KEYS` digests of a run with *data* and ``trainer.seed`` *seed*, as :func:`job_digests` has them."""
+    content = data.content_digest()
+    section = {"_block_": data.block_name, **dataclasses.asdict(data)}
+    compared: dict[str, dict[str, Any]] = {
+        "data": _data_fields(data, section, content is not None),
+        "seed": {"seed": seed},
+    }
+    if content is not None:
+        compared["data_content"] = {"digest": content}
+    return store.block_digests(compared)
+
+
+def _data_fields(data: DataBlock, section: Mapping[str, Any], content_digested: bool) -> dict[str, Any]:
+    """A data section without what a resume may change: *data*'s reading fields, and its location fields when its content is digested."""
+    ignored = {*data.reading_fields, *(data.location_fields if content_digested else ())}
+    return {k: v for k, v in section.items() if k not in ignored or section.get("_block_") != data.block_name}
+
+
 def _sections(plan: Plan) -> dict[str, dict[str, Any]]:
     """The plan's block configs, as ``config.yaml`` records them (``_block_`` and every field)."""
     return {
@@ -69,14 +93,10 @@ def _sections(plan: Plan) -> dict[str, dict[str, Any]]:
 
 def _compared(plan: Plan, sections: Mapping[str, Any], content_digested: bool) -> dict[str, dict[str, Any]]:
     """The :data:`COMPARED` entries (but the data content) of block configs *sections*, as :func:`job_digests` digests them."""
-    ignored = {*plan.data.reading_fields, *(plan.data.location_fields if content_digested else ())}
-    data = sections["data"]
     return {
         "model": dict(sections["model"]),
         "task": dict(sections["task"]),
-        "data": {
-            k: v for k, v in data.items() if k not in ignored or data.get("_block_") != plan.data.block_name
-        },
+        "data": _data_fields(plan.data, sections["data"], content_digested),
         "optim": {"_block_": sections["optim"].get("_block_")},
         "seed": {"seed": sections["trainer"].get("seed")},
     }

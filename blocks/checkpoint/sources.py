@@ -14,6 +14,8 @@ from blocks.spec.errors import BlocksError, Problem
 if TYPE_CHECKING:
     import torch
 
+    from blocks.data.base import DataBlock
+
 WEIGHTS_FILE = "model.safetensors"
 COMPLETED_WEIGHTS_FILE = ".completed-model.safetensors"
 """Run-dir names (as :mod:`blocks.core.run_files`, which this layer may not import): a completed run's weights,
@@ -133,7 +135,7 @@ def _newest_checkpoint(run_dir: str, key: str) -> store.Committed | None:
     """
     frozen = _frozen_checkpoint_dir(run_dir)
     own = store.join(run_dir, RUN_CHECKPOINTS)
-    directories = [frozen] if frozen is None or frozen.rstrip("/") == own.rstrip("/") else [frozen, own]
+    directories = [frozen] if frozen is None or _same_place(frozen, own) else [frozen, own]
     directories = [d for d in directories if d] or [own]
     start = _read_json(run_dir, START_FILE)
     job = start.get("job")
@@ -161,6 +163,12 @@ def _newest_checkpoint(run_dir: str, key: str) -> store.Committed | None:
             )
         )
     return None
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether the URLs or paths *a* and *b* name one directory (a relative path and its absolute form do)."""
+    (fs_a, path_a), (fs_b, path_b) = url_to_fs(a), url_to_fs(b)
+    return fs_a.unstrip_protocol(path_a).rstrip("/") == fs_b.unstrip_protocol(path_b).rstrip("/")
 
 
 def _moved(url: str, frozen: str | None, directory: str) -> str:
@@ -214,6 +222,40 @@ def load_found(weights: Weights, source: str, key: str = "model.init_from") -> d
         return checkpoint_weights(weights.url)
     except store.CheckpointError as exc:
         raise _missing(key, source, str(exc)) from None
+
+
+def refuse_other_samples(
+    weights: Weights, data: DataBlock, seed: int, config: str, key: str = "source"
+) -> None:
+    """Refuse a committed checkpoint trained on other samples than the run config at *config* describes.
+
+    *data* and *seed* (``trainer.seed``) are that config's. A later run in the same run dir
+    rewrites ``config.yaml``; with other split fields its val split would hold samples the
+    checkpoint trained on. The checkpoint's manifest records digests of its own (see
+    :func:`blocks.checkpoint.resume.sample_digests`); a weights file records none.
+    """
+    if weights.url.endswith(".safetensors"):
+        return
+    from blocks.checkpoint.resume import COMPARED, sample_digests
+
+    try:
+        saved = store.read_manifest(weights.url).block_digests
+    except store.CheckpointError:
+        return  # loading it names the problem
+    now = sample_digests(data, seed)
+    differ = [COMPARED[k] for k in now if k in saved and saved[k] != now[k]]
+    if differ:
+        raise BlocksError(
+            Problem(
+                key,
+                f"{weights.url} was trained with another {' and '.join(differ)} than {config} describes "
+                "(a later run in the run dir rewrote it): its splits would hold samples the checkpoint "
+                "trained on",
+                f"{key}=<a checkpoint or the weights of the run that wrote {config}>, or put back the "
+                "config.yaml the checkpoint was trained with",
+                check="eval-split",
+            )
+        )
 
 
 def find_run_config(source: str, key: str = "source") -> str:

@@ -463,7 +463,17 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
             return train(run_dir)
     except BaseException as exc:
         if not (run_dir / SUMMARY_FILE).exists():
-            Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
+            signal_name = {KeyboardInterrupt: "SIGINT", SIGTERMException: "SIGTERM"}.get(type(exc))
+            if signal_name is not None:  # a signal while the run was still being built
+                steps = trained_steps(run_dir, plan)
+                reason = interrupted_before_summary(
+                    signal_name, steps, saved_step(run_dir, plan), starting=True
+                )
+                Summary(
+                    status="interrupted", reason=reason, world_size=plan.derived.world_size, global_step=steps
+                ).write(run_dir)
+            else:
+                Summary(status="failed", reason=f"{type(exc).__name__}: {exc}").write(run_dir)
         from blocks.runtime.health import STALL_EXIT_CODE, NonFiniteError, StallError
 
         if isinstance(exc, (NonFiniteError, StallError, SIGTERMException, KeyboardInterrupt, SystemExit)):
@@ -477,17 +487,22 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
         raise
 
 
-def interrupted_before_summary(signal_name: str | None, steps: int, saved: int | None = None) -> str:
+def interrupted_before_summary(
+    signal_name: str | None, steps: int, saved: int | None = None, *, starting: bool = False
+) -> str:
     """``summary.json``'s reason for workers a signal (*signal_name*, when known) stopped before any wrote a summary.
 
     torchrun may not have started them yet: it was importing, or waiting at the rendezvous for
-    the other nodes. *steps*: the optimizer steps the job got through (:func:`trained_steps`);
-    *saved*: the step of its newest checkpoint (:func:`saved_step`), None when it has none.
+    the other nodes. *starting*: the run trains in this process and was still being set up.
+    *steps*: the optimizer steps the job got through (:func:`trained_steps`); *saved*: the step
+    of its newest checkpoint (:func:`saved_step`), None when it has none.
     """
-    stopped = (
-        f"{signal_name or 'a signal'} stopped the job before its workers wrote a summary "
-        "(torchrun may still have been starting them, or waiting for the other nodes)"
+    where = (
+        "(it was still being set up)"
+        if starting
+        else "(torchrun may still have been starting them, or waiting for the other nodes)"
     )
+    stopped = f"{signal_name or 'a signal'} stopped the job before {'it' if starting else 'its workers'} wrote a summary {where}"
     again = "run the same command, with the same run dir,"
     if saved is not None:
         return f"{stopped}, at step {steps}: its checkpoint of step {saved} stays; {again} to resume from it"

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from pytorch_lightning.plugins.precision import Precision
 
-    from blocks.core.plan import Plan
+    from blocks.core.plan import Derived, Plan
 
 
 def eval_config(trained: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -77,13 +77,16 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     from blocks.checkpoint.sources import find_weights, load_found
     from blocks.core import catalog
     from blocks.runtime.init import load_into
-    from blocks.runtime.model_export import run_config
+    from blocks.runtime.model_export import refuse_rewritten_config, run_config
 
     catalog.load()
-    config, plan = eval_plan(run_config(source), overrides, split)
+    trained = run_config(source)
+    config, plan = eval_plan(trained, overrides, split)
+    run = run_derived(trained)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
     weights = find_weights(source, key="source")
+    refuse_rewritten_config(weights, trained, source)
     load_into(model, load_found(weights, source, key="source"), key="source", source=weights.url)
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
@@ -97,7 +100,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     overfit = split == "val" and bool(plan.trainer.overfit_batches)
     if plan.data.num_samples(split) == 0 and not overfit:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
-    loader = DataLoader(scored_split(plan, split), batch_size=plan.data.batch_size, shuffle=False)
+    loader = DataLoader(scored_split(plan, split, run), batch_size=plan.data.batch_size, shuffle=False)
     objective.reset()
     with torch.no_grad(), strategy_casts(plan, model):
         for batch in loader:
@@ -105,23 +108,27 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
             with precision.val_step_context():
                 objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
-    return Evaluation(metrics, weights, subset_note(plan, split))
+    return Evaluation(metrics, weights, subset_note(plan, split, run))
 
 
-def scored_split(plan: Plan, split: str) -> torch.utils.data.Dataset:
-    """The samples *split* stands for in the run: with ``trainer.overfit_batches``, ``val`` is the overfit batches it validated on."""
+def run_derived(trained: DictConfig) -> Derived:
+    """The batch geometry of the run whose config is *trained*: what it validated with, whatever eval's ``data.batch_size``."""
+    return plan_blocks(config_to_blocks(trained), None, check_storage=False, config=trained).derived
+
+
+def scored_split(plan: Plan, split: str, run: Derived) -> torch.utils.data.Dataset:
+    """The samples *split* stands for in the run (batch geometry *run*): with ``trainer.overfit_batches``, ``val`` is the overfit batches it validated on."""
     if split == "val" and plan.trainer.overfit_batches:
         from torch.utils.data import Subset
 
         train = plan.data.build("train")
-        return Subset(train, range(overfit_samples(plan)))  # as the run's datamodule takes them
+        return Subset(train, range(overfit_samples(plan, run)))  # as the run's datamodule takes them
     return plan.data.build(split)
 
 
-def overfit_samples(plan: Plan) -> int:
-    """How many samples the overfit batches of a run with ``trainer.overfit_batches`` hold (its validation set)."""
-    derived = plan.derived
-    return min(derived.train_samples, plan.trainer.overfit_batches * derived.global_batch)
+def overfit_samples(plan: Plan, run: Derived) -> int:
+    """How many samples the overfit batches of a run (batch geometry *run*) with ``trainer.overfit_batches`` hold (its validation set)."""
+    return min(plan.derived.train_samples, plan.trainer.overfit_batches * run.global_batch)
 
 
 def strategy_casts(plan: Plan, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -151,20 +158,24 @@ def precision_plugin(lightning: str, device: torch.device) -> Precision:
     return Precision()
 
 
-def subset_note(plan: Plan, split: str) -> tuple[str, ...]:
-    """A note when the run's validation scored other samples than the split (``trainer.overfit_batches``) or fewer (``trainer.limit_val_batches``)."""
+def subset_note(plan: Plan, split: str, run: Derived) -> tuple[str, ...]:
+    """A note when the run's validation scored other samples than the split (``trainer.overfit_batches``) or fewer (``trainer.limit_val_batches``).
+
+    *run* is the run's own batch geometry (:func:`run_derived`): an eval ``data.batch_size``
+    changes how eval reads the split, not how many samples the run's validation covered.
+    """
     overfit = plan.trainer.overfit_batches
     if split == "val" and overfit:
         return (
             f"note: the run trained and validated on its first {overfit} global batch(es) of the train split "
-            f"(trainer.overfit_batches={overfit}, {overfit_samples(plan)} samples), not on its val split: "
+            f"(trainer.overfit_batches={overfit}, {overfit_samples(plan, run)} samples), not on its val split: "
             "this scores those samples, as its summary.json val metrics do "
             "(trainer.overfit_batches=0 scores the val split)",
         )
     limit = plan.trainer.limit_val_batches
     if split != "val" or limit is None:
         return ()
-    if limit * plan.data.batch_size * max(1, plan.derived.world_size) >= plan.data.num_samples("val"):
+    if limit * run.micro_batch * max(1, run.world_size) >= plan.data.num_samples("val"):
         return ()  # the limit left out nothing
     return (
         f"note: the run validated on its first {limit} val batch(es) per process "

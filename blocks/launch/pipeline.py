@@ -18,9 +18,11 @@ runs, as the CLI plans every train stage first.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +203,22 @@ def upstream_changes(stage_dir: Path, result: Mapping[str, Any]) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def _stage_of(root: Path) -> Iterator[None]:
+    """Inside, a train stage (its processes too) knows it is one of the pipeline in *root*: a signal's advice names that dir."""
+    from blocks.launch.worker import PIPELINE_DIR_ENV
+
+    before = os.environ.get(PIPELINE_DIR_ENV)
+    os.environ[PIPELINE_DIR_ENV] = str(root)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PIPELINE_DIR_ENV, None)
+        else:
+            os.environ[PIPELINE_DIR_ENV] = before
+
+
 def _record(stage_dir: Path, name: str, value: Mapping[str, Any]) -> None:
     (stage_dir / name).write_text(json.dumps(value, indent=2) + "\n")
 
@@ -281,7 +299,8 @@ def _run_stage(
         make_room()
         if upstream is not None:
             _record(stage_dir, UPSTREAM_FILE, upstream)
-        return run(train_overrides(pipeline, stage, root, overrides), stage_dir)
+        with _stage_of(root):
+            return run(train_overrides(pipeline, stage, root, overrides), stage_dir)
     source = str((root / stage.source).resolve())
     metrics: dict[str, float] = {}
     if isinstance(stage, Evaluate):

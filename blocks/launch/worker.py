@@ -208,14 +208,17 @@ def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, ru
         return f"{stopped}, before its first step: nothing was trained or saved; run the same command to start it"
     if not plan.checkpoint.enabled:
         return f"{stopped}; checkpointing is off (checkpoint.enabled=false), so it cannot resume"
-    sweep_dir = run_dir.parent
+    sweep_dir, pipeline_dir = run_dir.parent, os.environ.get(PIPELINE_DIR_ENV)
+    key = "checkpoint.resume"
     if (sweep_dir / SWEEP_CONFIG).exists():  # a sweep job: Hydra chooses its run dir from the sweep's
         how = f"run the same sweep with hydra.sweep.dir={sweep_dir}"
+    elif pipeline_dir:  # a stage: the pipeline's command skips the finished stages and resumes this one
+        how, key = f"run the same command with hydra.run.dir={pipeline_dir}", f"{run_dir.name}.{key}"
     else:
         how = f"run the same command with hydra.run.dir={run_dir}"
     resume = plan.checkpoint.resume
     if resume != "auto":  # the command as given would start over from where this run started
-        how += f" and checkpoint.resume=auto (checkpoint.resume={resume} would start over)"
+        how += f" and {key}=auto ({key}={resume} would start over)"
     if at_once:
         return f"{stopped}: to go on from its last checkpoint, {how}"
     return f"{stopped}; its checkpoint was saved (unless checkpoint.on_signal=false): to resume, {how}"
@@ -223,6 +226,8 @@ def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, ru
 
 SWEEP_CONFIG = "multirun.yaml"
 """What Hydra writes into a sweep dir: beside a job's run dir, it makes the job one of a sweep."""
+PIPELINE_DIR_ENV = "BLOCKS_PIPELINE_DIR"
+"""Set while a pipeline's train stage runs: the pipeline's dir, the ``hydra.run.dir`` its command names (not the stage's)."""
 
 
 def failure_reason(exc: BaseException, plan: Plan) -> str:
