@@ -397,6 +397,38 @@ def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tm
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_a_ray_sweep_connects_stops_it_with_130_and_no_traceback(
+    on_ray: str, tmp_path: Path
+) -> None:
+    """A SIGINT that lands while ``ray.init`` runs (it raised a KeyboardInterrupt traceback, exit 1):
+    recorded like one later in the sweep, it stops the sweep before any job with 130."""
+    script = (
+        "import os, signal, sys, ray\n"
+        "from blocks.cli.main import main\n"
+        "connect = ray.init\n"
+        "def interrupted_init(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return connect(*args, **kwargs)\n"
+        "ray.init = interrupted_init\n"
+        "main(sys.argv[1:])\n"
+    )
+    sweep = tmp_path / "sweep"
+    args = ["run", "-m", "recipe=blobs", "trainer.max_steps=2", "trainer.seed=1,2", "hydra/launcher=ray"]
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "SIGINT received while Ray started; the sweep stops" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list(sweep.glob("*/summary.json")), "no job started"
+
+
+@pytest.mark.slow
 def test_a_sweep_job_whose_ray_task_dies_fails_alone_and_an_interrupted_one_stops_the_sweep(
     on_ray: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

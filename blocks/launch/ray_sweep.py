@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
@@ -57,27 +57,34 @@ class RayLauncher(Launcher):
         import ray
 
         from blocks.launch.ray_workers import ADDRESS_ENV, Signals
-        from blocks.launch.torchrun import EXIT_INTERRUPTED
 
         setup_globals()
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        # From here a signal stops the sweep (and its jobs) instead of ending this process.
+        signals = Signals()
+        signals.install()
         if not ray.is_initialized():
             address = self.address or os.environ.get(ADDRESS_ENV) or "local"
             local = {"include_dashboard": False} if address == "local" else {}
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # see blocks.launch.ray_workers.connect
-                ray.init(address=address, logging_level="warning", **local)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # see blocks.launch.ray_workers.connect
+                    ray.init(address=address, logging_level="warning", **local)
+            except BaseException:
+                signals.restore()
+                raise
+            signals.take_back()
+        if signals.received:  # while Ray started: no job ran
+            _stopped(f"{signal.Signals(signals.received[0]).name} received while Ray started")
         log.info(f"Ray launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
         for idx, overrides in enumerate(job_overrides):
             log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
         remote = ray.remote(num_cpus=self.job_cpus, max_retries=0)(_execute_job)
         state = Singleton.get_state()
         started = time.time()
-        signals = Signals()  # from here a signal stops the jobs instead of ending this process
-        signals.install()
         try:
             futures = [
                 remote.remote(
@@ -95,13 +102,7 @@ class RayLauncher(Launcher):
             signals.restore()
             raise
         if isinstance(outcomes, str):
-            # The handlers stay: another Ctrl-C would break Ray's shutdown as this process exits.
-            print(
-                f"blocks: {outcomes}; the sweep stops (the same command resumes it)",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise SystemExit(EXIT_INTERRUPTED)
+            _stopped(outcomes)
         signals.restore()
         return outcomes
 
@@ -196,6 +197,17 @@ class RayLauncher(Launcher):
             status=JobStatus.COMPLETED,
             _return_value=failed_objective(task_cfg),
         )
+
+
+def _stopped(why: str) -> NoReturn:
+    """End the sweep's driver as a signal ends a job: a line saying why, and status 130.
+
+    The signal handlers stay: another Ctrl-C would break Ray's shutdown as this process exits.
+    """
+    from blocks.launch.torchrun import EXIT_INTERRUPTED
+
+    print(f"blocks: {why}; the sweep stops (the same command resumes it)", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_INTERRUPTED)
 
 
 def _cancel(ray: Any, futures: list[Any], *, force: bool) -> None:

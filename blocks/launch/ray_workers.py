@@ -212,7 +212,15 @@ class Signals:
             return
         taken = (signal.SIGINT,) if os.environ.get(IN_RAY_TASK_ENV) else (signal.SIGTERM, signal.SIGINT)
         for sig in taken:
-            self.previous[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
+            self.previous[sig] = signal.signal(sig, self._record)
+
+    def take_back(self) -> None:
+        """Record the signals again after code that replaced the handlers (``ray.init`` takes SIGTERM); :meth:`restore` is unchanged."""
+        for sig in self.previous:
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
 
     def restore(self) -> None:
         """Put back the handlers :meth:`install` replaced."""
