@@ -315,6 +315,10 @@ def test_planning_a_pipeline_shows_every_stage_and_finds_an_evaluations_problem(
         "problems": [],
     }
     assert not stages["evaluate"]["valid"] and stages["evaluate"]["problems"][0]["key"] == "data.batch_size"
+    unchecked = json.loads(run_in_process([*bad, "pretrain.optim.lr=-1", "--json"], cwd=tmp_path).stdout)
+    assert not unchecked["pretrain"]["valid"] and unchecked["evaluate"]["valid"] is None, (
+        "an evaluation is not checked while a train stage has problems: not claimed valid"
+    )
     assert not any(tmp_path.iterdir()), "planning writes nothing"
 
 

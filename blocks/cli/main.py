@@ -97,7 +97,7 @@ def cmd_plan(
         valid = all(plan.ok for plan in stage_plans.values())
         evaluations = _evaluation_problems(pipeline, root, rest) if valid else None
         if as_json:
-            print(json.dumps(_pipeline_json(pipeline, stage_plans, evaluations), indent=2))
+            print(json.dumps(_pipeline_json(pipeline, stage_plans, evaluations, checked=valid), indent=2))
         for stage in pipeline.stages if not as_json else []:
             stdout.print(f"[bold]stage:[/] {escape(stage.name)}", highlight=False)
             if stage.name in stage_plans:
@@ -522,9 +522,13 @@ def _evaluation_problems(pipeline: Pipeline, root: Path, rest: list[str]) -> Sta
 
 
 def _pipeline_json(
-    pipeline: Pipeline, stage_plans: dict[str, Plan], evaluations: StageProblems | None
+    pipeline: Pipeline, stage_plans: dict[str, Plan], evaluations: StageProblems | None, *, checked: bool
 ) -> dict[str, Any]:
-    """``blocks plan --json`` of a pipeline: each stage by name, in order; a train stage's plan, else what it does."""
+    """``blocks plan --json`` of a pipeline: each stage by name, in order; a train stage's plan, else what it does.
+
+    An evaluation is checked against its source's config only when every train stage is valid
+    (*checked*); until then its ``valid`` is null.
+    """
     payload: dict[str, Any] = {}
     for stage in pipeline.stages:
         if stage.name in stage_plans:
@@ -534,7 +538,7 @@ def _pipeline_json(
         payload[stage.name] = {
             "stage": type(stage).__name__.lower(),
             "does": _stage_line(stage),
-            "valid": not problems,
+            "valid": not problems if checked else None,
             "problems": [problem.to_json() for problem in problems],
         }
     return payload
