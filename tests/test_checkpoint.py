@@ -431,6 +431,41 @@ def test_a_resume_trains_on_with_the_changed_optimizer_settings(tmp_path: Path) 
     assert state["lr_schedulers"][0]["base_lrs"] == [0.01, 0.01]
 
 
+def test_an_extended_run_trains_what_an_uninterrupted_one_does_from_an_epoch_boundary_or_mid_epoch(
+    tmp_path: Path,
+) -> None:
+    """A finished run extended (``max_epochs`` 1 to 2, ``max_steps`` 3 to 12) reaches the uninterrupted run's state.
+
+    Regression: the final checkpoint is saved after Lightning counted the last epoch finished,
+    with the loader still in it. Restored so, the next epoch ended after the steps the saved one
+    had left (one step after an epoch boundary), and a stop in the middle of an epoch lost the
+    rest of it: the extended runs trained on other batches than an uninterrupted run.
+    """
+    args = [
+        "recipe=blobs",
+        "data.samples=60",
+        "data.batch_size=8",  # 54 training samples: 6 steps an epoch
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "monitor.log_every_n_steps=1",
+        "monitor.progress=off",
+    ]
+    by_epochs, by_steps = ["trainer.max_steps=null"], ["trainer.max_epochs=null"]
+    whole = trained([*args, *by_epochs, "trainer.max_epochs=2"], tmp_path / "whole")
+    expected = {step: row["train/loss"] for step, row in logged_rows(tmp_path / "whole").items()}
+    for name, first, then in [
+        ("boundary", "trainer.max_epochs=1", "trainer.max_epochs=2"),
+        ("mid-epoch", "trainer.max_steps=3", "trainer.max_steps=12"),
+    ]:
+        limit = by_epochs if name == "boundary" else by_steps
+        trained([*args, *limit, first], tmp_path / name)
+        extended = trained([*args, *limit, then], tmp_path / name)
+        assert extended["resumed_from"], name
+        assert extended["state_digest"] == whole["state_digest"], name
+        logged = {step: row["train/loss"] for step, row in logged_rows(tmp_path / name).items()}
+        assert logged == expected, name
+
+
 @pytest.mark.parametrize(
     "health",
     [[], ["optim.lr=1e8", "optim.warmup_steps=0", "monitor.on_nonfinite=skip"]],

@@ -230,6 +230,9 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
         def on_save_checkpoint(self, checkpoint):  # type: ignore[no-untyped-def]
             progress = torch_private.saved_batch_progress(checkpoint)
             assert progress is not None and set(progress) >= {"total", "current"}
+            epochs = torch_private.saved_epoch_progress(checkpoint)
+            counters = {"ready", "started", "processed", "completed"}
+            assert epochs is not None and counters <= set(epochs["current"])
 
     def handler(signum: int, frame: object) -> None:
         """Never called; only installed."""

@@ -35,6 +35,7 @@ __all__ = [
     "replace_signal_handlers",
     "save_without_zip_crc",
     "saved_batch_progress",
+    "saved_epoch_progress",
     "saved_train_loader_state",
     "set_found_inf",
     "set_last_lr",
@@ -66,6 +67,12 @@ def processed_micro_batches(trainer: pl.Trainer) -> int:
 def saved_batch_progress(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """The epoch loop's batch progress Lightning saved in *checkpoint* (its ``loops`` layout), or None."""
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    return progress if isinstance(progress, dict) else None
+
+
+def saved_epoch_progress(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The fit loop's epoch progress Lightning saved in *checkpoint* (its ``loops`` layout), or None."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
     return progress if isinstance(progress, dict) else None
 
 

@@ -17,6 +17,7 @@ from blocks.checkpoint.base import CheckpointBlock
 from blocks.checkpoint.io import FsspecCheckpointIO
 from blocks.compat.torch_private import (
     saved_batch_progress,
+    saved_epoch_progress,
     saved_train_loader_state,
 )
 from blocks.runtime.ranks import every_rank, rank_and_world
@@ -60,6 +61,26 @@ def _inferred_accumulate(progress: Mapping[str, Any], loader: Mapping[str, Any])
     """The accumulation of a checkpoint saved before it was recorded: micro-batches per step of its epoch."""
     steps, micro_batches = loader.get("steps_done", 0), progress["current"].get("completed", 0)
     return micro_batches // steps if steps and micro_batches % steps == 0 else None
+
+
+def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:
+    """Restore a checkpoint saved after its last epoch was counted finished as saved inside that epoch.
+
+    The final save (at the end of training) comes after Lightning counted the last epoch
+    finished, though the loader's position is still in it (``steps_done`` of its epoch: all of
+    them at an epoch boundary). Restored as is, Lightning starts the next epoch with the saved
+    epoch's batch counter: the loader serves the next epoch from its start, but the epoch ends
+    after only the steps the saved one had left, and an extension skips the rest. Counted
+    unfinished, the saved epoch goes on from ``steps_done`` (or ends at once at its boundary)
+    and the next one starts at its first batch, as after a save in the middle of training.
+    """
+    epochs, loader = saved_epoch_progress(checkpoint), saved_train_loader_state(checkpoint)
+    if not epochs or not loader:
+        return
+    trackers = (epochs["total"], epochs["current"])
+    if all(t["ready"] == t["started"] == t["processed"] == t["completed"] > 0 for t in trackers):
+        for tracker in trackers:
+            tracker["processed"] = tracker["completed"] = tracker["started"] - 1
 
 
 def rng_state() -> dict[str, Any]:
@@ -221,8 +242,10 @@ class CheckpointCallback(pl.Callback):
         another ``accumulate`` (the same global batch on another world size, or
         ``optim.accumulate`` changed), they would count steps wrongly, and so the data position
         every later checkpoint records. Each epoch holds whole optimizer steps, so the
-        counters convert exactly.
+        counters convert exactly. A final checkpoint's last epoch is counted unfinished first
+        (:func:`_reopen_finished_epoch`).
         """
+        _reopen_finished_epoch(checkpoint)
         progress, loader = saved_batch_progress(checkpoint), saved_train_loader_state(checkpoint)
         if not progress or not loader:
             return
