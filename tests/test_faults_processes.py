@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader
 
 from blocks.checkpoint import store
 from blocks.launch import driver
 from blocks.launch.lifeline import WORKER_NAME
 from blocks.launch.lock import LOCK_FILE, RUN_DIR_FIX, DirBusy, DirLock
 from blocks.launch.torchrun import multi_node_job, read_failures
+from blocks.runtime.datamodule import outlive_stop_signals
 from blocks.spec.errors import BlocksError
 from tests.conftest import (
     REPO,
@@ -246,14 +248,26 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
     tmp_path: Path, signum: int
 ) -> None:
     """The signal ends the run as interrupted, with exit status 130 and a checkpoint of the step it
-    stopped at; a rerun (in this process, as test_checkpoint's reruns) resumes from that checkpoint."""
+    stopped at; a rerun (in this process, as test_checkpoint's reruns) resumes from that checkpoint.
+
+    The signal goes to the whole process group, as preemption (SLURM, systemd) and Ctrl-C send it,
+    so the DataLoader workers get it too. Regression: a SIGTERM killed them and the run failed on
+    the dead worker without saving; a SIGINT ran the handler they inherited, announcing it thrice.
+    """
     run_dir = tmp_path / "run"
-    args = ["recipe=blobs", "data.samples=200000", "trainer.max_epochs=5", "monitor.log_every_n_steps=1"]
+    args = [
+        "recipe=blobs",
+        "data.samples=200000",
+        "data.num_workers=2",
+        "trainer.max_epochs=5",
+        "monitor.log_every_n_steps=1",
+    ]
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=3) as proc:
-        proc.send_signal(signum)
+        os.killpg(proc.pid, signum)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out
+    assert out.count(f"{signal.Signals(signum).name} received") == 1, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and summary["global_step"] >= 3
     assert signal.Signals(signum).name in summary["reason"]
@@ -263,6 +277,26 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
     rerun = run_in_process(["run", *args, *shorter, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert rerun.returncode == 0, rerun.output[-3000:]
     assert read_summary(run_dir)["resumed_from"] == committed[-1].url
+
+
+def test_a_loader_worker_outlives_the_jobs_stop_signals_but_ends_at_its_loaders_sigterm() -> None:
+    """torch's loader sends SIGTERM to a worker that did not exit when told (one stuck in a read):
+    a worker that drops the job's SIGTERM must still end at that one, or the process never exits."""
+    loader = DataLoader(range(8), num_workers=1, persistent_workers=True, worker_init_fn=outlive_stop_signals)
+    iterator = iter(loader)
+    next(iterator)
+    (worker,) = iterator._workers  # type: ignore[attr-defined]
+    try:
+        for name in ("TERM", "INT"):  # from another process, as preemption and Ctrl-C send them
+            subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
+        time.sleep(0.5)
+        assert worker.is_alive()
+        assert next(iterator).tolist() == [1]
+        worker.terminate()  # SIGTERM from its parent, as the loader's shutdown sends it
+        worker.join(timeout=30)
+        assert worker.exitcode == 0
+    finally:
+        iterator._shutdown_workers()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Any
 
 import pytorch_lightning as pl
@@ -81,6 +84,31 @@ class PaddedSplit(Dataset):
         return batch
 
 
+def outlive_stop_signals(worker_id: int) -> None:
+    """The loaders' ``worker_init_fn``: a loader worker lives on through a SIGTERM or SIGINT sent to the whole job.
+
+    Preemption (SLURM, systemd, ``kill -- -PGID``) and Ctrl-C signal every process of the job,
+    not only the one that trains. The training process stops after the step and saves its
+    checkpoint, reading batches meanwhile, and shuts its workers down itself; a worker that
+    died of the signal failed the run instead, and one that kept the handler it inherited
+    announced the signal again and ended itself after ``trainer.shutdown_grace_s``.
+
+    SIGINT is ignored. SIGTERM is blocked and taken by a thread: sent by the parent (the
+    loader ending a worker that did not exit when told), it ends the worker as torch's own
+    handler does; from anyone else it is dropped.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_end_on_sigterm_from_parent, name="blocks-sigterm", daemon=True).start()
+
+
+def _end_on_sigterm_from_parent() -> None:
+    """Wait for SIGTERMs (blocked in every thread of the worker); end the worker at one its parent sent."""
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == os.getppid():
+            os._exit(0)
+
+
 class BlocksDataModule(pl.LightningDataModule):
     """Train and val loaders for a data block, with the global batch stream of the plan.
 
@@ -126,7 +154,8 @@ class BlocksDataModule(pl.LightningDataModule):
         """Options shared by the loaders.
 
         Each loader gets its own generator, so creating an iterator never draws from the global
-        RNG (which would shift dropout after a resume).
+        RNG (which would shift dropout after a resume). Workers outlive a signal to the whole
+        job (:func:`outlive_stop_signals`).
         """
         workers = self.data.num_workers
         on_gpu = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
@@ -134,6 +163,7 @@ class BlocksDataModule(pl.LightningDataModule):
             "collate_fn": collate,
             "num_workers": workers,
             "persistent_workers": workers > 0,
+            "worker_init_fn": outlive_stop_signals,
             "pin_memory": on_gpu,
             "generator": torch.Generator().manual_seed(self.seed),
         }
