@@ -9,5 +9,6 @@ user's job.
 One module per layer: :mod:`blocks.compat.hydra_private` is torch-free (the spec layer
 composes configs with it); :mod:`blocks.compat.torch_private` imports torch and Lightning
 (the build and checkpoint code use it); :mod:`blocks.compat.dcp_private` holds
-torch.distributed.checkpoint's, imported only by sharded checkpoints.
+torch.distributed.checkpoint's, imported only by sharded checkpoints;
+:mod:`blocks.compat.elastic_private` holds torchrun's, imported only by torchrun's process.
 """

@@ -8,11 +8,17 @@ Importing this module asks the kernel to kill the importing process when its par
 only the forkserver imports it. The server must not outlive torchrun: every worker holds the
 server's "torchrun is alive" pipe open, so the server would not notice torchrun's death, and
 the workers, which die with the server, would go on training.
+
+The server ignores SIGTERM, as multiprocessing makes it ignore SIGINT: a SIGTERM sent to every
+process of a job (SLURM's scancel or preemption, systemd's control-group stop) would end it, and
+the workers with it, while they save their checkpoint. Each worker takes SIGTERM's default
+action back (:func:`~blocks.launch.worker.forked_worker`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 from blocks.launch.lifeline import die_with_parent
 
@@ -22,3 +28,5 @@ if not die_with_parent():
 import blocks.checkpoint.weights
 import blocks.launch.worker
 import blocks.runtime.trainer  # noqa: F401
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)

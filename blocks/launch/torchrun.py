@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> None:
     imported torch and Lightning once (``--start-method``), so neither a start nor a restart
     pays for the imports again.
 
-    A signal that stopped the job exits with the interrupted status (130); failed workers
+    A signal that stopped the job exits with the interrupted status (130): the first SIGTERM
+    or SIGINT is passed on to the workers, which get ``--shutdown-timeout`` seconds to save and
+    end; later ones are dropped (one signal sent to every process of the job reaches torchrun
+    twice, directly and from the driver). Failed workers
     exit 1 with torchrun's account of which rank failed how (with the worker's traceback when
     it raised), and no traceback of torchrun's own.
     """
@@ -272,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, get_args_parser
 
+    from blocks.compat.elastic_private import stop_on_the_first_signal_only
     from blocks.core.masking import hide_environment_values, hiding_output
     from blocks.core.run_files import CONFIG_FILE
     from blocks.launch.worker import forked_worker
@@ -282,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(args.training_script_args[-1])
     config, _, _ = config_from_args(args)
     logging.getLogger(ELASTIC_PROCESSES_LOGGER).addFilter(_without_traceback)
+    stop_on_the_first_signal_only()  # a whole job signalled: its own SIGTERM and the driver's
     # torchrun's failure account quotes the workers' errors
     hide_environment_values(OmegaConf.load(run_dir / CONFIG_FILE))  # type: ignore[arg-type]
     with hiding_output():

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -327,6 +328,7 @@ def forked_worker(run_dir: str) -> None:
     """
     from lightning_fabric.utilities.rank_zero import rank_zero_only
 
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the forkserver ignores it (blocks.launch.forkserver)
     if not die_with_parent(forked_by_server=True):
         os._exit(1)  # an orphan: the torchrun that started the forkserver is gone
     rank = int(os.environ.get("RANK", "0"))
