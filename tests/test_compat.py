@@ -424,3 +424,33 @@ def test_a_whole_interpolation_is_told_from_text_around_one_with_omegaconfs_gram
     assert whole("${stash}") and whole("${oc.select:a.b}") and whole("${oc.create:{a: 1}}")
     assert not whole("a${b}") and not whole("${a}${b}") and not whole("${a}/x.log") and not whole(" ${a}")
     assert not whole("\\${a}") and not whole("${a") and not whole("plain")
+
+
+def stop_signals_torchrun_acts_on() -> list[str]:
+    """The signals torchrun's handler raised for, of SIGTERM, SIGTERM, SIGINT, once blocks patched it twice."""
+    import signal
+
+    import torch.distributed.elastic.multiprocessing.api as elastic_processes
+
+    from blocks.compat.elastic_private import stop_on_the_first_signal_only
+
+    stop_on_the_first_signal_only()
+    stop_on_the_first_signal_only()
+    raised = []
+    for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+        try:
+            elastic_processes._terminate_process_handler(signum, None)  # what PContext.start installs
+        except elastic_processes.SignalException as exc:
+            raised.append(exc.sigval.name)
+    return raised
+
+
+def test_torchrun_acts_on_its_first_stop_signal_only() -> None:
+    """Regression: a second SIGTERM (a whole job signalled: torchrun's own, then the driver's) aborted
+    torchrun's shutdown of the workers, and the workers died with it before they saved."""
+    import inspect
+
+    import torch.distributed.elastic.multiprocessing.api as elastic_processes
+
+    assert "_terminate_process_handler" in inspect.getsource(elastic_processes.PContext.start)  # read by name
+    assert call_in_fresh_process(stop_signals_torchrun_acts_on) == ["SIGTERM"]

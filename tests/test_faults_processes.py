@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -167,6 +168,10 @@ MULTI_PROCESS = {
 def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resumes_exactly(
     tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With ddp, the SIGTERM reaches every process of the job at once (SLURM's scancel or preemption,
+    systemd): torchrun, its forkserver and the ranks too. Regression: the forkserver died of it and took
+    the ranks with it, and torchrun, signalled again by the driver, ended them mid-save: no checkpoint.
+    With fsdp, only the driver gets it, and passes it on."""
     run_dir = tmp_path / "run"
     steps = 30  # the workers stop within a step or two of the signal (the rerun resumes from step 6 or 7)
     args = [
@@ -180,7 +185,11 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     # rank 0 pauses after step 8, so on a loaded machine the job cannot finish before the signal lands
     monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:8:5")
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
-        proc.send_signal(signal.SIGTERM)
+        signalled = [*job_pids(run_dir), proc.pid] if strategy == "ddp" else [proc.pid]
+        assert strategy != "ddp" or torchrun_pid(run_dir) in signalled  # and its forkserver, the ranks
+        for pid in signalled:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, out[-3000:]
     monkeypatch.delenv("BLOCKS_FAULT_STALL")
