@@ -31,6 +31,36 @@ def test_early_stopping_on_val_loss_stops_the_run_and_the_summary_says_so(tmp_pa
     assert read_summary(tmp_path)["reason"] == summary.reason
 
 
+def test_a_run_early_stopping_ended_is_finished_on_a_rerun_and_trains_on_when_extended(
+    tmp_path: Path,
+) -> None:
+    """Rerun unchanged, a run an EarlyStopping stopped at an epoch boundary trains nothing and stays
+    ``completed`` with its reason; given more epochs it trains on, the restored EarlyStopping deciding
+    at the next validation.
+
+    Regression: the rerun restored the last epoch with no batches left, Lightning ended it without a
+    validation, and EarlyStopping failed the run on the missing ``val/loss`` (the summary turned
+    ``failed``); an extension failed the same way.
+    """
+    args = [
+        *BLOBS,
+        "data.samples=70",
+        "data.batch_size=8",
+        "trainer.max_steps=null",
+        EARLY_STOP,
+    ]  # 7 steps an epoch
+    first = driver.run([*args, "trainer.max_epochs=5"], tmp_path)
+    assert (first.status, first.global_step) == ("completed", 14)
+    rerun = driver.run([*args, "trainer.max_epochs=5"], tmp_path)
+    assert (rerun.status, rerun.global_step, rerun.reason) == ("completed", 14, first.reason)
+    assert rerun.state_digest == first.state_digest
+    assert read_summary(tmp_path)["status"] == "completed"
+    extended = driver.run([*args, "trainer.max_epochs=6"], tmp_path)
+    # val/loss never improves by 100: the restored patience is spent, one more epoch and it stops
+    assert (extended.status, extended.global_step) == ("completed", 21)
+    assert "stopped early by EarlyStopping at step 21 of 42" in (extended.reason or "")
+
+
 def test_early_stopping_reads_blocks_training_metrics_too(tmp_path: Path) -> None:
     stop = (
         "trainer.callbacks=[{_target_: pytorch_lightning.callbacks.EarlyStopping,"

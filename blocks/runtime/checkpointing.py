@@ -63,24 +63,33 @@ def _inferred_accumulate(progress: Mapping[str, Any], loader: Mapping[str, Any])
     return micro_batches // steps if steps and micro_batches % steps == 0 else None
 
 
-def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:
-    """Restore a checkpoint saved after its last epoch was counted finished as saved inside that epoch.
+def _reopen_finished_epoch(checkpoint: dict[str, Any], steps_per_epoch: int) -> None:
+    """Restore a checkpoint saved after its last epoch was counted finished so the batch stream goes on exactly.
 
     The final save (at the end of training) comes after Lightning counted the last epoch
-    finished, though the loader's position is still in it (``steps_done`` of its epoch: all of
-    them at an epoch boundary). Restored as is, Lightning starts the next epoch with the saved
-    epoch's batch counter: the loader serves the next epoch from its start, but the epoch ends
-    after only the steps the saved one had left, and an extension skips the rest. Counted
-    unfinished, the saved epoch goes on from ``steps_done`` (or ends at once at its boundary)
-    and the next one starts at its first batch, as after a save in the middle of training.
+    finished, though the loader's position is still in it (``steps_done`` of its epoch).
+    Restored as is, Lightning starts the next epoch with the saved epoch's batch counter: the
+    loader serves the next epoch from its start, but the epoch ends after only the steps the
+    saved one had left, and an extension skips the rest. Saved in the middle of an epoch (a
+    ``max_steps`` stop), the epoch is counted unfinished and goes on from ``steps_done``. Saved
+    at its end (all *steps_per_epoch* done), it stays finished, and the next epoch starts at
+    its first batch with its batch counter at zero: re-opened, it would end at once without a
+    validation, and an EarlyStopping checking at the end of each epoch would find no metric.
     """
     epochs, loader = saved_epoch_progress(checkpoint), saved_train_loader_state(checkpoint)
-    if not epochs or not loader:
+    batches = saved_batch_progress(checkpoint)
+    if not epochs or not loader or not batches:
         return
     trackers = (epochs["total"], epochs["current"])
-    if all(t["ready"] == t["started"] == t["processed"] == t["completed"] > 0 for t in trackers):
-        for tracker in trackers:
-            tracker["processed"] = tracker["completed"] = tracker["started"] - 1
+    if not all(t["ready"] == t["started"] == t["processed"] == t["completed"] > 0 for t in trackers):
+        return
+    if steps_per_epoch and loader.get("steps_done", 0) >= steps_per_epoch:
+        loader["epoch"], loader["steps_done"] = loader["epoch"] + 1, 0
+        batches["current"] = dict.fromkeys(batches["current"], 0)  # as Lightning starts an epoch
+        batches["is_last_batch"] = False
+        return
+    for tracker in trackers:
+        tracker["processed"] = tracker["completed"] = tracker["started"] - 1
 
 
 def rng_state() -> dict[str, Any]:
@@ -116,7 +125,9 @@ class CheckpointCallback(pl.Callback):
 
     Triggers: every ``every_n_steps`` optimizer steps, every ``every_seconds`` (rank 0's clock,
     broadcast), the end of training, and SIGTERM/SIGINT between optimizer steps. Its own state
-    in each checkpoint is every rank's RNG states. ``stall_s`` adds up the seconds training
+    in each checkpoint is every rank's RNG states, and in the final one of a run a callback
+    stopped early (``trainer.should_stop``) the steps that run was given: a rerun given no
+    more ends at once, as a finished run's does. ``stall_s`` adds up the seconds training
     waited for saves. *metrics* gives the metrics logged at a step: a manifest holds those of
     its own step only, so ``keep_best`` never ranks a checkpoint by an earlier validation.
     """
@@ -134,6 +145,7 @@ class CheckpointCallback(pl.Callback):
         resumed_from: str | None,
         metrics: Callable[[int], dict[str, float]],
         job: str = "",
+        steps_per_epoch: int = 0,
         before_save: Callable[[pl.Trainer], None] = lambda trainer: None,
     ) -> None:
         self.block = block
@@ -147,6 +159,8 @@ class CheckpointCallback(pl.Callback):
         self.job = job
         self.metrics = metrics
         self.before_save = before_save
+        self.steps_per_epoch = steps_per_epoch
+        self.stopped_early_of: int | None = None
         self.last_saved_step = -1
         self.stall_s = 0.0
         self._pending = False
@@ -156,8 +170,8 @@ class CheckpointCallback(pl.Callback):
         io.after_commit = self._retain
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving)."""
-        return {"rng": every_rank(rng_state())}
+        """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving), and :attr:`stopped_early_of`."""
+        return {"rng": every_rank(rng_state()), "stopped_early_of": self.stopped_early_of}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this rank's RNG states (or rank 0's, reseeded by rank, on a new world size)."""
@@ -242,10 +256,14 @@ class CheckpointCallback(pl.Callback):
         another ``accumulate`` (the same global batch on another world size, or
         ``optim.accumulate`` changed), they would count steps wrongly, and so the data position
         every later checkpoint records. Each epoch holds whole optimizer steps, so the
-        counters convert exactly. A final checkpoint's last epoch is counted unfinished first
-        (:func:`_reopen_finished_epoch`).
+        counters convert exactly. A final checkpoint's last epoch is set to go on first
+        (:func:`_reopen_finished_epoch`). A run a callback stopped early, rerun with no more
+        steps than it was given, stops before its first step: nothing is left to train.
         """
-        _reopen_finished_epoch(checkpoint)
+        stopped_of = checkpoint.get("callbacks", {}).get(self.state_key, {}).get("stopped_early_of")
+        if stopped_of is not None and trainer.max_steps <= stopped_of:
+            trainer.should_stop = True  # Lightning's fit loop then trains nothing
+        _reopen_finished_epoch(checkpoint, self.steps_per_epoch)
         progress, loader = saved_batch_progress(checkpoint), saved_train_loader_state(checkpoint)
         if not progress or not loader:
             return
@@ -258,7 +276,9 @@ class CheckpointCallback(pl.Callback):
                     tracker[counter] = tracker[counter] // saved * self.accumulate
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The final checkpoint."""
+        """The final checkpoint; it records the steps this run was given when a callback stopped it before them."""
+        if trainer.should_stop and trainer.global_step < trainer.max_steps:
+            self.stopped_early_of = trainer.max_steps
         self.save(trainer)
 
     def on_exception(

@@ -166,6 +166,7 @@ def build_run(
             block_digests=job_digests(plan),
             resumed_from=resume_from,
             job=start.job,
+            steps_per_epoch=derived.steps_per_epoch,
             metrics=recorder.logged_at,
             before_save=recorder.flush,
         )
