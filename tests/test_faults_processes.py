@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from blocks.checkpoint import store
 from blocks.launch import driver
@@ -288,19 +288,61 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
     assert read_summary(run_dir)["resumed_from"] == committed[-1].url
 
 
+def stopped_by(signum: int, start: Any) -> int:
+    """The signal that ended a process *start()* made after *signum* was sent to it (0: it lived on for 3 s)."""
+    pid = start()
+    os.kill(pid, signum)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return 0
+
+
+def forked_sleeper() -> int:
+    """A process forked from this one that sleeps 30 s."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    return pid
+
+
+class StartsChildren(Dataset):
+    """Sample i is i; sample 0 also carries the signals that ended the processes its worker started."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> list[int]:
+        if index:
+            return [index, 0, 0]
+        program = lambda: subprocess.Popen(["sleep", "30"]).pid  # noqa: E731
+        return [index, stopped_by(signal.SIGINT, program), stopped_by(signal.SIGTERM, forked_sleeper)]
+
+
 def test_a_loader_worker_outlives_the_jobs_stop_signals_but_ends_at_its_loaders_sigterm() -> None:
     """torch's loader sends SIGTERM to a worker that did not exit when told (one stuck in a read):
-    a worker that drops the job's SIGTERM must still end at that one, or the process never exits."""
-    loader = DataLoader(range(8), num_workers=1, persistent_workers=True, worker_init_fn=outlive_stop_signals)
+    a worker that drops the job's SIGTERM must still end at that one, or the process never exits.
+
+    The processes a worker starts take the stop signals as usual. Regression: a program the
+    dataset ran ignored SIGINT, and a forked process ignored both."""
+    loader = DataLoader(
+        StartsChildren(), num_workers=1, persistent_workers=True, worker_init_fn=outlive_stop_signals
+    )
     iterator = iter(loader)
-    next(iterator)
+    assert [column.item() for column in next(iterator)] == [0, signal.SIGINT, signal.SIGTERM]
     (worker,) = iterator._workers  # type: ignore[attr-defined]
     try:
         for name in ("TERM", "INT"):  # from another process, as preemption and Ctrl-C send them
             subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
         time.sleep(0.5)
         assert worker.is_alive()
-        assert next(iterator).tolist() == [1]
+        assert [column.item() for column in next(iterator)] == [1, 0, 0]
         worker.terminate()  # SIGTERM from its parent, as the loader's shutdown sends it
         worker.join(timeout=30)
         assert worker.exitcode == 0

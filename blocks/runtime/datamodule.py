@@ -93,13 +93,29 @@ def outlive_stop_signals(worker_id: int) -> None:
     died of the signal failed the run instead, and one that kept the handler it inherited
     announced the signal again and ended itself after ``trainer.shutdown_grace_s``.
 
-    SIGINT is ignored. SIGTERM is blocked and taken by a thread: sent by the parent (the
-    loader ending a worker that did not exit when told), it ends the worker as torch's own
-    handler does; from anyone else it is dropped.
+    SIGINT is dropped by a handler (not ignored: a program the dataset runs starts with the
+    default action). SIGTERM is blocked and taken by a thread: sent by the parent (the loader
+    ending a worker that did not exit when told), it ends the worker as torch's own handler
+    does; from anyone else it is dropped. A process the worker forks starts with both signals
+    as they were before; one it runs through ``subprocess`` still starts with SIGTERM blocked.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, _drop)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    worker = os.getpid()
+    os.register_at_fork(after_in_child=lambda: _default_stop_signals(worker))
     threading.Thread(target=_end_on_sigterm_from_parent, name="blocks-sigterm", daemon=True).start()
+
+
+def _drop(signum: int, frame: Any) -> None:
+    """A signal handler that does nothing."""
+
+
+def _default_stop_signals(worker: int) -> None:
+    """In a process forked by the loader worker *worker*: SIGINT and SIGTERM act by default again."""
+    if os.getppid() == worker:  # not in the processes that one forks in turn
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _end_on_sigterm_from_parent() -> None:
