@@ -74,19 +74,19 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     import torch
     from torch.utils.data import DataLoader
 
-    from blocks.checkpoint.sources import find_weights, load_found
+    from blocks.checkpoint.sources import find_run_config, find_weights, load_found, refuse_other_samples
     from blocks.core import catalog
     from blocks.runtime.init import load_into
-    from blocks.runtime.model_export import refuse_rewritten_config, run_config
+    from blocks.runtime.model_export import run_config
 
     catalog.load()
     trained = run_config(source)
     config, plan = eval_plan(trained, overrides, split)
-    run = run_derived(trained)
+    run = run_plan(trained)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
     weights = find_weights(source, key="source")
-    refuse_rewritten_config(weights, trained, source)
+    refuse_other_samples(weights, run.data, run.trainer.seed, find_run_config(source))
     load_into(model, load_found(weights, source, key="source"), key="source", source=weights.url)
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
@@ -100,7 +100,9 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     overfit = split == "val" and bool(plan.trainer.overfit_batches)
     if plan.data.num_samples(split) == 0 and not overfit:
         raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
-    loader = DataLoader(scored_split(plan, split, run), batch_size=plan.data.batch_size, shuffle=False)
+    loader = DataLoader(
+        scored_split(plan, split, run.derived), batch_size=plan.data.batch_size, shuffle=False
+    )
     objective.reset()
     with torch.no_grad(), strategy_casts(plan, model):
         for batch in loader:
@@ -108,12 +110,15 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
             with precision.val_step_context():
                 objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
-    return Evaluation(metrics, weights, subset_note(plan, split, run))
+    return Evaluation(metrics, weights, subset_note(plan, split, run.derived))
 
 
-def run_derived(trained: DictConfig) -> Derived:
-    """The batch geometry of the run whose config is *trained*: what it validated with, whatever eval's ``data.batch_size``."""
-    return plan_blocks(config_to_blocks(trained), None, check_storage=False, config=trained).derived
+def run_plan(trained: DictConfig) -> Plan:
+    """The plan of the run whose config is *trained*: how it validated, and what its checkpoints trained on.
+
+    Its batch geometry, whatever eval's ``data.batch_size``; its data and ``trainer.seed``.
+    """
+    return plan_blocks(config_to_blocks(trained), None, check_storage=False, config=trained)
 
 
 def scored_split(plan: Plan, split: str, run: Derived) -> torch.utils.data.Dataset:
@@ -161,7 +166,7 @@ def precision_plugin(lightning: str, device: torch.device) -> Precision:
 def subset_note(plan: Plan, split: str, run: Derived) -> tuple[str, ...]:
     """A note when the run's validation scored other samples than the split (``trainer.overfit_batches``) or fewer (``trainer.limit_val_batches``).
 
-    *run* is the run's own batch geometry (:func:`run_derived`): an eval ``data.batch_size``
+    *run* is the run's own batch geometry (:func:`run_plan`): an eval ``data.batch_size``
     changes how eval reads the split, not how many samples the run's validation covered.
     """
     overfit = plan.trainer.overfit_batches

@@ -15,10 +15,10 @@ import yaml
 from fsspec.core import url_to_fs
 from omegaconf import DictConfig, OmegaConf
 
-from blocks.checkpoint.sources import Weights, find_run_config, refuse_other_samples
+from blocks.checkpoint.sources import find_run_config, refuse_other_samples
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
 from blocks.core.run_files import CONFIG_FILE, WEIGHTS_FILE
-from blocks.data.base import BatchSpec, DataBlock
+from blocks.data.base import BatchSpec
 from blocks.spec.errors import BlocksError, Problem
 
 FORMAT = "blocks-model/1"
@@ -55,14 +55,6 @@ def run_config(source: str) -> DictConfig:
     return config
 
 
-def refuse_rewritten_config(weights: Weights, config: DictConfig, source: str) -> None:
-    """Refuse *weights* (found at *source*) trained on other samples than its run's *config* says (check ``eval-split``)."""
-    blocks = config_to_blocks(config)
-    data, trainer = blocks.get("data"), blocks.get("trainer")
-    if isinstance(data, DataBlock) and trainer is not None:
-        refuse_other_samples(weights, data, trainer.seed, find_run_config(source))  # type: ignore[attr-defined]
-
-
 def export_model(source: str, out: Path) -> Path:
     """Write the model of *source* (run dir, checkpoint or export) to the directory *out*; returns *out*.
 
@@ -83,7 +75,7 @@ def export_model(source: str, out: Path) -> Path:
     blocks["data"].prepare()  # type: ignore[attr-defined]  # data=stream's source, if its cache was cleared
     spec = blocks["data"].batch_spec()  # type: ignore[attr-defined]
     found = find_weights(source, key="source")
-    refuse_rewritten_config(found, config, source)
+    refuse_other_samples(found, blocks["data"], blocks["trainer"].seed, find_run_config(source))  # type: ignore[arg-type,attr-defined]
     weights = load_found(found, source, key="source")
     load_into(model.build(spec), weights, key="source", source=found.url)  # type: ignore[attr-defined]
     node = {BLOCK_KEY: model.block_name, **dataclasses.asdict(model)}
