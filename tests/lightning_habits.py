@@ -73,14 +73,16 @@ class SignalAtTrainEnd(pl.Callback):
 
 
 class SignalAtStep(pl.Callback):
-    """Sends this process SIGTERM once optimizer step *step* is done (from ``on_train_batch_end``).
+    """Sends this process *signal_name* (SIGTERM, or SIGINT: a Ctrl-C) once optimizer step *step* is done.
 
-    Sent at the micro-batch that completes the step, so a run resumed from that step (whose
-    first micro-batch ends at the same ``global_step`` under accumulation) is not signalled again.
+    Sent from ``on_train_batch_end`` at the micro-batch that completes the step, so a run resumed
+    from that step (whose first micro-batch ends at the same ``global_step`` under accumulation)
+    is not signalled again.
     """
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, signal_name: str = "SIGTERM") -> None:
         self.step = step
+        self.signal_name = signal_name
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
         import os
@@ -89,7 +91,7 @@ class SignalAtStep(pl.Callback):
         batch_idx = args[-1]
         completes_a_step = (int(batch_idx) + 1) % trainer.accumulate_grad_batches == 0  # type: ignore[call-overload]
         if trainer.global_step == self.step and completes_a_step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.Signals[self.signal_name])
 
 
 class SignalTwiceInStep(pl.Callback):
@@ -126,17 +128,3 @@ class CtrlCWhileBuilt(pl.Callback):
 
     def __init__(self) -> None:
         raise KeyboardInterrupt
-
-
-class SigintAt(pl.Callback):
-    """Sends this process a SIGINT (a Ctrl-C) once training reaches optimizer step *step*."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step == self.step:
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGINT)

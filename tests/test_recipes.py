@@ -247,7 +247,7 @@ def test_a_stage_a_signal_stopped_says_to_resume_with_the_pipelines_dir(
     """Regression: the advice named the stage's dir, where the pipeline would train a new run from step 0."""
     monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     root = tmp_path / "pipe"
-    ctrl_c = "pretrain.trainer.callbacks=[{_target_: tests.lightning_habits.SigintAt, step: 2}]"
+    ctrl_c = "pretrain.trainer.callbacks=[{_target_: tests.lightning_habits.SignalAtStep, step: 2, signal_name: SIGINT}]"
     result = run_in_process(["run", *PIPE, ctrl_c, f"hydra.run.dir={root}"], cwd=tmp_path)
     assert result.returncode == 130, result.output[-3000:]
     summary = read_summary(root / "pretrain")
