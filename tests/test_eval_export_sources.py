@@ -83,7 +83,9 @@ def test_a_later_session_of_the_run_dir_is_what_eval_and_export_read(
         meta = json.loads((export_model(str(run), tmp_path / "out") / "model.json").read_text())
     finally:
         (run / "model.safetensors").unlink()
-    assert meta["weights"] == {"url": str(newest), "step": 20} and meta["source"] == str(run)
+    assert meta["source"] == str(run)
+    assert {k: meta["weights"][k] for k in ("url", "step")} == {"url": str(newest), "step": 20}
+    assert set(meta["weights"]["samples"]) == {"data", "seed"}, "what decided its samples, for eval"
 
 
 @pytest.mark.slow  # shares four tiny training runs
@@ -278,3 +280,42 @@ def test_a_checkpoint_is_not_scored_on_a_split_a_later_run_in_its_dir_rewrote(
     config.data.val_fraction = 0.1  # the config it trained with: scored as before
     OmegaConf.save(config, run / "config.yaml")
     assert evaluation(checkpoint).metrics["val/loss"] > 0
+
+
+@pytest.mark.slow  # shares four tiny training runs
+def test_a_weights_file_or_export_is_not_scored_on_a_split_its_config_yaml_no_longer_describes(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Regression: only checkpoints recorded what decided their samples. After a later run in the
+    run dir (other val_fraction, failed) rewrote config.yaml, eval and export of the run dir's
+    weights file, and eval of an export whose config.yaml says another split, scored the model on
+    samples it trained on. An export written before the record existed is scored, with a note."""
+    from blocks.checkpoint.sources import load_weights
+    from blocks.checkpoint.weights import save_weights
+    from blocks.launch.evaluate import evaluation
+    from blocks.runtime.model_export import export_model
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["unfinished"], run)  # its completed weights set aside by the failed rerun
+    exported = export_model(str(run), tmp_path / "exported")
+    for directory in (run, exported):
+        config = OmegaConf.load(directory / "config.yaml")
+        config.data.val_fraction = 0.5
+        OmegaConf.save(config, directory / "config.yaml")
+    attempts = (
+        lambda: evaluation(str(run)),
+        lambda: export_model(str(run), tmp_path / "again"),
+        lambda: evaluation(str(exported)),
+    )
+    for attempt in attempts:
+        with pytest.raises(BlocksError) as info:
+            attempt()
+        (problem,) = info.value.problems
+        assert (problem.key, problem.check) == ("source", "eval-split"), problem
+        assert "another data than" in problem.message, problem.message
+    assert not (tmp_path / "again").exists()
+    assert set(json.loads((exported / "model.json").read_text())["weights"]["samples"]) == {"data", "seed"}
+    save_weights(load_weights(str(exported)), exported / "model.safetensors", step=10)  # an older export
+    scored = evaluation(str(exported))
+    assert scored.metrics["val/loss"] > 0
+    assert any("does not record the data it was trained on" in note for note in scored.notes), scored.notes

@@ -25,6 +25,8 @@ EXPORT_FILE = "model.json"
 START_FILE = ".resume-start.json"  # blocks.checkpoint.resume.START_FILE: the run dir's last job
 STEP_KEY = "step"
 """The safetensors metadata key that holds the optimizer step a weights file was taken after."""
+SAMPLES_KEY = "samples"
+"""The safetensors metadata key that holds the digests of what decided the samples a weights file was trained on."""
 
 
 @dataclass(frozen=True)
@@ -96,16 +98,47 @@ def find_weights(source: str, key: str = "model.init_from") -> Weights:
 
 def file_step(url: str) -> int | None:
     """The step recorded in the metadata of the safetensors file at *url* (None when it records none)."""
+    try:
+        return int(_file_metadata(url)[STEP_KEY])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _file_metadata(url: str) -> dict[str, Any]:
+    """The metadata in the header of the safetensors file at *url* (empty when it has none or cannot be read)."""
     fs, path = url_to_fs(url)
     try:
         with fs.open(path, "rb") as fh:
             size = int.from_bytes(fh.read(8), "little")
             if size > 100_000_000:
-                return None
-            header = json.loads(fh.read(size))
-        return int(header.get("__metadata__", {})[STEP_KEY])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                return {}
+            metadata = json.loads(fh.read(size)).get("__metadata__")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def trained_samples(weights: Weights) -> dict[str, str] | None:
+    """What decided the samples *weights* were trained on, as :func:`blocks.checkpoint.resume.sample_digests` digests them.
+
+    A checkpoint's manifest holds them among its digests; a weights file (a run's, an export's)
+    in its metadata (``samples``). None when a file written before they were records none.
+    """
+    from blocks.checkpoint.resume import SAMPLE_KEYS
+
+    if not weights.url.endswith(".safetensors"):
+        try:
+            saved = store.read_manifest(weights.url).block_digests
+        except store.CheckpointError:
+            return None  # loading it names the problem
+        return {k: saved[k] for k in SAMPLE_KEYS if k in saved}
+    try:
+        recorded = json.loads(_file_metadata(weights.url)[SAMPLES_KEY])
+    except (KeyError, ValueError, TypeError):
         return None
+    if not isinstance(recorded, dict):
+        return None
+    return {k: str(v) for k, v in recorded.items() if k in SAMPLE_KEYS}
 
 
 def _completed_step(run_dir: str) -> int | None:
@@ -226,22 +259,25 @@ def load_found(weights: Weights, source: str, key: str = "model.init_from") -> d
 
 def refuse_other_samples(
     weights: Weights, data: DataBlock, seed: int, config: str, key: str = "source"
-) -> None:
-    """Refuse a committed checkpoint trained on other samples than the run config at *config* describes.
+) -> str | None:
+    """Refuse *weights* trained on other samples than the run config at *config* describes; a note when that is unknown.
 
     *data* and *seed* (``trainer.seed``) are that config's. A later run in the same run dir
     rewrites ``config.yaml``; with other split fields its val split would hold samples the
-    checkpoint trained on. The checkpoint's manifest records digests of its own (see
-    :func:`blocks.checkpoint.resume.sample_digests`); a weights file records none.
+    weights trained on. A checkpoint's manifest and a weights file's metadata record digests
+    of their own (:func:`trained_samples`). A weights file written before they were recorded
+    is scored unchecked: the note returned says so.
     """
-    if weights.url.endswith(".safetensors"):
-        return
     from blocks.checkpoint.resume import COMPARED, sample_digests
 
-    try:
-        saved = store.read_manifest(weights.url).block_digests
-    except store.CheckpointError:
-        return  # loading it names the problem
+    saved = trained_samples(weights)
+    if saved is None:
+        if not weights.url.endswith(".safetensors"):
+            return None
+        return (
+            f"note: {weights.url} does not record the data it was trained on (written by an older blocks): "
+            f"whether the split holds samples it trained on was not checked against {config}"
+        )
     now = sample_digests(data, seed)
     differ = [COMPARED[k] for k in now if k in saved and saved[k] != now[k]]
     if differ:
@@ -249,13 +285,14 @@ def refuse_other_samples(
             Problem(
                 key,
                 f"{weights.url} was trained with another {' and '.join(differ)} than {config} describes "
-                "(a later run in the run dir rewrote it): its splits would hold samples the checkpoint "
+                "(a later run in the run dir rewrote it): its splits would hold samples the weights "
                 "trained on",
                 f"{key}=<a checkpoint or the weights of the run that wrote {config}>, or put back the "
-                "config.yaml the checkpoint was trained with",
+                "config.yaml the weights were trained with",
                 check="eval-split",
             )
         )
+    return None
 
 
 def find_run_config(source: str, key: str = "source") -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -40,11 +41,19 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def save_weights(state: dict[str, torch.Tensor], path: Path, step: int | None = None) -> None:
+def save_weights(
+    state: dict[str, torch.Tensor],
+    path: Path,
+    step: int | None = None,
+    samples: dict[str, str] | None = None,
+) -> None:
     """Write *state* as safetensors at the local *path* (shared tensors, like tied embeddings, are stored once each).
 
     *step*, the optimizer step the weights were taken after, goes into the file's metadata
-    (``step``): a reader tells them from a newer checkpoint of the same run dir by it.
+    (``step``): a reader tells them from a newer checkpoint of the same run dir by it. So do
+    *samples*, the digests of what decided the samples they were trained on
+    (:func:`blocks.checkpoint.resume.sample_digests`, as JSON under ``samples``): eval refuses
+    to score them on a split that holds some of those samples.
 
     Atomic: written beside *path*, then renamed over it, so a reader (or a crash) never finds
     half a file and a failed write leaves what was there. Written through Python's ``open`` so
@@ -53,10 +62,12 @@ def save_weights(state: dict[str, torch.Tensor], path: Path, step: int | None = 
     """
     from safetensors.torch import save
 
-    metadata = None if step is None else {"step": str(step)}
+    metadata = {} if step is None else {"step": str(step)}
+    if samples is not None:
+        metadata["samples"] = json.dumps(samples, sort_keys=True)
     data = save(
         {name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()},
-        metadata=metadata,
+        metadata=metadata or None,
     )
     tmp = path.with_name(f".{path.name}.tmp")
     try:

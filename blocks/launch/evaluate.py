@@ -86,7 +86,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
     weights = find_weights(source, key="source")
-    refuse_other_samples(weights, run.data, run.trainer.seed, find_run_config(source))
+    unchecked = refuse_other_samples(weights, run.data, run.trainer.seed, find_run_config(source))
     load_into(model, load_found(weights, source, key="source"), key="source", source=weights.url)
     objective = plan.task.build(spec)
     accelerator = plan.trainer.accelerator
@@ -110,7 +110,8 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
             with precision.val_step_context():
                 objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
-    return Evaluation(metrics, weights, subset_note(plan, split, run.derived))
+    notes = subset_note(plan, split, run.derived) + ((unchecked,) if unchecked else ())
+    return Evaluation(metrics, weights, notes)
 
 
 def run_plan(trained: DictConfig) -> Plan:

@@ -54,6 +54,7 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
 
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+    from blocks.checkpoint.resume import sample_digests
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
     from blocks.runtime.callbacks import early_stop_reason, refused_by_callback
     from blocks.runtime.health import end_stall_watch
@@ -120,7 +121,10 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
                     summary.state_digest = state_digest(state)
                     if summary.status == "completed" and plan.checkpoint.save_weights:
                         try:
-                            save_weights(state, run_dir / WEIGHTS_FILE, step=trainer.global_step)
+                            samples = sample_digests(plan.data, plan.trainer.seed)
+                            save_weights(
+                                state, run_dir / WEIGHTS_FILE, step=trainer.global_step, samples=samples
+                            )
                             (run_dir / COMPLETED_WEIGHTS_FILE).unlink(missing_ok=True)
                         except Exception as exc:
                             weights_error = exc

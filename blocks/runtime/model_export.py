@@ -62,7 +62,7 @@ def export_model(source: str, out: Path) -> Path:
     loaded into the model first, so weights that do not fit it are refused before anything is
     written. ``model.json`` names the weights exported (``weights``: file or checkpoint, step).
     """
-    from blocks.checkpoint.sources import find_weights, load_found
+    from blocks.checkpoint.sources import find_weights, load_found, trained_samples
     from blocks.checkpoint.weights import save_weights
     from blocks.core import catalog
     from blocks.runtime.init import load_into
@@ -79,16 +79,20 @@ def export_model(source: str, out: Path) -> Path:
     weights = load_found(found, source, key="source")
     load_into(model.build(spec), weights, key="source", source=found.url)  # type: ignore[attr-defined]
     node = {BLOCK_KEY: model.block_name, **dataclasses.asdict(model)}
+    exported: dict[str, Any] = {"url": found.url, "step": found.step}
+    samples = trained_samples(found)
+    if samples is not None:  # what decided the samples it trained on: eval of the export checks them
+        exported["samples"] = samples
     meta = {
         "format": FORMAT,
         "model": node,
         "batch_spec": spec_to_json(spec),
         "source": source,
-        "weights": {"url": found.url, "step": found.step},
+        "weights": exported,
     }
     try:
         out.mkdir(parents=True, exist_ok=True)
-        save_weights(weights, out / WEIGHTS_FILE, step=found.step)
+        save_weights(weights, out / WEIGHTS_FILE, step=found.step, samples=samples)
         (out / MODEL_FILE).write_text(json.dumps(meta, indent=2, default=list) + "\n")
         (out / CONFIG_FILE).write_text(OmegaConf.to_yaml(config))
     except OSError as exc:
