@@ -22,13 +22,33 @@ EARLY_STOP = (
 
 
 def test_early_stopping_on_val_loss_stops_the_run_and_the_summary_says_so(tmp_path: Path) -> None:
-    summary = driver.run([*BLOBS, "trainer.max_steps=20", "trainer.val_every=2", EARLY_STOP], tmp_path)
+    """A rerun that changes a training setting of the stopped run but gives it no more steps is
+    refused, as for a run that trained all its steps.
+
+    Regression: it "completed" at once with nothing trained (EarlyStopping's patience ignored too),
+    and its config.yaml then recorded the changed settings over the weights of the old ones."""
+    from blocks.launch.run_dir import FinishedRunKept
+
+    args = [*BLOBS, "trainer.max_steps=20", "trainer.val_every=2"]
+    summary = driver.run([*args, EARLY_STOP], tmp_path)
     assert summary.status == "completed"
     # val/loss "improves" once (from +inf), then never by 100: patience 1 stops at the second validation.
     assert summary.global_step == 4
     assert summary.reason is not None and "stopped early by EarlyStopping at step 4 of 20" in summary.reason
     assert "val/loss" in summary.reason
     assert read_summary(tmp_path)["reason"] == summary.reason
+    recorded = (tmp_path / "config.yaml").read_text()
+    for changed, key in (
+        (["optim.lr=0.5", EARLY_STOP], "optim.lr"),
+        ([EARLY_STOP.replace("patience: 1", "patience: 5")], "trainer.callbacks"),
+    ):
+        with pytest.raises(FinishedRunKept) as refused:
+            driver.run([*args, *changed], tmp_path)
+        problem = refused.value.problems[0]
+        assert problem.key == key and "stopped early at step 4 of its 20 steps" in problem.message, problem
+        assert "trainer.max_steps above 20" in problem.fix, problem.fix
+    assert (tmp_path / "config.yaml").read_text() == recorded
+    assert read_summary(tmp_path)["reason"] == summary.reason, "the refused reruns left the run as it was"
 
 
 def test_a_run_early_stopping_ended_is_finished_on_a_rerun_and_trains_on_when_extended(

@@ -376,6 +376,24 @@ def _newest(directory: str, candidates: store.Candidates | None = None) -> store
     return found
 
 
+def stopped_early_of(url: str) -> int | None:
+    """The steps the run that saved checkpoint *url* was given when a callback stopped it before them (None: not stopped early).
+
+    Its checkpoint callback records them in the state (``stopped_early_of``): rerun with no
+    more steps, the run trains nothing.
+    """
+    from blocks.checkpoint.io import load_state
+
+    try:
+        callbacks = load_state(url, mmap=True).get("callbacks") or {}
+    except Exception:  # resolving the resume already refused a checkpoint that does not load
+        return None
+    for state in callbacks.values() if isinstance(callbacks, dict) else ():
+        if isinstance(state, dict) and isinstance(state.get("stopped_early_of"), int):
+            return int(state["stopped_early_of"])
+    return None
+
+
 def resume_message(url: str) -> str:
     """What a run prints when it resumes: ``resuming from step N of <url>``."""
     return f"resuming from step {store.read_manifest(url).step} of {url}"

@@ -34,6 +34,7 @@ from blocks.checkpoint.resume import (
     record_start,
     resolve_resume,
     resume_message,
+    stopped_early_of,
 )
 from blocks.checkpoint.storage import preflight_storage
 from blocks.checkpoint.store import read_manifest
@@ -52,6 +53,7 @@ from blocks.launch.run_dir import (
     SUMMARY_FILE,
     FinishedRunKept,
     Summary,
+    finished_how,
     freeze_config,
     load_plan,
     recorded_config,
@@ -315,13 +317,14 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     directory = job_checkpoint_dir(run_dir, plan)
     previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
     resume_from = resolve_resume(plan, directory, previous=previous, recorded=recorded_config(run_dir))
-    if resume_from and read_manifest(resume_from).step >= plan.derived.total_steps:
-        steps = plan.derived.total_steps
-        frozen, kept = refuse_rewriting_finished(run_dir, frozen, steps)
+    finished = _finished_at(resume_from, plan.derived.total_steps) if resume_from else None
+    if finished is not None:
+        steps, at = finished
+        frozen, kept = refuse_rewriting_finished(run_dir, frozen, steps, stopped_at=at)
         if kept:
             plan = dataclasses.replace(plan, blocks=config_to_blocks(frozen))  # no derived number reads them
             print(
-                f"blocks: the run in {run_dir} has trained all its {steps} steps and {', '.join(kept)} "
+                f"blocks: the run in {run_dir} {finished_how(steps, at)} and {', '.join(kept)} "
                 "change no weights: it runs again with the values its config.yaml records and trains "
                 f"nothing (a new hydra.run.dir, or trainer.max_steps above {steps}, takes the new values)",
                 flush=True,
@@ -337,6 +340,20 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
     return Written(plan, text)
+
+
+def _finished_at(resume_from: str, total_steps: int) -> tuple[int, int] | None:
+    """The steps the run that saved *resume_from* was given and the step it ended at, when resuming it trains nothing.
+
+    Nothing is trained from a checkpoint at the run's last step (*total_steps*), nor from one a
+    callback stopped early while the run gets no more steps than it was given then. None: the
+    resume trains on.
+    """
+    step = read_manifest(resume_from).step
+    if step >= total_steps:
+        return total_steps, step
+    stopped_of = stopped_early_of(resume_from)
+    return (stopped_of, step) if stopped_of is not None and total_steps <= stopped_of else None
 
 
 @contextlib.contextmanager

@@ -177,23 +177,34 @@ class FinishedRunKept(BlocksError):
     """A rerun refused so as not to rewrite a finished run's record (:func:`refuse_rewriting_finished`): nothing written."""
 
 
-def refuse_rewriting_finished(run_dir: Path, config: DictConfig, step: int) -> tuple[DictConfig, list[str]]:
+def finished_how(steps: int, stopped_at: int) -> str:
+    """How a finished run ended, for messages: all its *steps* trained, or stopped early at step *stopped_at*."""
+    if stopped_at < steps:
+        return f"stopped early at step {stopped_at} of its {steps} steps (a callback stopped it)"
+    return f"has trained all its {steps} steps"
+
+
+def refuse_rewriting_finished(
+    run_dir: Path, config: DictConfig, step: int, stopped_at: int | None = None
+) -> tuple[DictConfig, list[str]]:
     """Refuse a rerun that would train nothing yet record a changed config over a finished run.
 
-    The run dir's checkpoint is at the run's last *step*: nothing would be trained, and the
-    weights and metrics would stay those of the settings its ``config.yaml`` holds now. A rerun
-    that changes only :data:`DISPLAY_KEYS` is not refused: it runs with their recorded values,
-    so ``config.yaml`` goes on describing the run that trained. Returns the config the rerun
-    runs with and the display keys set back.
+    The run dir's checkpoint is at the last of the *step* steps the run was given, or at
+    *stopped_at* when a callback (``EarlyStopping``) stopped it early and it gets no more now:
+    nothing would be trained, and the weights and metrics would stay those of the settings its ``config.yaml``
+    holds now. A rerun that changes only :data:`DISPLAY_KEYS` is not refused: it runs with their
+    recorded values, so ``config.yaml`` goes on describing the run that trained. Returns the
+    config the rerun runs with and the display keys set back.
     """
     changed = changed_keys(run_dir, config)
     trained = [key for key in changed if not _is_display(key)]
     if trained:
         shown = ", ".join(trained[:5]) + (f" and {len(trained) - 5} more" if len(trained) > 5 else "")
+        how = finished_how(step, step if stopped_at is None else stopped_at)
         raise FinishedRunKept(
             Problem(
                 trained[0],
-                f"the run in {run_dir} has trained all its {step} steps; with {shown} changed nothing would be "
+                f"the run in {run_dir} {how}; with {shown} changed nothing would be "
                 "trained, and its config.yaml would no longer describe its weights and metrics",
                 f"give a new hydra.run.dir to train with the new setting, or raise trainer.max_steps above {step} "
                 "to train on from the checkpoint with it",
