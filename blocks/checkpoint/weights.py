@@ -58,16 +58,16 @@ def save_weights(
     Atomic: written beside *path*, then renamed over it, so a reader (or a crash) never finds
     half a file and a failed write leaves what was there. Written through Python's ``open`` so
     the file's mode follows the umask like every other file blocks writes
-    (``safetensors.torch.save_file`` creates it 0600).
+    (``safetensors.torch.save_file`` creates it 0600). The same weights and metadata give the
+    same bytes.
     """
     from safetensors.torch import save
 
     metadata = {} if step is None else {"step": str(step)}
     if samples is not None:
         metadata["samples"] = json.dumps(samples, sort_keys=True)
-    data = save(
-        {name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()},
-        metadata=metadata or None,
+    data = _with_metadata(
+        save({name: tensor.detach().cpu().contiguous().clone() for name, tensor in state.items()}), metadata
     )
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -75,3 +75,19 @@ def save_weights(
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _with_metadata(data: bytes, metadata: dict[str, str]) -> bytes:
+    """Safetensors *data* with *metadata* in its header, its keys sorted.
+
+    safetensors writes a metadata mapping in hash order, which differs from process to process.
+    The header is JSON behind its length; the tensors' offsets count from its end, and it is
+    padded with spaces to 8 bytes, as safetensors pads it.
+    """
+    if not metadata:
+        return data
+    size = int.from_bytes(data[:8], "little")
+    header = {"__metadata__": dict(sorted(metadata.items())), **json.loads(data[8 : 8 + size])}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
