@@ -107,3 +107,21 @@ def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path, c
     said = run(root, retrained)
     assert skipped("evaluate", said) and not skipped("export", said)
     assert "did not record which result of stage finetune it took" in said
+
+    # Regression: blocks report took the pipeline dir for a sweep and ranked its stages (and the
+    # stages moved aside) as jobs; it reports the stages in order.
+    result = cli_in_process("report", str(root))
+    assert result.returncode == 0, result.output
+    report = (root / "report" / "report.md").read_text()
+    assert "Pipeline report: pipe (4 stages)" in report, report
+    rows = [line.split("|")[1].strip() for line in report.splitlines() if line.startswith("| ")][1:]
+    assert [row for row in rows if not set(row) <= {"-", ":"}] == [
+        "pretrain",
+        "finetune",
+        "evaluate",
+        "export",
+    ]
+    assert "| train (from pretrain) | completed | 14 |" in report and "previous" not in report, report
+    (root / "pipeline.json").unlink()  # a pipeline dir written before the stages were recorded
+    result = cli_in_process("report", str(root))
+    assert result.returncode == 2 and "is a pipeline's dir" in result.output, result.output

@@ -299,7 +299,7 @@ def cmd_export(source: str, out: str) -> int:
 
 
 def cmd_report(path: str, *, objective: str | None, mode: str | None) -> int:
-    """Write plots and summary tables of a run dir or a sweep dir into ``<dir>/report/``."""
+    """Write plots and summary tables of a run dir, a sweep dir or a pipeline dir into ``<dir>/report/``."""
     from pathlib import Path
 
     from blocks.monitor.report import write_report
@@ -771,9 +771,13 @@ def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
     new.add_argument("name", help="distribution name, e.g. acme-vision")
     new.add_argument("--dir", help="where to write it (default: ./NAME; must not exist)")
     new.add_argument("--namespace", help="entry-point name, the prefix of its blocks (default: from NAME)")
-    report = sub.add_parser("report", help="plots and summary tables of a run dir or a sweep dir")
+    report = sub.add_parser(
+        "report", help="plots and summary tables of a run dir, a sweep dir or a pipeline dir"
+    )
     report.add_argument(
-        "path", metavar="RUN_DIR|SWEEP_DIR", help="a run dir, or the sweep dir of blocks run -m"
+        "path",
+        metavar="RUN_DIR|SWEEP_DIR|PIPELINE_DIR",
+        help="a run dir, the sweep dir of blocks run -m, or the dir of a pipeline recipe's run",
     )
     report.add_argument("--objective", help="metric that ranks a sweep's jobs (default: monitor.objective)")
     report.add_argument("--mode", choices=("min", "max"), help="min or max (default: monitor.objective_mode)")

@@ -29,6 +29,7 @@ from typing import Any
 from blocks.checkpoint import store
 from blocks.core.pipeline import Evaluate, Pipeline, Stage, Train
 from blocks.launch.run_dir import CHECKPOINTS_DIR, SUMMARY_FILE, WEIGHTS_FILE, Summary
+from blocks.monitor.report import PIPELINE_FILE
 from blocks.spec.errors import BlocksError, TrainingError
 
 METRICS_JSON = "metrics.json"
@@ -219,6 +220,12 @@ def _stage_of(root: Path) -> Iterator[None]:
             os.environ[PIPELINE_DIR_ENV] = before
 
 
+def stage_record(stage: Stage) -> dict[str, Any]:
+    """What the pipeline dir's :data:`PIPELINE_FILE` (read by ``blocks report``) says of *stage*: its name, what it does, and the stage it takes its model from."""
+    does = "train" if isinstance(stage, Train) else "evaluate" if isinstance(stage, Evaluate) else "export"
+    return {"name": stage.name, "does": does, "from": _depends_on(stage)}
+
+
 def _record(stage_dir: Path, name: str, value: Mapping[str, Any]) -> None:
     (stage_dir / name).write_text(json.dumps(value, indent=2) + "\n")
 
@@ -234,6 +241,8 @@ def run_pipeline(
     """
     settings = {stage.name: stage_settings(pipeline, stage, root, overrides) for stage in pipeline.stages}
     check_evaluations(pipeline, settings)
+    root.mkdir(parents=True, exist_ok=True)
+    _record(root, PIPELINE_FILE, {"stages": [stage_record(stage) for stage in pipeline.stages]})
     summaries: dict[str, Summary] = {}
     ran: list[str] = []
     for stage in pipeline.stages:

@@ -1,9 +1,10 @@
-"""``blocks report``: plots and summary tables of a run dir or a sweep dir (torch-free; matplotlib, Agg).
+"""``blocks report``: plots and summary tables of a run dir, a sweep dir or a pipeline dir (torch-free; matplotlib, Agg).
 
 A run dir gets PNG plots of its ``metrics.csv`` (loss and validation curves, throughput, LR,
 gradient norm) and a summary table; a sweep dir (the run dirs of a ``blocks run -m``) gets a
 table of every job ranked by the objective, plots of the objective against each swept
-parameter, and the jobs' loss curves on one plot. Everything goes to ``<dir>/report/``:
+parameter, and the jobs' loss curves on one plot; a pipeline's dir a table of its stages in
+order (from the record the pipeline writes) and its train stages' loss curves. Everything goes to ``<dir>/report/``:
 the PNGs, ``report.md`` and ``report.html`` (plots embedded, one file to share).
 """
 
@@ -22,6 +23,11 @@ from typing import Any
 from blocks.spec.errors import BlocksError, Problem
 
 REPORT_DIR = "report"
+PIPELINE_FILE = "pipeline.json"
+"""In a pipeline's dir: its stages in order, ``{"stages": [{"name", "does", "from"}, ...]}`` (written by the pipeline)."""
+STAGE_FILE = "stage.json"
+UPSTREAM_FILE = "upstream.json"
+"""What a pipeline writes into an evaluation's or export's dir, and a train stage's that starts from another's."""
 FIGSIZE = (8.0, 4.5)
 DPI = 100
 """Every plot is ``FIGSIZE × DPI`` = 800 × 450 pixels."""
@@ -104,11 +110,13 @@ def _yaml_file(file: Path) -> Any:
 
 
 def write_report(path: Path, *, objective: str | None = None, mode: str | None = None) -> Path:
-    """Write the report of the run dir or sweep dir *path*; returns the report's directory."""
+    """Write the report of the run dir, sweep dir or pipeline dir *path*; returns the report's directory."""
     if not path.is_dir():
         raise BlocksError(Problem("RUN_DIR", f"{path} is not a directory", "pass a run dir or a sweep dir"))
     if is_run_dir(path):
         return _run_report(read_run(path))
+    if (path / PIPELINE_FILE).is_file():
+        return _pipeline_report(path, _pipeline_stages(path))
     jobs = sorted((p for p in path.iterdir() if p.is_dir() and is_run_dir(p)), key=_job_order)
     if not jobs:
         raise BlocksError(
@@ -116,6 +124,17 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
                 "RUN_DIR",
                 f"{path} is neither a run dir (config.yaml, summary.json) nor a sweep dir of run dirs",
                 "pass the directory `blocks run` printed, or a sweep's hydra.sweep.dir",
+            )
+        )
+    staged = [p.name for p in jobs if (p / STAGE_FILE).is_file() or (p / UPSTREAM_FILE).is_file()]
+    if staged:  # a pipeline's dir from before it recorded its stages: its stages are no sweep's jobs
+        raise BlocksError(
+            Problem(
+                "RUN_DIR",
+                f"{path} is a pipeline's dir (its {', '.join(staged)} are stages), written before blocks "
+                f"recorded its stages ({PIPELINE_FILE})",
+                f"run the pipeline again (it skips its finished stages and records them), or report one stage: "
+                f"blocks report {path / jobs[0].name}",
             )
         )
     return _sweep_report(path, [read_run(p) for p in jobs], objective=objective, mode=mode)
@@ -183,6 +202,63 @@ def _run_table(run: RunData) -> list[list[str]]:
         if value is not None:
             rows.append([name, _fmt(value)])
     return rows
+
+
+# --- a pipeline ---------------------------------------------------------------------------------
+
+
+def _pipeline_stages(root: Path) -> list[dict[str, Any]]:
+    """The stages the pipeline in *root* recorded, in order; a clear error when the record is not blocks'."""
+    try:
+        stages = json.loads((root / PIPELINE_FILE).read_text())["stages"]
+        if all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in stages):
+            return list(stages)
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    raise BlocksError(
+        Problem(
+            "RUN_DIR",
+            f"{root / PIPELINE_FILE} is not the record of its stages a pipeline writes",
+            "run the pipeline again (it skips its finished stages and records them anew)",
+        )
+    )
+
+
+def _pipeline_report(root: Path, stages: list[dict[str, Any]]) -> Path:
+    """A table of the pipeline's stages in order (what each does, its status, step and metrics) and the train stages' loss curves."""
+    rows = []
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for stage in stages:
+        name, stage_dir = stage["name"], root / stage["name"]
+        run = read_run(stage_dir) if stage_dir.is_dir() else None
+        status = "not started" if run is None else run.status
+        does = str(stage.get("does", ""))
+        if stage.get("from"):
+            does += f" ({'from' if does.startswith('train') else 'of'} {stage['from']})"
+        metrics = {} if run is None else dict(run.summary.get("metrics") or {})
+        if run is not None and (stage_dir / "metrics.json").is_file():  # an evaluation's scores
+            metrics = json.loads((stage_dir / "metrics.json").read_text())
+        shown = ", ".join(
+            f"{k}={_fmt(float(v))}" for k, v in metrics.items() if k.startswith(("val/", "test/"))
+        )
+        step = "" if run is None or does.split()[0] != "train" else str(run.summary.get("global_step", ""))
+        rows.append([name, does, status, step, shown, str(stage_dir)])
+        if run is not None and run.columns.get("train/loss"):
+            curves[name] = run.columns["train/loss"]
+    out = _report_dir(root)
+    plots: list[tuple[str, Path]] = []
+    if curves:
+        plots.append(
+            ("Training loss of every train stage", _line_plot(out / "train_loss.png", "train/loss", curves))
+        )
+    header = ["stage", "does", "status", "step", "metrics", "dir"]
+    _write_documents(
+        out,
+        f"Pipeline report: {root.name} ({len(stages)} stages)",
+        [("Stages in order", header, rows)],
+        plots,
+    )
+    return out
 
 
 # --- a sweep ------------------------------------------------------------------------------------
