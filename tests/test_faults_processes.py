@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -312,42 +313,61 @@ def forked_sleeper() -> int:
     return pid
 
 
+def thread_then_outlive_stop_signals(worker_id: int) -> None:
+    """:func:`outlive_stop_signals` in a worker that already runs a second thread (as torch's or a dataset's)."""
+    threading.Thread(target=time.sleep, args=(60,), name="earlier", daemon=True).start()
+    outlive_stop_signals(worker_id)
+
+
 class StartsChildren(Dataset):
-    """Sample i is i; sample 0 also carries the signals that ended the processes its worker started."""
+    """Sample i is i; sample 0 also carries the signals that ended the processes its worker started,
+    and the id of the worker's thread that was running before its ``worker_init_fn`` (0: none)."""
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, index: int) -> list[int]:
         if index:
-            return [index, 0, 0]
+            return [index, 0, 0, 0, 0]
         program = lambda: subprocess.Popen(["sleep", "30"]).pid  # noqa: E731
-        return [index, stopped_by(signal.SIGINT, program), stopped_by(signal.SIGTERM, forked_sleeper)]
+        earlier = next((thread.native_id for thread in threading.enumerate() if thread.name == "earlier"), 0)
+        stopped = [stopped_by(signal.SIGINT, program), stopped_by(signal.SIGTERM, program)]
+        return [index, *stopped, stopped_by(signal.SIGTERM, forked_sleeper), earlier]
 
 
 def test_a_loader_worker_outlives_the_jobs_stop_signals_but_ends_at_its_loaders_sigterm() -> None:
     """torch's loader sends SIGTERM to a worker that did not exit when told (one stuck in a read):
     a worker that drops the job's SIGTERM must still end at that one, or the process never exits.
 
-    The processes a worker starts take the stop signals as usual. Regression: a program the
-    dataset ran ignored SIGINT, and a forked process ignored both."""
-    loader = DataLoader(
-        StartsChildren(), num_workers=1, persistent_workers=True, worker_init_fn=outlive_stop_signals
-    )
-    iterator = iter(loader)
-    assert [column.item() for column in next(iterator)] == [0, signal.SIGINT, signal.SIGTERM]
-    (worker,) = iterator._workers  # type: ignore[attr-defined]
+    The processes a worker starts take the stop signals as usual. Regressions: a program the
+    dataset ran ignored SIGINT, then SIGTERM (a ``kill -- -PGID`` left it running), and a forked
+    process ignored both; a SIGTERM that the kernel gave to a thread the worker ran before its
+    ``worker_init_fn`` ended the worker (the kernel picks any thread that does not block it)."""
+    iterators = [
+        iter(DataLoader(StartsChildren(), num_workers=1, persistent_workers=True, worker_init_fn=init_fn))
+        for init_fn in (outlive_stop_signals, thread_then_outlive_stop_signals)
+    ]
     try:
-        for name in ("TERM", "INT"):  # from another process, as preemption and Ctrl-C send them
-            subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
-        time.sleep(0.5)
-        assert worker.is_alive()
-        assert [column.item() for column in next(iterator)] == [1, 0, 0]
-        worker.terminate()  # SIGTERM from its parent, as the loader's shutdown sends it
-        worker.join(timeout=30)
-        assert worker.exitcode == 0
+        for iterator in iterators:
+            *sample, earlier = [column.item() for column in next(iterator)]
+            assert sample == [0, signal.SIGINT, signal.SIGTERM, signal.SIGTERM]
+            (worker,) = iterator._workers  # type: ignore[attr-defined]
+            # From another process, as preemption and Ctrl-C send them. A signal sent to a thread's
+            # id goes to the whole process, but to that thread first if it does not block the signal.
+            for name, to in (("TERM", worker.pid), ("INT", worker.pid), ("TERM", earlier or worker.pid)):
+                subprocess.run(["kill", f"-{name}", str(to)], check=True)
+            time.sleep(0.5)
+            assert worker.is_alive()
+            assert [column.item() for column in next(iterator)] == [1, 0, 0, 0, 0]
+            # from its parent, after the event, as the loader's shutdown sends it; with no earlier
+            # thread the worker's SIGTERM thread takes it, else the earlier thread (a handler)
+            iterator._workers_done_event.set()  # type: ignore[attr-defined]
+            os.kill(earlier or worker.pid, signal.SIGTERM)
+            worker.join(timeout=30)
+            assert worker.exitcode == 0
     finally:
-        iterator._shutdown_workers()  # type: ignore[attr-defined]
+        for iterator in iterators:
+            iterator._shutdown_workers()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
