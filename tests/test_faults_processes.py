@@ -664,10 +664,11 @@ def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumul
     }
 
 
-def stop_an_in_process_run_by_ctrl_c_twice(run_dir: str) -> str:
-    """In a fresh process: ``driver.run`` gets Ctrl-C twice in the middle of step 4; what it says after."""
+def stop_an_in_process_run_by_ctrl_c_twice(run_dir: str, habit: str = "SignalTwiceInStep") -> str:
+    """In a fresh process: ``driver.run`` gets Ctrl-C twice (by default in the middle of step 4; *habit*
+    from :mod:`tests.lightning_habits` says when); what it says after."""
     os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
-    callback = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalTwiceInStep, step: 3}]"
+    callback = f"trainer.callbacks=[{{_target_: tests.lightning_habits.{habit}, step: 3}}]"
     try:
         driver.run(["recipe=blobs", "trainer.max_steps=20", "monitor.progress=off", callback], Path(run_dir))
     except driver.JobFailed as stopped:
@@ -679,7 +680,7 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
     """Three runs stopped by SIGTERM one after the other in one process (cells of a notebook): two as
     :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
     ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`;
-    one as :func:`stop_an_in_process_run_by_ctrl_c_twice`; then runs stopped at a step and resumed, as
+    two as :func:`stop_an_in_process_run_by_ctrl_c_twice` (mid-step, and while saving); then runs stopped at a step and resumed, as
     :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``)."""
     return {
         "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
@@ -688,6 +689,9 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
         ),
         "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
         "twice": stop_an_in_process_run_by_ctrl_c_twice(str(Path(root) / "twice")),
+        "twice_saving": stop_an_in_process_run_by_ctrl_c_twice(
+            str(Path(root) / "twice_saving"), "SignalAgainWhileSaving"
+        ),
         "resumed": {
             str(accumulate): stop_an_in_process_run_by_sigterm_at_a_step_and_resume(
                 str(Path(root) / f"resumed{accumulate}"), accumulate
@@ -761,6 +765,21 @@ def test_a_second_ctrl_c_stops_at_once_without_saving_a_half_made_step(
     assert (summary["status"], summary["global_step"]) == ("interrupted", 3)
     committed, _ = store.scan(str(root / "twice" / "checkpoints"))
     assert committed == [], "the last checkpoint stands: none before step 3 here"
+
+
+def test_a_second_ctrl_c_while_saving_says_the_save_was_interrupted(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
+    """Regression: a second Ctrl-C that interrupted the checkpoint the first one stopped at was reported
+    as "its checkpoint was saved"; no checkpoint of that step was committed."""
+    root, outcomes = stopped_in_process
+    said = outcomes["twice_saving"]
+    assert "SIGINT stopped training at step 3; a second SIGINT interrupted its save" in said, said
+    assert "to go on from its last checkpoint" in said and "was saved" not in said, said
+    summary = read_summary(root / "twice_saving")
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 3)
+    committed, _ = store.scan(str(root / "twice_saving" / "checkpoints"))
+    assert committed == []
 
 
 def test_a_signal_after_the_last_step_still_ends_the_process_and_its_sweep(tmp_path: Path) -> None:
