@@ -133,6 +133,17 @@ class SignalAgainWhileSaving(pl.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class CtrlCAgainAtExit(pl.Callback):
+    """Sends this process SIGINT (a second Ctrl-C) as it exits: from an ``atexit`` callback registered at ``setup``."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        import atexit
+        import os
+        import signal
+
+        atexit.register(os.kill, os.getpid(), signal.SIGINT)
+
+
 class KillOwnProcess(pl.Callback):
     """SIGKILLs this process from ``setup`` when ``trainer.max_steps`` is *max_steps* (a crash no handler sees)."""
 

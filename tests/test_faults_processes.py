@@ -255,7 +255,7 @@ def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_resumes_its_save(
-    tmp_path: Path, signum: int
+    tmp_path: Path, signum: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The signal ends the run as interrupted, with exit status 130 and a checkpoint of the step it
     stopped at; a rerun (in this process, as test_checkpoint's reruns) resumes from that checkpoint.
@@ -263,7 +263,12 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
     The signal goes to the whole process group, as preemption (SLURM, systemd) and Ctrl-C send it,
     so the DataLoader workers get it too. Regression: a SIGTERM killed them and the run failed on
     the dead worker without saving; a SIGINT ran the handler they inherited, announcing it thrice.
+    A second Ctrl-C comes as the process exits. Regression: it printed a traceback, or (once the
+    interpreter was finalizing) the process died of it.
     """
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    again = ["trainer.callbacks=[{_target_: tests.lightning_habits.CtrlCAgainAtExit}]"]
     run_dir = tmp_path / "run"
     args = [
         "recipe=blobs",
@@ -272,11 +277,12 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
         "trainer.max_epochs=5",
         "monitor.log_every_n_steps=1",
     ]
-    with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=3) as proc:
+    first = [*args, *(again if signum == signal.SIGINT else []), f"hydra.run.dir={run_dir}"]
+    with blocks_run_until_step(first, cwd=tmp_path, step=3) as proc:
         os.killpg(proc.pid, signum)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, out[-3000:]
-    assert "Traceback" not in out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert out.count(f"{signal.Signals(signum).name} received") == 1, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and summary["global_step"] >= 3

@@ -58,7 +58,7 @@ def test_only_process_entry_points_end_the_process() -> None:
     """``main`` of the CLI, the worker and the torchrun wrapper, the forked worker; the stall watchdog's and the shutdown
     grace's threads, and a data loader worker's SIGTERM thread (its loader ending it, as torch's own handler does)."""
     allowed = {
-        "cli/main.py": {"main"},
+        "cli/main.py": {"main", "_exit_at_once"},
         "launch/worker.py": {"main", "forked_worker"},
         "launch/torchrun.py": {"main"},
         "runtime/health.py": {"_record_and_exit"},
