@@ -109,6 +109,41 @@ class SignalTwiceInStep(pl.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class SignalAgainWhileSaving(pl.Callback):
+    """Sends this process SIGINT after optimizer step *step*, and again (Ctrl-C twice) while the checkpoint it stops at is saved."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.sent = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        import os
+        import signal
+
+        if trainer.global_step == self.step and not self.sent:
+            self.sent = 1
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, *args: object) -> None:
+        import os
+        import signal
+
+        if self.sent == 1:
+            self.sent = 2
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+class CtrlCAgainAtExit(pl.Callback):
+    """Sends this process SIGINT (a second Ctrl-C) as it exits: from an ``atexit`` callback registered at ``setup``."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        import atexit
+        import os
+        import signal
+
+        atexit.register(os.kill, os.getpid(), signal.SIGINT)
+
+
 class KillOwnProcess(pl.Callback):
     """SIGKILLs this process from ``setup`` when ``trainer.max_steps`` is *max_steps* (a crash no handler sees)."""
 

@@ -454,3 +454,15 @@ def test_torchrun_acts_on_its_first_stop_signal_only() -> None:
 
     assert "_terminate_process_handler" in inspect.getsource(elastic_processes.PContext.start)  # read by name
     assert call_in_fresh_process(stop_signals_torchrun_acts_on) == ["SIGTERM"]
+
+
+def test_a_loader_workers_init_fn_is_called_by_the_loop_that_holds_its_done_event() -> None:
+    """The seams of :func:`blocks.runtime.datamodule.outlive_stop_signals` (tests/test_faults_processes.py runs it)."""
+    import inspect
+    import subprocess
+
+    from torch.utils.data._utils import worker
+
+    assert "done_event" in inspect.signature(worker._worker_loop).parameters
+    assert "init_fn(worker_id)" in inspect.getsource(worker._worker_loop)
+    assert callable(subprocess.Popen._execute_child)  # type: ignore[attr-defined]

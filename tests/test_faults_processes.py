@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -254,7 +255,7 @@ def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_resumes_its_save(
-    tmp_path: Path, signum: int
+    tmp_path: Path, signum: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The signal ends the run as interrupted, with exit status 130 and a checkpoint of the step it
     stopped at; a rerun (in this process, as test_checkpoint's reruns) resumes from that checkpoint.
@@ -262,7 +263,12 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
     The signal goes to the whole process group, as preemption (SLURM, systemd) and Ctrl-C send it,
     so the DataLoader workers get it too. Regression: a SIGTERM killed them and the run failed on
     the dead worker without saving; a SIGINT ran the handler they inherited, announcing it thrice.
+    A second Ctrl-C comes as the process exits. Regression: it printed a traceback, or (once the
+    interpreter was finalizing) the process died of it.
     """
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    again = ["trainer.callbacks=[{_target_: tests.lightning_habits.CtrlCAgainAtExit}]"]
     run_dir = tmp_path / "run"
     args = [
         "recipe=blobs",
@@ -271,11 +277,12 @@ def test_one_process_interrupted_exits_130_without_a_traceback_and_the_rerun_res
         "trainer.max_epochs=5",
         "monitor.log_every_n_steps=1",
     ]
-    with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=3) as proc:
+    first = [*args, *(again if signum == signal.SIGINT else []), f"hydra.run.dir={run_dir}"]
+    with blocks_run_until_step(first, cwd=tmp_path, step=3) as proc:
         os.killpg(proc.pid, signum)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, out[-3000:]
-    assert "Traceback" not in out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert out.count(f"{signal.Signals(signum).name} received") == 1, out[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and summary["global_step"] >= 3
@@ -312,42 +319,61 @@ def forked_sleeper() -> int:
     return pid
 
 
+def thread_then_outlive_stop_signals(worker_id: int) -> None:
+    """:func:`outlive_stop_signals` in a worker that already runs a second thread (as torch's or a dataset's)."""
+    threading.Thread(target=time.sleep, args=(60,), name="earlier", daemon=True).start()
+    outlive_stop_signals(worker_id)
+
+
 class StartsChildren(Dataset):
-    """Sample i is i; sample 0 also carries the signals that ended the processes its worker started."""
+    """Sample i is i; sample 0 also carries the signals that ended the processes its worker started,
+    and the id of the worker's thread that was running before its ``worker_init_fn`` (0: none)."""
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, index: int) -> list[int]:
         if index:
-            return [index, 0, 0]
+            return [index, 0, 0, 0, 0]
         program = lambda: subprocess.Popen(["sleep", "30"]).pid  # noqa: E731
-        return [index, stopped_by(signal.SIGINT, program), stopped_by(signal.SIGTERM, forked_sleeper)]
+        earlier = next((thread.native_id for thread in threading.enumerate() if thread.name == "earlier"), 0)
+        stopped = [stopped_by(signal.SIGINT, program), stopped_by(signal.SIGTERM, program)]
+        return [index, *stopped, stopped_by(signal.SIGTERM, forked_sleeper), earlier]
 
 
 def test_a_loader_worker_outlives_the_jobs_stop_signals_but_ends_at_its_loaders_sigterm() -> None:
     """torch's loader sends SIGTERM to a worker that did not exit when told (one stuck in a read):
     a worker that drops the job's SIGTERM must still end at that one, or the process never exits.
 
-    The processes a worker starts take the stop signals as usual. Regression: a program the
-    dataset ran ignored SIGINT, and a forked process ignored both."""
-    loader = DataLoader(
-        StartsChildren(), num_workers=1, persistent_workers=True, worker_init_fn=outlive_stop_signals
-    )
-    iterator = iter(loader)
-    assert [column.item() for column in next(iterator)] == [0, signal.SIGINT, signal.SIGTERM]
-    (worker,) = iterator._workers  # type: ignore[attr-defined]
+    The processes a worker starts take the stop signals as usual. Regressions: a program the
+    dataset ran ignored SIGINT, then SIGTERM (a ``kill -- -PGID`` left it running), and a forked
+    process ignored both; a SIGTERM that the kernel gave to a thread the worker ran before its
+    ``worker_init_fn`` ended the worker (the kernel picks any thread that does not block it)."""
+    iterators = [
+        iter(DataLoader(StartsChildren(), num_workers=1, persistent_workers=True, worker_init_fn=init_fn))
+        for init_fn in (outlive_stop_signals, thread_then_outlive_stop_signals)
+    ]
     try:
-        for name in ("TERM", "INT"):  # from another process, as preemption and Ctrl-C send them
-            subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
-        time.sleep(0.5)
-        assert worker.is_alive()
-        assert [column.item() for column in next(iterator)] == [1, 0, 0]
-        worker.terminate()  # SIGTERM from its parent, as the loader's shutdown sends it
-        worker.join(timeout=30)
-        assert worker.exitcode == 0
+        for iterator in iterators:
+            *sample, earlier = [column.item() for column in next(iterator)]
+            assert sample == [0, signal.SIGINT, signal.SIGTERM, signal.SIGTERM]
+            (worker,) = iterator._workers  # type: ignore[attr-defined]
+            # From another process, as preemption and Ctrl-C send them. A signal sent to a thread's
+            # id goes to the whole process, but to that thread first if it does not block the signal.
+            for name, to in (("TERM", worker.pid), ("INT", worker.pid), ("TERM", earlier or worker.pid)):
+                subprocess.run(["kill", f"-{name}", str(to)], check=True)
+            time.sleep(0.5)
+            assert worker.is_alive()
+            assert [column.item() for column in next(iterator)] == [1, 0, 0, 0, 0]
+            # from its parent, after the event, as the loader's shutdown sends it; with no earlier
+            # thread the worker's SIGTERM thread takes it, else the earlier thread (a handler)
+            iterator._workers_done_event.set()  # type: ignore[attr-defined]
+            os.kill(earlier or worker.pid, signal.SIGTERM)
+            worker.join(timeout=30)
+            assert worker.exitcode == 0
     finally:
-        iterator._shutdown_workers()  # type: ignore[attr-defined]
+        for iterator in iterators:
+            iterator._shutdown_workers()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -644,10 +670,11 @@ def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumul
     }
 
 
-def stop_an_in_process_run_by_ctrl_c_twice(run_dir: str) -> str:
-    """In a fresh process: ``driver.run`` gets Ctrl-C twice in the middle of step 4; what it says after."""
+def stop_an_in_process_run_by_ctrl_c_twice(run_dir: str, habit: str = "SignalTwiceInStep") -> str:
+    """In a fresh process: ``driver.run`` gets Ctrl-C twice (by default in the middle of step 4; *habit*
+    from :mod:`tests.lightning_habits` says when); what it says after."""
     os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
-    callback = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalTwiceInStep, step: 3}]"
+    callback = f"trainer.callbacks=[{{_target_: tests.lightning_habits.{habit}, step: 3}}]"
     try:
         driver.run(["recipe=blobs", "trainer.max_steps=20", "monitor.progress=off", callback], Path(run_dir))
     except driver.JobFailed as stopped:
@@ -659,7 +686,7 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
     """Three runs stopped by SIGTERM one after the other in one process (cells of a notebook): two as
     :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
     ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`;
-    one as :func:`stop_an_in_process_run_by_ctrl_c_twice`; then runs stopped at a step and resumed, as
+    two as :func:`stop_an_in_process_run_by_ctrl_c_twice` (mid-step, and while saving); then runs stopped at a step and resumed, as
     :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``)."""
     return {
         "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
@@ -668,6 +695,9 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
         ),
         "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
         "twice": stop_an_in_process_run_by_ctrl_c_twice(str(Path(root) / "twice")),
+        "twice_saving": stop_an_in_process_run_by_ctrl_c_twice(
+            str(Path(root) / "twice_saving"), "SignalAgainWhileSaving"
+        ),
         "resumed": {
             str(accumulate): stop_an_in_process_run_by_sigterm_at_a_step_and_resume(
                 str(Path(root) / f"resumed{accumulate}"), accumulate
@@ -741,6 +771,21 @@ def test_a_second_ctrl_c_stops_at_once_without_saving_a_half_made_step(
     assert (summary["status"], summary["global_step"]) == ("interrupted", 3)
     committed, _ = store.scan(str(root / "twice" / "checkpoints"))
     assert committed == [], "the last checkpoint stands: none before step 3 here"
+
+
+def test_a_second_ctrl_c_while_saving_says_the_save_was_interrupted(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
+    """Regression: a second Ctrl-C that interrupted the checkpoint the first one stopped at was reported
+    as "its checkpoint was saved"; no checkpoint of that step was committed."""
+    root, outcomes = stopped_in_process
+    said = outcomes["twice_saving"]
+    assert "SIGINT stopped training at step 3; a second SIGINT interrupted its save" in said, said
+    assert "to go on from its last checkpoint" in said and "was saved" not in said, said
+    summary = read_summary(root / "twice_saving")
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 3)
+    committed, _ = store.scan(str(root / "twice_saving" / "checkpoints"))
+    assert committed == []
 
 
 def test_a_signal_after_the_last_step_still_ends_the_process_and_its_sweep(tmp_path: Path) -> None:

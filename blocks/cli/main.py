@@ -7,11 +7,14 @@ traceback. ``plan``, ``list`` and ``report`` never import torch.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import functools
 import io
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -912,7 +915,17 @@ def _flags_first(args: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``blocks`` console script."""
+    """Entry point of the ``blocks`` console script.
+
+    A Ctrl-C exits 130 without a traceback, wherever it lands: a run handles its own (it saves
+    and writes its summary), one after that (a second Ctrl-C as the run ends) or before a run
+    starts ends the command here. Called without *argv* (the process is this command), a Ctrl-C
+    while the process exits ends it at once, with the status the command ended with, or (in
+    the interpreter's last moments) is ignored.
+    """
+    entry = argv is None
+    if entry:  # registered first, so called last: Python's own finalization would die of a Ctrl-C
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = take_recipes_option(argv)
@@ -953,13 +966,38 @@ def main(argv: Sequence[str] | None = None) -> None:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     from blocks.core.masking import hiding_output
 
-    with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
-        try:
-            load_catalog()
-            code = dispatch()
-        except BlocksError as exc:
-            code = _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
+    code: object = 1
+    try:
+        with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
+            try:
+                load_catalog()
+                code = dispatch()
+            except BlocksError as exc:
+                code = _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
+            except KeyboardInterrupt:
+                from blocks.launch.torchrun import EXIT_INTERRUPTED
+
+                print("blocks: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+                code = EXIT_INTERRUPTED
+    except SystemExit as exc:  # a job's command ends here too (blocks.launch.driver)
+        code = exc.code
+        raise
+    finally:
+        if entry:
+            signal.signal(
+                signal.SIGINT, functools.partial(_exit_at_once, code if isinstance(code, int) else 1)
+            )
     sys.exit(code)
+
+
+def _exit_at_once(code: int, signum: int, frame: Any) -> None:
+    """A SIGINT handler for the command's last moments: end the process now, with exit status *code*.
+
+    Python's exit (joining loader workers, flushing loggers) would print a Ctrl-C's traceback.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import contextlib
 import functools
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -30,6 +32,7 @@ __all__ = [
     "cast_floating_tensors",
     "dispatch_hook",
     "drop_inherited_step_hooks",
+    "loader_worker_done_event",
     "processed_micro_batches",
     "read_step_signature_once",
     "replace_signal_handlers",
@@ -40,6 +43,7 @@ __all__ = [
     "set_found_inf",
     "set_last_lr",
     "skip_automatic_hyperparameters",
+    "start_programs_with_sigterm_unblocked",
     "tensor_norms_in_float32",
     "tensors_to_device",
 ]
@@ -112,6 +116,45 @@ class _HandlerConnector(_SignalConnector):
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 signal.signal(signum, self.handler)
+
+
+_WORKER_MODULE = "torch.utils.data._utils.worker"
+
+
+def loader_worker_done_event() -> Any | None:
+    """Called from a DataLoader's ``worker_init_fn``: the event its loader sets before it ends its workers.
+
+    torch's ``_worker_loop`` (which calls the ``worker_init_fn``) holds it as ``done_event``;
+    None when not called from there.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_worker_loop" and frame.f_globals.get("__name__") == _WORKER_MODULE:
+            return frame.f_locals.get("done_event")
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def start_programs_with_sigterm_unblocked() -> None:
+    """Make :mod:`subprocess` start its programs, in this process, with SIGTERM unblocked.
+
+    A program inherits the signal mask of the thread that starts it, and ``subprocess`` runs no
+    Python code (no fork hooks) between its fork and the exec: the thread that starts one lets
+    SIGTERM through meanwhile (``Popen._execute_child``), so a SIGTERM may reach it there.
+    """
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+    if getattr(execute_child, "unblocks_sigterm", False):
+        return
+
+    def with_sigterm_unblocked(self: subprocess.Popen, *args: Any, **kwargs: Any) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        try:
+            execute_child(self, *args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    with_sigterm_unblocked.unblocks_sigterm = True  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child = with_sigterm_unblocked  # type: ignore[attr-defined]
 
 
 def skip_automatic_hyperparameters(*objects: pl.LightningModule | pl.LightningDataModule) -> None:

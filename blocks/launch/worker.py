@@ -97,7 +97,14 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
         if isinstance(exc, (KeyboardInterrupt, SystemExit, SIGTERMException)):
             summary.status, summary.reason = (
                 "interrupted",
-                interruption_reason(built.preemption, trainer.global_step, plan, run_dir),
+                interruption_reason(
+                    built.preemption,
+                    trainer.global_step,
+                    plan,
+                    run_dir,
+                    saved=built.checkpointer is not None
+                    and built.checkpointer.last_saved_step == trainer.global_step,
+                ),
             )
         else:
             summary.status, summary.reason = "failed", failure_reason(exc, plan)
@@ -199,11 +206,22 @@ def keep_finished_figures(summary: Summary, finished: Summary | None) -> None:
     summary.checkpoint_stall_s = finished.checkpoint_stall_s
 
 
-def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, run_dir: Path) -> str:
-    """``summary.json``'s reason for a run a signal stopped at optimizer *step*, and the command that goes on from its checkpoint."""
+def interruption_reason(
+    preemption: Preemption | None, step: int, plan: Plan, run_dir: Path, *, saved: bool = True
+) -> str:
+    """``summary.json``'s reason for a run a signal stopped at optimizer *step*, and the command that goes on from its checkpoint.
+
+    *saved*: whether this run saved a checkpoint at *step* (read only when a second Ctrl-C came
+    after training stopped: it interrupts the save).
+    """
     at_once = preemption is not None and preemption.received and not preemption.stopped_by
+    unsaved = preemption is not None and preemption.stopped_by and preemption.interrupted_again and not saved
     if at_once:  # a second Ctrl-C: mid-step, where a checkpoint could hold a half-made step
         stopped = f"a second SIGINT stopped training at once, after step {step}, without saving"
+    elif unsaved:
+        stopped = (
+            f"{preemption.stopped_by} stopped training at step {step}; a second SIGINT interrupted its save"  # type: ignore[union-attr]
+        )
     else:
         by = (
             preemption.stopped_by if preemption is not None and preemption.stopped_by else "SIGINT or SIGTERM"
@@ -224,7 +242,7 @@ def interruption_reason(preemption: Preemption | None, step: int, plan: Plan, ru
     resume = plan.checkpoint.resume
     if resume != "auto":  # the command as given would start over from where this run started
         how += f" and {key}=auto ({key}={resume} would start over)"
-    if at_once:
+    if at_once or unsaved:
         return f"{stopped}: to go on from its last checkpoint, {how}"
     return f"{stopped}; its checkpoint was saved (unless checkpoint.on_signal=false): to resume, {how}"
 

@@ -11,7 +11,11 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from blocks.compat.torch_private import processed_micro_batches
+from blocks.compat.torch_private import (
+    loader_worker_done_event,
+    processed_micro_batches,
+    start_programs_with_sigterm_unblocked,
+)
 from blocks.core.plan import Derived
 from blocks.data.base import DataBlock
 from blocks.runtime.checkpointing import ResumableLoader
@@ -94,20 +98,46 @@ def outlive_stop_signals(worker_id: int) -> None:
     announced the signal again and ended itself after ``trainer.shutdown_grace_s``.
 
     SIGINT is dropped by a handler (not ignored: a program the dataset runs starts with the
-    default action). SIGTERM is blocked and taken by a thread: sent by the parent (the loader
-    ending a worker that did not exit when told), it ends the worker as torch's own handler
-    does; from anyone else it is dropped. A process the worker forks starts with both signals
-    as they were before; one it runs through ``subprocess`` still starts with SIGTERM blocked.
+    default action). SIGTERM is blocked and taken by a thread, which sees who sent it: sent by
+    the parent (the loader ending a worker that did not exit when told), it ends the worker as
+    torch's own handler does; from anyone else it is dropped. A thread that was running before
+    this function keeps SIGTERM unblocked, and the kernel may hand one to it instead: a handler
+    drops it there, and another thread, woken by it, ends the worker if its loader is shutting
+    its workers down. A process the worker starts, forked or through :mod:`subprocess`,
+    starts with both signals as they were.
     """
     signal.signal(signal.SIGINT, _drop)
+    signal.signal(signal.SIGTERM, _drop)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     worker = os.getpid()
     os.register_at_fork(after_in_child=lambda: _default_stop_signals(worker))
+    start_programs_with_sigterm_unblocked()
     threading.Thread(target=_end_on_sigterm_from_parent, name="blocks-sigterm", daemon=True).start()
+    done = loader_worker_done_event()
+    if done is not None:
+        handled, wakeup = os.pipe()
+        os.set_blocking(wakeup, False)
+        signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
+        threading.Thread(
+            target=_end_on_handled_sigterm_once_done,
+            args=(handled, done),
+            name="blocks-sigterm-handled",
+            daemon=True,
+        ).start()
 
 
 def _drop(signum: int, frame: Any) -> None:
     """A signal handler that does nothing."""
+
+
+def _end_on_handled_sigterm_once_done(handled: int, done: Any) -> None:
+    """End the worker at a SIGTERM a handler took once its loader set *done* (before it ends its workers).
+
+    *handled* is the read end of the signal wakeup fd's pipe: the numbers of the signals handled.
+    """
+    while True:
+        if signal.SIGTERM in os.read(handled, 64) and done.is_set():
+            os._exit(0)
 
 
 def _default_stop_signals(worker: int) -> None:
@@ -116,10 +146,11 @@ def _default_stop_signals(worker: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.set_wakeup_fd(-1)
 
 
 def _end_on_sigterm_from_parent() -> None:
-    """Wait for SIGTERMs (blocked in every thread of the worker); end the worker at one its parent sent."""
+    """Wait for SIGTERMs (blocked in the worker's threads); end the worker at one its parent sent."""
     while True:
         if signal.sigwaitinfo({signal.SIGTERM}).si_pid == os.getppid():
             os._exit(0)

@@ -48,6 +48,7 @@ class Preemption(pl.Callback):
         self.grace_s = grace_s
         self.received: int = 0
         self.stopped_by: str | None = None
+        self.interrupted_again = False
         self._deadline: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
 
@@ -72,6 +73,7 @@ class Preemption(pl.Callback):
     def notice(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: remember the signal; act on it at the next step boundary."""
         if signum == signal.SIGINT and self.received == signal.SIGINT:
+            self.interrupted_again = True
             raise KeyboardInterrupt
         if not self.received:
             self.received = signum
