@@ -454,5 +454,5 @@ def _is_worker(cmdline: bytes, name: bytes) -> bool:
 
     arguments = cmdline.split(b"\0")
     return name.startswith(WORKER_NAME.encode()) or (
-        b"blocks.launch.worker" in arguments and b"blocks.launch.torchrun" not in arguments
+        b"blocks.launch.worker" in arguments and b"blocks.launch.torchrun_main" not in arguments
     )

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 
 
 class StepLog(pl.Callback):
@@ -21,6 +22,25 @@ class StepLog(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.path.write_text(json.dumps({"tag": self.tag, "steps": self.steps}))
+
+
+class RandomDraws(pl.Callback):
+    """Writes ``draws-rank<R>.json`` into the run dir: this rank's torch draws at its first training batch
+    (the generator's state put back after) and the seed of its training loader's generator (its workers' base)."""
+
+    def __init__(self) -> None:
+        self.draws: list[float] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if not self.draws:
+            state = torch.get_rng_state()
+            self.draws = torch.rand(4).tolist()
+            torch.set_rng_state(state)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        seed = trainer.train_dataloader.generator.initial_seed()  # type: ignore[union-attr]
+        path = Path(trainer.default_root_dir) / f"draws-rank{trainer.global_rank}.json"
+        path.write_text(json.dumps({"draws": self.draws, "loader_seed": seed}))
 
 
 class LogStep(pl.Callback):

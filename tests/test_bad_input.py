@@ -17,7 +17,7 @@ import pytest
 
 from blocks.cli.main import run_captured
 from blocks.core import jobs
-from blocks.core.checks import CPU
+from blocks.core.checks import CPU, GPU
 from blocks.spec.errors import BlocksError, Problem
 from tests.conftest import run_cli, run_in_process
 
@@ -271,6 +271,18 @@ def test_submitit_gpus_per_node_must_match_devices() -> None:
     unset = problem_on("hydra.launcher.gpus_per_node", *args)
     assert "no GPUs" in unset.message
     assert not [p for p in problems(*args, "hydra.launcher.gpus_per_node=8") if p.is_error]
+
+
+def test_fsdp_cpu_offload_on_a_cpu_job_is_a_plan_error_not_a_worker_crash() -> None:
+    """FSDP2's CPU offload needs an accelerator: refused at plan time (exit 2), planned on GPUs."""
+    args = ("recipe=tiny_lm", "strategy=fsdp", "trainer.devices=2", "strategy.cpu_offload=true")
+    problem = problem_on("strategy.cpu_offload", *args)
+    assert problem.check == "fsdp-cpu-offload-accelerator"
+    assert "strategy.cpu_offload=false" in problem.fix
+    code, output = plan_cli(*args)
+    assert code == 2 and "strategy.cpu_offload=false" in output
+    on_gpus = jobs.plan([*args, "trainer.accelerator=gpu"], GPU).problems
+    assert not [p for p in on_gpus if p.is_error], on_gpus
 
 
 def test_an_unknown_key_fix_uses_the_right_article() -> None:

@@ -137,13 +137,18 @@ def test_global_batch_stream_is_independent_of_the_process_layout(
             torch.testing.assert_close(other[key], tensor, rtol=1e-4, atol=2e-5, msg=f"{name}: {key}")
 
 
+DRAWS = "trainer.callbacks=[{_target_: tests.lightning_habits.RandomDraws}]"
+
+
 @pytest.fixture(scope="module")
 def three_ddp_jobs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, int, str]]:
     """Three 2-process ``blocks run`` of :data:`FAST_DDP` (losses logged every 2 steps) started at once.
 
     (run dir, exit status, stderr) of each: the collision test reads all three, the logging
-    test the first, the warnings test the third, whose rank 0 warns at every logged step that
-    the ranks' losses differ (``monitor.rank_spread_tolerance=1e-9``).
+    test the first, the random-streams test the second (each rank writes its draws,
+    :class:`~tests.lightning_habits.RandomDraws`), the warnings test the third, whose rank 0
+    warns at every logged step that the ranks' losses differ
+    (``monitor.rank_spread_tolerance=1e-9``).
     """
     root = tmp_path_factory.mktemp("three")
     args = [
@@ -155,7 +160,7 @@ def three_ddp_jobs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path,
         "monitor.log_every_n_steps=2",
         "monitor.progress=off",
     ]
-    extra = [[], [], ["monitor.rank_spread_tolerance=1e-9"]]
+    extra = [[], [DRAWS], ["monitor.rank_spread_tolerance=1e-9"]]
     with contextlib.ExitStack() as stack:
         procs = [
             stack.enter_context(
@@ -165,6 +170,7 @@ def three_ddp_jobs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
+                    env={**os.environ, "BLOCKS_ALLOW_IMPORTS": "tests"},
                 )
             )
             for i in range(3)
@@ -281,6 +287,23 @@ def test_three_two_process_jobs_at_once_never_collide(three_ddp_jobs: list[tuple
     for run_dir, returncode, err in three_ddp_jobs:
         assert returncode == 0, err[-3000:]
         assert read_summary(run_dir)["status"] == "completed"
+        assert "found in sys.modules" not in err  # no worker runs the torchrun module it imported
+
+
+@pytest.mark.slow
+def test_each_data_parallel_rank_draws_its_own_random_numbers(
+    three_ddp_jobs: list[tuple[Path, int, str]], tmp_path: Path, monkeypatch
+) -> None:
+    """Rank 1's dropout masks and loader workers' seeds differ from rank 0's, which are a one-process run's."""
+    run_dir, returncode, err = three_ddp_jobs[1]
+    assert returncode == 0, err[-3000:]
+    ranks = [json.loads((run_dir / f"draws-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["draws"] != ranks[1]["draws"]
+    assert ranks[0]["loader_seed"] != ranks[1]["loader_seed"]
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    single = tmp_path / "single"
+    driver.run([*FAST_DDP[:-2], "trainer.max_steps=1", "checkpoint.enabled=false", DRAWS], single)
+    assert json.loads((single / "draws-rank0.json").read_text()) == ranks[0]
 
 
 def run_two_nodes(cwd: Path, common: list[str], *per_node: list[str]) -> list[tuple[int, str]]:

@@ -137,6 +137,13 @@ CHECKS: tuple[Check, ...] = (
         ("recipe=blobs", "strategy=fsdp", "trainer.devices=2"),
     ),
     Check(
+        "fsdp-cpu-offload-accelerator",
+        ("strategy", "trainer"),
+        "strategy.cpu_offload",
+        "FSDP offloads GPU shards to host memory: a CPU job has nothing to offload",
+        ("recipe=tiny_lm", "strategy=fsdp", "trainer.devices=2", "strategy.cpu_offload=true"),
+    ),
+    Check(
         "strategy-world-size",
         ("strategy", "trainer"),
         "strategy",

@@ -60,7 +60,7 @@ def torchrun_command(run_dir: Path, plan: Plan, environ: dict[str, str] | None =
     command = [
         sys.executable,
         "-m",
-        "blocks.launch.torchrun",
+        "blocks.launch.torchrun_main",
         f"--nproc-per-node={derived.devices}",
         f"--max-restarts={plan.trainer.max_failures}",
         f"--shutdown-timeout={plan.trainer.shutdown_grace_s}",
@@ -242,7 +242,7 @@ def run_torchrun(run_dir: Path, plan: Plan, config_text: str | None = None) -> T
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m blocks.launch.torchrun ARGS``: torchrun, dying with the driver, forking preloaded workers.
+    """``python -m blocks.launch.torchrun_main ARGS``: torchrun, dying with the driver, forking preloaded workers.
 
     The arguments are torchrun's, ending in ``-m blocks.launch.worker RUN_DIR``; the workers
     are :func:`~blocks.launch.worker.forked_worker` for RUN_DIR, forked from a forkserver that
@@ -356,7 +356,3 @@ def read_failures(run_dir: Path) -> list[dict[str, object]]:
     except (OSError, ValueError):
         return []
     return data if isinstance(data, list) else []
-
-
-if __name__ == "__main__":
-    main()

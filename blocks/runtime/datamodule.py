@@ -20,6 +20,7 @@ from blocks.core.plan import Derived
 from blocks.data.base import DataBlock
 from blocks.runtime.checkpointing import ResumableLoader
 from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
+from blocks.runtime.seeds import rank_seed
 from blocks.spec.errors import BlocksError, Problem
 
 
@@ -201,9 +202,12 @@ class BlocksDataModule(pl.LightningDataModule):
         """Options shared by the loaders.
 
         Each loader gets its own generator, so creating an iterator never draws from the global
-        RNG (which would shift dropout after a resume). Workers outlive a signal to the whole
-        job (:func:`outlive_stop_signals`).
+        RNG (which would shift dropout after a resume). It only seeds the loader's workers (the
+        batch samplers decide the order), by data-parallel index: workers of different shares
+        draw different augmentations. Workers outlive a signal to the whole job
+        (:func:`outlive_stop_signals`).
         """
+        rank = self.trainer.global_rank if self.trainer is not None else 0
         workers = self.data.num_workers
         on_gpu = self.trainer is not None and self.trainer.accelerator.__class__.__name__ == "CUDAAccelerator"
         return {
@@ -212,7 +216,9 @@ class BlocksDataModule(pl.LightningDataModule):
             "persistent_workers": workers > 0,
             "worker_init_fn": outlive_stop_signals,
             "pin_memory": on_gpu,
-            "generator": torch.Generator().manual_seed(self.seed),
+            "generator": torch.Generator().manual_seed(
+                rank_seed(self.seed, self.derived.mesh.data_parallel_rank(rank))
+            ),
         }
 
     def _progress(self) -> tuple[int, int]:

@@ -35,6 +35,7 @@ from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
 from blocks.runtime.metrics import MetricsRecorder
 from blocks.runtime.module import BlocksModule
 from blocks.runtime.preemption import Preemption
+from blocks.runtime.seeds import RankStreams
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -102,6 +103,8 @@ def build_run(
         optim = optim.replace(fused=False)  # Lightning's mixed-precision plugin cannot clip a fused optimizer
     compile_mode = plan.strategy.compile_mode if plan.strategy.compile else None
     module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize, compile_mode)
+    # Right after the model's draws: data-parallel index 0 trains on from here.
+    streams = RankStreams(trainer_block.seed, derived.mesh.data_parallel_rank)
     datamodule = BlocksDataModule(
         plan.data,
         derived=derived,
@@ -140,6 +143,7 @@ def build_run(
     )
     callbacks: list[pl.Callback] = [
         *checks,
+        streams,
         recorder,
         health,
         *plan.strategy.callbacks(accumulate=derived.accumulate),

@@ -100,7 +100,7 @@ class FSDP(StrategyBlock):
         return self.collective_timeout_s
 
     def check(self, ctx: CheckContext) -> None:
-        """The model must declare units; the precision must have an FSDP policy."""
+        """The model must declare units; the precision must have an FSDP policy; offloading needs GPUs."""
         super().check(ctx)
         ctx.positive("collective_timeout_s", self.collective_timeout_s)
         check_backend(ctx, self.backend)
@@ -112,6 +112,16 @@ class FSDP(StrategyBlock):
                 "strategy=ddp for this model, or a model block whose shard_units() names its repeated layers",
                 check="fsdp-model-units",
                 related=("model",),
+            )
+        if self.cpu_offload and ctx.derived.accelerator != "gpu":
+            ctx.error(
+                "cpu_offload",
+                "strategy.cpu_offload moves the GPU's parameter shards, gradients and optimizer state "
+                f"to host memory, and this job runs on CPUs (trainer.accelerator resolves to "
+                f"'{ctx.derived.accelerator}'), whose shards are in host memory already",
+                "strategy.cpu_offload=false, or trainer.accelerator=gpu on a machine with GPUs",
+                check="fsdp-cpu-offload-accelerator",
+                related=("trainer.accelerator",),
             )
         precision = cast("PrecisionBlock", ctx.block("precision"))
         if precision.needs_grad_scaler:
