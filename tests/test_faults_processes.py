@@ -489,29 +489,7 @@ def test_a_failed_job_does_not_end_a_sweep_and_the_sweep_exits_1(cli_in_process,
     assert read_summary(sweep / "1") == finished
 
 
-def test_a_sweep_hears_of_its_jobs_in_other_processes_and_of_no_other_job(cli, tmp_path: Path) -> None:
-    """Jobs under hydra/launcher=joblib end in processes of their own: each reports how it ended to
-    the sweep (through a directory of the sweep's own, removed at the end). A failed summary an
-    earlier sweep left in the sweep dir was blamed on this one."""
-    sweep = tmp_path / "sweep"
-    (sweep / "5").mkdir(parents=True)
-    (sweep / "5" / "summary.json").write_text(
-        json.dumps({"status": "failed", "reason": "an earlier sweep's"})
-    )
-    result = cli(
-        "run",
-        "-m",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",  # 1 would run them in this process
-        "recipe=blobs",
-        "trainer.max_steps=3",
-        "optim.lr=1e30,1e-3",
-        "monitor.progress=off",
-        f"hydra.sweep.dir={sweep}",
-    )
-    assert result.returncode == 1, result.output[-3000:]
-    assert f"1 job(s) of the sweep did not complete: {sweep / '0'} (their" in result.output
-    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "5", "multirun.yaml"]
+# A sweep hearing of its jobs in joblib's processes, and of no earlier sweep's: test_security's joblib sweep.
 
 
 def test_a_sweep_whose_jobs_land_in_several_sweep_dirs_counts_each_of_them(
