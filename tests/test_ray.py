@@ -225,15 +225,6 @@ def test_without_ray_address_a_local_ray_instance_runs_the_job_as_torchrun_does(
 
 
 @pytest.mark.slow
-def test_a_two_node_job_runs_on_two_ray_nodes(on_ray: str, tmp_path: Path) -> None:
-    args = ["recipe=blobs", "trainer.max_steps=4", "strategy=ddp", "trainer.nodes=2", "trainer.launcher=ray"]
-    result = run_cli(["run", *args, "monitor.progress=off", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    summary = read_summary(tmp_path)
-    assert summary["status"] == "completed" and summary["world_size"] == 2
-
-
-@pytest.mark.slow
 def test_a_job_the_cluster_cannot_place_is_refused_before_anything_is_written(
     on_ray: str, tmp_path: Path
 ) -> None:
@@ -375,12 +366,20 @@ def test_a_job_driver_in_a_ray_task_takes_the_sigint_a_not_forced_cancel_sends(
 
 
 @pytest.mark.slow
-def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tmp_path: Path) -> None:
+def test_a_sweep_of_two_jobs_on_two_ray_nodes_each_shares_one_ray_cluster(
+    on_ray: str, tmp_path: Path
+) -> None:
+    """Each job runs a worker on each of the cluster's two nodes (trainer.nodes=2); both jobs at once."""
     sweep = tmp_path / "sweep"
     args = [
         "run",
         "-m",
-        *TINY_DDP,
+        "recipe=blobs",
+        "trainer.max_steps=6",
+        "strategy=ddp",
+        "trainer.nodes=2",
+        "trainer.devices=1",
+        "monitor.progress=off",
         "trainer.launcher=ray",
         "hydra/launcher=ray",
         "trainer.seed=1,2",
