@@ -25,6 +25,7 @@ from blocks.launch.torchrun import multi_node_job, read_failures
 from blocks.runtime.datamodule import outlive_stop_signals
 from blocks.spec.errors import BlocksError
 from tests.conftest import (
+    DDP_BLOBS,
     REPO,
     alive,
     blocks_run_until_step,
@@ -158,15 +159,27 @@ def uninterrupted_digest(tmp_path: Path, args: list[str]) -> str:
 
 
 MULTI_PROCESS = {
-    "ddp": ["recipe=blobs", "data.samples=100000", "strategy=ddp"],
-    "fsdp": ["recipe=tiny_lm", "strategy=fsdp", "optim.warmup_steps=2"],
+    "ddp": DDP_BLOBS,  # its uninterrupted run is conftest's ddp_blobs_run
+    "fsdp": [
+        "recipe=tiny_lm",
+        "strategy=fsdp",
+        "optim.warmup_steps=2",
+        "trainer.max_steps=30",
+        "trainer.devices=2",
+        "trainer.val_every=null",
+        "monitor.log_every_n_steps=1",
+        "monitor.stall_timeout_s=120",
+    ],
 }
+"""The job each SIGTERM test stops: 30 steps on two processes, every step logged, the stall watchdog
+armed (it hosts the fault hook the test sets; no stall comes near its timeout)."""
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")  # with test_ray's local-instance test, which shares ddp_blobs_run
 @pytest.mark.parametrize("strategy", sorted(MULTI_PROCESS))
 def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resumes_exactly(
-    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """With ddp, the SIGTERM reaches every process of the job at once (SLURM's scancel or preemption,
     systemd): torchrun, its forkserver and the ranks too. Regression: the forkserver died of it and took
@@ -174,14 +187,8 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     With fsdp, only the driver gets it, and passes it on."""
     run_dir = tmp_path / "run"
     steps = 30  # the workers stop within a step or two of the signal (the rerun resumes from step 6 or 7)
-    args = [
-        *MULTI_PROCESS[strategy],
-        f"trainer.max_steps={steps}",
-        "trainer.devices=2",
-        "trainer.val_every=null",
-        "monitor.log_every_n_steps=1",
-        "monitor.stall_timeout_s=120",  # arms the fault hook below; no stall comes near it
-    ]
+    args = MULTI_PROCESS[strategy]
+    assert f"trainer.max_steps={steps}" in args
     # rank 0 pauses after step 8, so on a loaded machine the job cannot finish before the signal lands
     monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:8:5")
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
@@ -210,7 +217,11 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     resumed = read_summary(run_dir)
     assert resumed["status"] == "completed" and resumed["global_step"] == steps
     assert resumed["resumed_from"].endswith(store.step_dir_name(summary["global_step"]))
-    assert resumed["state_digest"] == uninterrupted_digest(tmp_path, args)
+    if strategy == "ddp":
+        expected = read_summary(request.getfixturevalue("ddp_blobs_run"))["state_digest"]
+    else:
+        expected = uninterrupted_digest(tmp_path, args)
+    assert resumed["state_digest"] == expected
 
 
 @pytest.mark.slow
