@@ -33,6 +33,7 @@ from tests.conftest import (
     describe_process,
     free_port,
     job_pids,
+    parent_of,
     read_summary,
     run_cli,
     run_in_process,
@@ -764,14 +765,18 @@ def test_an_interrupted_run_says_the_command_that_resumes_it(
 
 
 @pytest.mark.slow
-def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: Path) -> None:
+def test_a_killed_rank_is_restarted_from_its_own_checkpoints_not_an_earlier_runs(tmp_path: Path) -> None:
     """A run started with ``checkpoint.resume=never`` where an earlier run left checkpoints up to
     step 60: killed after its own step-5 save, its restart resumed the earlier run's step 60
     (its own work thrown away, another run's weights taken; it then ended at 60, past its own
-    max_steps of 40). It resumes one of its own checkpoints now, whenever the kill lands."""
+    max_steps of 40). It resumes one of its own checkpoints now, whenever the kill lands.
+
+    Two ranks: rank 0 waits in its all-reduce once rank 1 is killed. The restarted workers are
+    forked from the server that imported torch and Lightning once, and the failed attempt's
+    summary does not say "failed" while the restarted one trains."""
     run_dir = tmp_path / "run"
     every_5 = ["recipe=blobs", "data.samples=200000", "checkpoint.every_n_steps=5", "checkpoint.keep_last=20"]
-    every_5 += ["trainer.val_every=null"]
+    every_5 += ["trainer.val_every=null", "strategy=ddp", "trainer.devices=2"]
     earlier = driver.run([*every_5, "trainer.max_steps=60", "monitor.progress=off"], run_dir)
     assert earlier.status == "completed"
     step_5 = str(run_dir / "checkpoints" / store.step_dir_name(5))
@@ -785,11 +790,25 @@ def test_a_restart_continues_its_own_checkpoints_not_an_earlier_runs(tmp_path: P
         while not saved_again(step_5, earlier_job):
             assert time.monotonic() < deadline, "the second run never saved its step 5"
             time.sleep(0.2)
-        (worker,) = job_pids(run_dir, workers_only=True)
-        os.kill(worker, signal.SIGKILL)
+        victims = job_pids(run_dir, workers_only=True)
+        assert len(victims) == 2
+        forkserver = parent_of(victims[0])
+        assert b"forkserver" in Path(f"/proc/{forkserver}/cmdline").read_bytes()
+        os.kill(victims[-1], signal.SIGKILL)
+        restarted: set[int] = set()
+        while proc.poll() is None and len(restarted) < 2:
+            restarted = set(job_pids(run_dir, workers_only=True)) - set(victims)
+            time.sleep(0.05)
+        assert {parent_of(pid) for pid in restarted} == {forkserver}
+        attempt = run_dir / ".attempt"  # rank 0 of the restarted attempt writes it once it is running
+        while proc.poll() is None and not (attempt.exists() and attempt.read_text() == "1"):
+            time.sleep(0.05)
+        running = read_summary(run_dir)["status"] if (run_dir / "summary.json").exists() else None
+        assert running in (None, "completed"), running
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
     summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
     assert summary["restarts"] == 1 and summary["global_step"] == 40
     resumed_step = int(Path(summary["resumed_from"]).name.rsplit("-", 1)[1])
     assert 5 <= resumed_step < 40, summary["resumed_from"]
