@@ -225,6 +225,12 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     assert resumed["state_digest"] == expected
 
 
+def listening(port: int) -> bool:
+    """Whether something on loopback accepts connections on *port*."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_the_job(
@@ -238,7 +244,8 @@ def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_
     run_dir.mkdir()
     (run_dir / "metrics.csv").write_text("step,train/loss\n20,0.5\n")  # an earlier run's, with no checkpoint
     args = [*TINY, "strategy=ddp", "trainer.nodes=2", "trainer.devices=1", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{port}"}
     with spawned(
         [sys.executable, "-m", "blocks", "run", *args],
         cwd=tmp_path,
@@ -251,7 +258,8 @@ def test_a_signal_while_torchrun_starts_or_waits_for_the_other_nodes_interrupts_
         while not job_pids(run_dir) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if signum == signal.SIGINT:  # at the rendezvous: a KeyboardInterrupt waited there for minutes
-            time.sleep(4)
+            while not listening(port) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # torchrun hosts the rendezvous's store on the endpoint once it is there
         proc.send_signal(signum)  # no second node ever comes: torchrun is before its workers
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]
