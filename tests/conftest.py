@@ -251,6 +251,35 @@ def fsdp_resumed_on_two(fsdp_sync_run: Path, tmp_path_factory: pytest.TempPathFa
     return {"run": run_dir, "checkpoints": checkpoints}
 
 
+DDP_BLOBS = [
+    "recipe=blobs",
+    "data.samples=100000",
+    "strategy=ddp",
+    "trainer.devices=2",
+    "trainer.max_steps=30",
+    "trainer.val_every=null",
+    "monitor.log_every_n_steps=1",
+    "monitor.stall_timeout_s=120",
+]
+"""blobs under DDP on two processes for 30 steps, every step logged, the stall watchdog armed (the DDP SIGTERM test)."""
+
+
+@pytest.fixture(scope="session")
+def ddp_blobs_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of :data:`DDP_BLOBS` trained uninterrupted under torchrun (``monitor.progress=off``).
+
+    Its digest is what test_faults_processes' SIGTERM'd DDP job reaches when rerun, and what
+    test_ray's job on a local Ray instance reaches; both in the ``torchrun`` group (so on one
+    pytest-xdist worker): read it, copy what a test would change.
+    """
+    from blocks.launch.driver import run
+
+    run_dir = tmp_path_factory.mktemp("ddp-blobs") / "run"
+    summary = run([*DDP_BLOBS, "monitor.progress=off"], run_dir)
+    assert summary.status == "completed" and summary.state_digest, summary
+    return run_dir
+
+
 @pytest.fixture
 def cli(tmp_path: Path):
     """``cli(*args)`` runs the CLI in a fresh directory."""

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,11 +24,8 @@ from blocks.launch.worker import vanished_ranks
 from blocks.runtime.trainer import build_run
 from tests.conftest import (
     REPO,
-    blocks_run_until_step,
     call_in_fresh_process,
     free_port,
-    job_pids,
-    parent_of,
     read_summary,
     run_cli,
     run_in_process,
@@ -369,42 +365,8 @@ def test_multi_node_without_a_rendezvous_is_a_clear_error(cli) -> None:
     assert "BLOCKS_RDZV_ENDPOINT" in result.output
 
 
-@pytest.mark.slow
-def test_a_killed_worker_is_restarted_and_the_job_completes(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = [
-        "recipe=tiny_lm",
-        "trainer.max_steps=60",  # rank 0 waits in its all-reduce once rank 1 is killed at step 5
-        "trainer.val_every=null",
-        "strategy=ddp",
-        "trainer.devices=2",
-        "trainer.max_failures=1",
-        "monitor.log_every_n_steps=1",
-        f"hydra.run.dir={run_dir}",
-    ]
-    with blocks_run_until_step(args, cwd=tmp_path, step=5) as proc:
-        victims = job_pids(run_dir, workers_only=True)
-        assert len(victims) == 2
-        forkserver = parent_of(victims[0])
-        assert b"forkserver" in Path(f"/proc/{forkserver}/cmdline").read_bytes()
-        os.kill(victims[-1], signal.SIGKILL)
-        restarted = set()
-        while proc.poll() is None and len(restarted) < 2:
-            restarted = set(job_pids(run_dir, workers_only=True)) - set(victims)
-            time.sleep(0.05)
-        # The restarted workers are forked from the server that imported torch and Lightning once.
-        assert {parent_of(pid) for pid in restarted} == {forkserver}
-        attempt = run_dir / ".attempt"  # rank 0 of the restarted attempt writes it once it is running
-        while proc.poll() is None and not (attempt.exists() and attempt.read_text() == "1"):
-            time.sleep(0.05)
-        # the failed attempt's summary said "failed" for as long as the restarted one trained
-        running = read_summary(run_dir)["status"] if (run_dir / "summary.json").exists() else None
-        assert running in (None, "completed"), running
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out[-3000:]
-    summary = read_summary(run_dir)
-    assert summary["status"] == "completed"
-    assert summary["restarts"] == 1
+# A killed worker of a two-process job restarted (by forks of the same server) until the job
+# completes: test_faults_processes' restart test.
 
 
 class GradProbe(pl.Callback):

@@ -22,20 +22,12 @@ import pytest
 
 from blocks.checkpoint import store
 from blocks.core import jobs
-from blocks.launch import driver
 from blocks.launch.ray_workers import placement_problems
-from tests.conftest import REPO, free_port, job_pids, read_summary, run_cli, spawned
+from tests.conftest import DDP_BLOBS, REPO, free_port, job_pids, read_summary, run_cli, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
 RAY_CLI = shutil.which("ray") or "ray"
-TINY_DDP = [
-    "recipe=blobs",
-    "trainer.max_steps=6",
-    "strategy=ddp",
-    "trainer.devices=2",
-    "monitor.progress=off",
-]
 LONG_DDP = [
     "recipe=blobs",
     "data.samples=200000",
@@ -202,35 +194,30 @@ def test_the_ray_sweep_launcher_passes_the_import_seam() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(
+    "torchrun"
+)  # with test_faults_processes' DDP SIGTERM test, which shares ddp_blobs_run
 def test_without_ray_address_a_local_ray_instance_runs_the_job_as_torchrun_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ddp_blobs_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without ``RAY_ADDRESS`` the job starts a local Ray instance; it writes the same run dir and
-    weights as the job under torchrun, and leaves no process behind. (The jobs below connect to
-    the module's cluster through ``RAY_ADDRESS``; the launcher runs the same code on either.)"""
+    weights as the job under torchrun (:func:`ddp_blobs_run`), and leaves no process behind. (The
+    jobs below connect to the module's cluster through ``RAY_ADDRESS``; the launcher runs the same
+    code on either.)"""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    reference = driver.run(TINY_DDP, tmp_path / "torchrun")
     run_dir = tmp_path / "ray"
-    result = run_cli(["run", *TINY_DDP, "trainer.launcher=ray", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    args = ["run", *DDP_BLOBS, "monitor.progress=off", "trainer.launcher=ray", f"hydra.run.dir={run_dir}"]
+    result = run_cli(args, cwd=tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["restarts"] == 0
-    assert summary["state_digest"] == reference.state_digest
-    files = {p.name for p in (tmp_path / "torchrun").iterdir()}
+    assert summary["state_digest"] == read_summary(ddp_blobs_run)["state_digest"]
+    files = {p.name for p in ddp_blobs_run.iterdir()}
     assert files <= {p.name for p in run_dir.iterdir()}
     assert job_pids(run_dir) == []
 
 
 # --- on the module's Ray cluster ---------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_a_two_node_job_runs_on_two_ray_nodes(on_ray: str, tmp_path: Path) -> None:
-    args = ["recipe=blobs", "trainer.max_steps=4", "strategy=ddp", "trainer.nodes=2", "trainer.launcher=ray"]
-    result = run_cli(["run", *args, "monitor.progress=off", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    summary = read_summary(tmp_path)
-    assert summary["status"] == "completed" and summary["world_size"] == 2
 
 
 @pytest.mark.slow
@@ -375,12 +362,20 @@ def test_a_job_driver_in_a_ray_task_takes_the_sigint_a_not_forced_cancel_sends(
 
 
 @pytest.mark.slow
-def test_a_sweep_of_two_multi_worker_jobs_shares_one_ray_cluster(on_ray: str, tmp_path: Path) -> None:
+def test_a_sweep_of_two_jobs_on_two_ray_nodes_each_shares_one_ray_cluster(
+    on_ray: str, tmp_path: Path
+) -> None:
+    """Each job runs a worker on each of the cluster's two nodes (trainer.nodes=2); both jobs at once."""
     sweep = tmp_path / "sweep"
     args = [
         "run",
         "-m",
-        *TINY_DDP,
+        "recipe=blobs",
+        "trainer.max_steps=6",
+        "strategy=ddp",
+        "trainer.nodes=2",
+        "trainer.devices=1",
+        "monitor.progress=off",
         "trainer.launcher=ray",
         "hydra/launcher=ray",
         "trainer.seed=1,2",

@@ -805,28 +805,43 @@ def test_torchrun_workers_and_torchrun_hide_secrets_in_what_they_print(
     hidden_everywhere(secret, result.output, run_dir)
 
 
-@pytest.mark.slow
-def test_sweep_jobs_in_launcher_processes_hide_secrets(
+def test_a_joblib_sweep_hears_of_its_jobs_in_other_processes_and_their_crashes_hide_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """joblib runs each job in a process of its own: a crashed job's traceback hides the secret it quotes."""
+    """Jobs under hydra/launcher=joblib end in processes of their own: each reports how it ended to
+    the sweep (through a directory of the sweep's own, removed at the end). A failed summary an
+    earlier sweep left in the sweep dir was blamed on this one.
+
+    One sweep of four jobs: a diverging one, a completed one, and two whose callback crashes in
+    the job's joblib process with a traceback quoting a secret, which it hides."""
     secret = "s3cr3t-in-a-sweep-job"
     monkeypatch.setenv("BLOCKS_TEST_SECRET", secret)
     sweep = tmp_path / "sweep"
+    (sweep / "5").mkdir(parents=True)
+    (sweep / "5" / "summary.json").write_text(
+        json.dumps({"status": "failed", "reason": "an earlier sweep's"})
+    )
     result = run_cli(
         [
             "run",
             "-m",
             "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",  # 1 would run them in this process
             "recipe=blobs",
-            "debug=fast",
-            "trainer.max_steps=1,2",
-            f"trainer.callbacks=[{CRASHING_CALLBACK}]",
+            "trainer.max_steps=3",
+            f"trainer.callbacks=[],[{CRASHING_CALLBACK}]",  # jobs 0 and 1 without, 2 and 3 with
+            "optim.lr=1e30,1e-3",
+            "monitor.progress=off",
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,
     )
-    assert result.returncode != 0 and "the job crashed" in result.output, result.output[-3000:]
+    assert result.returncode == 1, result.output[-3000:]
+    did_not_complete = ", ".join(str(sweep / job) for job in ("0", "2", "3"))
+    assert f"3 job(s) of the sweep did not complete: {did_not_complete} (their" in result.output
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "2", "3", "5", "multirun.yaml"]
+    assert read_summary(sweep / "1")["status"] == "completed"
+    assert "the job crashed" in result.output, result.output[-3000:]
     assert "Invalid device string: 'cpu-${oc.env:BLOCKS_TEST_SECRET}'" in result.output, result.output[-3000:]
     hidden_everywhere(secret, result.output, sweep)
 
