@@ -1,0 +1,57 @@
+"""Block packages found in this process: fake-installed ones (a dist-info on ``sys.path``), no pip.
+
+tests/test_packages.py installs real wheels into a venv; these tests cover what discovery and
+planning do with packages, in process, through the ``fake_site`` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.catalog_fixtures import FakeSite
+
+NET = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("net")
+@dataclass(frozen=True, kw_only=True)
+class Net(MLP):
+    """The {team} team's net."""
+
+
+@register("only_{team}")
+@dataclass(frozen=True, kw_only=True)
+class Only(MLP):
+    """Only the {team} team has it."""
+'''
+
+
+def _share_acme(site: FakeSite) -> None:
+    """Two distributions whose modules live in one implicit namespace package, ``acme``."""
+    for team, version in [("vision", "1.0.0"), ("tabular", "2.0.0")]:
+        site.install(
+            f"acme-{team}-ns",
+            version,
+            {team: f"acme.{team}"},
+            {f"acme/{team}/__init__.py": NET.format(team=team)},
+        )
+
+
+def test_packages_sharing_a_namespace_package_keep_their_own_blocks(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    _share_acme(fake_site)
+    result = cli_in_process("list", "model", "--json")
+    assert result.returncode == 0, result.output
+    listed = {e["name"]: e["package"] for e in json.loads(result.output[result.output.index("[") :])}
+    assert listed["vision/net"] == "acme-vision-ns" and listed["vision/only_vision"] == "acme-vision-ns"
+    assert listed["tabular/net"] == "acme-tabular-ns" and listed["tabular/only_tabular"] == "acme-tabular-ns"
+    assert "vision/only_tabular" not in listed and "warning" not in result.output
+    plan = cli_in_process("plan", "recipe=blobs", "model=tabular/only_tabular")
+    assert plan.returncode == 0, plan.output
