@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.catalog_fixtures import FakeSite
 
 NET = '''
@@ -55,3 +57,53 @@ def test_packages_sharing_a_namespace_package_keep_their_own_blocks(
     assert "vision/only_tabular" not in listed and "warning" not in result.output
     plan = cli_in_process("plan", "recipe=blobs", "model=tabular/only_tabular")
     assert plan.returncode == 0, plan.output
+
+
+RAISES = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("badcheck")
+@dataclass(frozen=True, kw_only=True)
+class BadCheck(MLP):
+    """A model whose check raises."""
+
+    def check(self, ctx):
+        raise ZeroDivisionError("boom in check")
+
+
+@register("badparams")
+@dataclass(frozen=True, kw_only=True)
+class BadParams(MLP):
+    """A model whose parameter count raises."""
+
+    def num_parameters(self, spec):
+        return {}["nope"]
+'''
+
+
+@pytest.mark.parametrize(
+    ("block", "raised"),
+    [
+        ("badcheck", "ZeroDivisionError: boom in check in check()"),
+        ("badparams", "KeyError: 'nope' in num_parameters()"),
+    ],
+)
+def test_a_package_block_that_raises_while_planning_is_named(
+    fake_site: FakeSite, cli_in_process, block: str, raised: str
+) -> None:
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": RAISES}
+    )
+    result = cli_in_process("plan", "recipe=blobs", f"model=weird/{block}")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split()).replace("│", "")
+    text = " ".join(text.split())
+    assert f"error model: model block 'weird/{block}' (from weird-blocks 0.1.0) raised {raised}" in text, text
+    assert "weird_blocks/__init__.py:" in text and "report it to the maintainers of weird-blocks" in text
+    assert "Traceback" not in result.output
