@@ -107,3 +107,31 @@ def test_a_package_block_that_raises_while_planning_is_named(
     assert f"error model: model block 'weird/{block}' (from weird-blocks 0.1.0) raised {raised}" in text, text
     assert "weird_blocks/__init__.py:" in text and "report it to the maintainers of weird-blocks" in text
     assert "Traceback" not in result.output
+
+
+PRESETS = NET.format(team="vision")
+
+
+def test_a_package_preset_may_name_a_built_in_block(fake_site: FakeSite, cli_in_process) -> None:
+    fake_site.install(
+        "acme-vision",
+        "0.1.0",
+        {"acme_vision": "acme_vision"},
+        {
+            "acme_vision/__init__.py": PRESETS,
+            "acme_vision/conf/model/bigmlp.yaml": "_block_: mlp\nhidden: [16]\n",
+            "acme_vision/conf/model/mynet.yaml": "_block_: net\nhidden: [24]\n",
+            "acme_vision/conf/model/lost.yaml": "_block_: nosuch\n",
+        },
+    )
+    built_in = cli_in_process("plan", "--json", "recipe=blobs", "model=acme_vision/bigmlp")
+    assert built_in.returncode == 0, built_in.output
+    plan = json.loads(built_in.output[built_in.output.index("{") :])
+    assert plan["blocks"]["model"]["block"] == "mlp", plan["blocks"]["model"]
+    own = cli_in_process("plan", "--json", "recipe=blobs", "model=acme_vision/mynet")
+    assert json.loads(own.output[own.output.index("{") :])["blocks"]["model"]["block"] == "acme_vision/net"
+    warnings = " ".join(built_in.output.split())
+    assert (
+        "warning model: " in warnings and "lost.yaml raised RegistryError: no model block named" in warnings
+    )
+    assert "bigmlp.yaml raised" not in warnings

@@ -53,6 +53,8 @@ class LoadProblem:
         line: the line of the file where it raised, when known.
         during: ``import`` (the whole file was skipped) or ``call`` (the recipe function raised
             when called, and only that recipe was skipped).
+        group: the config group of the option the file makes (``recipe``, or ``model`` for a
+            package's model preset); the warning is keyed by it.
     """
 
     path: Path
@@ -60,6 +62,7 @@ class LoadProblem:
     recipes: tuple[str, ...] = ()
     line: int | None = None
     during: Literal["import", "call"] = "import"
+    group: str = "recipe"
 
     @property
     def where(self) -> str:
@@ -72,7 +75,7 @@ class LoadProblem:
         skipped = "the file was skipped" if self.during == "import" else f"recipe '{names}' was skipped"
         fix = "correct the file" + (f"; until then {names} cannot be chosen" if names else "")
         return Problem(
-            "recipe",
+            self.group,
             f"{self.where} raised {self.message}; {skipped}",
             fix,
             severity="warning",
@@ -609,11 +612,19 @@ def package_presets(namespace: str, conf: Path, registry: Registry) -> list[Pres
                     raise RegistryError(f"{path} holds a list, not a mapping of config keys")
                 block = node.get("_block_") if group in REGISTRY_KINDS else None
                 if block is not None:
-                    name = str(block) if "/" in str(block) or not namespace else f"{namespace}/{block}"
+                    name = _preset_block(registry, group, namespace, str(block))
                     node["_block_"] = name
                     typed = block_node(registry.get(group, name).cls())
                     node = OmegaConf.merge(typed, node)
                 found.append(Preset(group, option, node, header.get("package"), path))
             except Exception as exc:
-                _record(LoadProblem(path.resolve(), describe_exception(exc), (option,)))
+                _record(LoadProblem(path.resolve(), describe_exception(exc), (option,), group=group))
     return found
+
+
+def _preset_block(registry: Registry, group: str, namespace: str, block: str) -> str:
+    """The block a package's preset names with ``_block_``: its own ``namespace/block`` first, then the full name."""
+    if "/" in block or not namespace:
+        return block
+    own = f"{namespace}/{block}"
+    return block if own not in registry.names(group) and block in registry.names(group) else own
