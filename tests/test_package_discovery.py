@@ -135,3 +135,23 @@ def test_a_package_preset_may_name_a_built_in_block(fake_site: FakeSite, cli_in_
         "warning model: " in warnings and "lost.yaml raised RegistryError: no model block named" in warnings
     )
     assert "bigmlp.yaml raised" not in warnings
+
+
+def test_a_mistyped_package_option_is_offered_the_package_options(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    fake_site.install(
+        "acme-vision",
+        "0.1.0",
+        {"acme_vision": "acme_vision"},
+        {
+            "acme_vision/__init__.py": PRESETS,
+            "acme_vision/conf/model/wide.yaml": "_block_: net\nhidden: [64]\n",
+        },
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=acme_vision/wid")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "no option 'acme_vision/wid' in group 'model'; did you mean 'acme_vision/wide'" in text, text
+    available = text.split("available: ")[1]
+    assert "acme_vision/net" in available and "acme_vision/wide" in available and "mlp" in available
