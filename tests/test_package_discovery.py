@@ -155,3 +155,36 @@ def test_a_mistyped_package_option_is_offered_the_package_options(
     assert "no option 'acme_vision/wid' in group 'model'; did you mean 'acme_vision/wide'" in text, text
     available = text.split("available: ")[1]
     assert "acme_vision/net" in available and "acme_vision/wide" in available and "mlp" in available
+
+
+UNCONFIGURABLE = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("withset")
+@dataclass(frozen=True, kw_only=True)
+class WithSet(MLP):
+    """A model with a field no config can hold."""
+
+    ids: frozenset = frozenset({1, 2})
+'''
+
+
+def test_a_package_block_with_a_field_no_config_holds_names_the_package(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": UNCONFIGURABLE}
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=weird/withset")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "error model.ids: model block 'weird/withset'" in text and "from weird-blocks 0.1.0" in text, text
+    assert "Unexpected type annotation: frozenset" in text
+    assert "report it to the maintainers of weird-blocks" in text and "blocks list ids" not in text
+    assert cli_in_process("plan", "recipe=blobs").returncode == 0, "the rest of the catalog still works"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from blocks.compat.hydra_private import config_store_repo, swap_config_store_repo
 from blocks.core import packages, paths, project
@@ -314,7 +315,22 @@ class _BlockNode:
                     check="block-import",
                 )
             ) from exc
-        return block_node(cls())
+        try:
+            return block_node(cls())
+        except OmegaConfBaseException as exc:  # a field of a type a config cannot hold: the block's fault
+            field_name = str(getattr(exc, "full_key", "") or "")
+            key = f"{entry.kind}.{field_name}" if field_name else entry.kind
+            raise ConfigError(
+                Problem(
+                    key,
+                    f"{entry.kind} block '{entry.name}' ({entry.target}, from {entry.package} {entry.version}) "
+                    f"cannot be configured: {describe_exception(exc)}",
+                    f"report it to the maintainers of {entry.package} (a block field must be a type a config holds: "
+                    f"bool, int, float, str, an enum, a path, a list or tuple of one, or a dict); "
+                    f"until then choose another {entry.kind} block (`blocks list {entry.kind}`)",
+                    check="block-import",
+                )
+            ) from exc
 
 
 def _made_recipe(recipe_entry: RecipeEntry, registry: Registry) -> _MadeRecipe | None:
