@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from blocks.compat.hydra_private import config_store_repo, swap_config_store_repo
 from blocks.core import packages, paths, project
@@ -53,6 +54,8 @@ class LoadProblem:
         line: the line of the file where it raised, when known.
         during: ``import`` (the whole file was skipped) or ``call`` (the recipe function raised
             when called, and only that recipe was skipped).
+        group: the config group of the option the file makes (``recipe``, or ``model`` for a
+            package's model preset); the warning is keyed by it.
     """
 
     path: Path
@@ -60,6 +63,7 @@ class LoadProblem:
     recipes: tuple[str, ...] = ()
     line: int | None = None
     during: Literal["import", "call"] = "import"
+    group: str = "recipe"
 
     @property
     def where(self) -> str:
@@ -72,7 +76,7 @@ class LoadProblem:
         skipped = "the file was skipped" if self.during == "import" else f"recipe '{names}' was skipped"
         fix = "correct the file" + (f"; until then {names} cannot be chosen" if names else "")
         return Problem(
-            "recipe",
+            self.group,
             f"{self.where} raised {self.message}; {skipped}",
             fix,
             severity="warning",
@@ -311,7 +315,22 @@ class _BlockNode:
                     check="block-import",
                 )
             ) from exc
-        return block_node(cls())
+        try:
+            return block_node(cls())
+        except OmegaConfBaseException as exc:  # a field of a type a config cannot hold: the block's fault
+            field_name = str(getattr(exc, "full_key", "") or "")
+            key = f"{entry.kind}.{field_name}" if field_name else entry.kind
+            raise ConfigError(
+                Problem(
+                    key,
+                    f"{entry.kind} block '{entry.name}' ({entry.target}, from {entry.package} {entry.version}) "
+                    f"cannot be configured: {describe_exception(exc)}",
+                    f"report it to the maintainers of {entry.package} (a block field must be a type a config holds: "
+                    f"bool, int, float, str, an enum, a path, a list or tuple of one, or a dict); "
+                    f"until then choose another {entry.kind} block (`blocks list {entry.kind}`)",
+                    check="block-import",
+                )
+            ) from exc
 
 
 def _made_recipe(recipe_entry: RecipeEntry, registry: Registry) -> _MadeRecipe | None:
@@ -609,11 +628,19 @@ def package_presets(namespace: str, conf: Path, registry: Registry) -> list[Pres
                     raise RegistryError(f"{path} holds a list, not a mapping of config keys")
                 block = node.get("_block_") if group in REGISTRY_KINDS else None
                 if block is not None:
-                    name = str(block) if "/" in str(block) or not namespace else f"{namespace}/{block}"
+                    name = _preset_block(registry, group, namespace, str(block))
                     node["_block_"] = name
                     typed = block_node(registry.get(group, name).cls())
                     node = OmegaConf.merge(typed, node)
                 found.append(Preset(group, option, node, header.get("package"), path))
             except Exception as exc:
-                _record(LoadProblem(path.resolve(), describe_exception(exc), (option,)))
+                _record(LoadProblem(path.resolve(), describe_exception(exc), (option,), group=group))
     return found
+
+
+def _preset_block(registry: Registry, group: str, namespace: str, block: str) -> str:
+    """The block a package's preset names with ``_block_``: its own ``namespace/block`` first, then the full name."""
+    if "/" in block or not namespace:
+        return block
+    own = f"{namespace}/{block}"
+    return block if own not in registry.names(group) and block in registry.names(group) else own

@@ -551,6 +551,14 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "block-raised",
+        ("config",),
+        "model",
+        "a chosen block's own plan-time code (check, num_parameters, ...) does not raise (one that does is named with "
+        "its distribution, version and the line that raised)",
+        (),
+    ),
+    Check(
         "name-clash",
         ("config",),
         "project",

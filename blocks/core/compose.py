@@ -109,6 +109,14 @@ def group_options(group: str) -> list[str]:
     return sorted(set(walk(group, "")))
 
 
+def _options_with_subgroups(group: str, options: list[str]) -> list[str]:
+    """Every option of *group*, a package's ``acme/wide`` too (Hydra's own list has its top level only)."""
+    try:
+        return sorted({*options, *group_options(group)})
+    except Exception:  # the group cannot be listed here: Hydra's list is still right for built-ins
+        return options
+
+
 def primary_node(conf_dirs: Sequence[str], kinds: Sequence[BlockKind] = KIND_TABLE) -> dict[str, Any]:
     """The primary config: the defaults list of every group (kinds from the kind table), and Hydra's run-dir layout."""
     defaults: list[Any] = ["_self_"]
@@ -360,6 +368,7 @@ def translate_compose_error(
         options = list(getattr(exc, "options", None) or [])
         if "/" in missing:
             group, option = missing.split("/", 1)
+            options = _options_with_subgroups(group, options)
             hint = did_you_mean(option, options)
             return ConfigError(
                 Problem(

@@ -130,10 +130,10 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
     owners: dict[str, tuple[str, str, str]] = {}
     for namespace, eps in by_name.items():
         if len({_dist_label(ep) for ep in eps}) == 1 and _NAMESPACE.match(namespace):
-            owners[eps[0].module.split(".")[0]] = (namespace, *_dist_name_version(eps[0]))
+            owners[eps[0].module] = (namespace, *_dist_name_version(eps[0]))
 
     def owner(module: str) -> tuple[str, str, str] | None:
-        return owners.get(module.split(".")[0])
+        return _owner_of(module, owners)
 
     REGISTRY.owner = RECIPES.owner = owner
     for name in sorted(by_name):
@@ -149,6 +149,19 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
             )
             continue
         _load(name, next(iter(claims.values())))
+
+
+def _owner_of(module: str, owners: dict[str, tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The owner of the entry-point module that *module* is, or is inside; the longest match wins.
+
+    Two distributions may share a top-level namespace package (``acme.vision`` and
+    ``acme.tabular``): a module belongs to the package whose entry point names it or a parent of it.
+    """
+    best = ""
+    for top in owners:
+        if (module == top or module.startswith(top + ".")) and len(top) > len(best):
+            best = top
+    return owners[best] if best else None
 
 
 def _any_declares(group: str) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
+from blocks.core.block_errors import raised_in_block
 from blocks.core.environment import Environment
 from blocks.data.base import BatchSpec, DataBlock, TokenBatch
 from blocks.model.base import ModelBlock
@@ -444,13 +445,19 @@ def make_plan(
             raise TypeError(f"plan needs a {bases[kind].__name__} for '{kind}', got {block!r}")
     environment = environment or Environment.detect()
     state = _State(blocks=blocks, environment=environment, kinds=names)
-    _derive(state)
-    _check_finite(state)
-    for kind in names:
-        blocks[kind].check(CheckContext(state, kind))
-    _check_batch_arithmetic(state)
-    _check_validation(state)
-    _check_memory(state)
+    try:
+        _derive(state)
+        _check_finite(state)
+        for kind in names:
+            blocks[kind].check(CheckContext(state, kind))
+        _check_batch_arithmetic(state)
+        _check_validation(state)
+        _check_memory(state)
+    except Exception as exc:
+        raised = raised_in_block(exc, {kind: blocks[kind] for kind in names})
+        if raised is None:
+            raise
+        state.problems.append(raised)
     return Plan(
         blocks=dict(blocks),
         choices=dict(choices or {kind: blocks[kind].block_name for kind in names}),

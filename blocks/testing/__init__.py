@@ -38,6 +38,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from blocks.core import catalog, jobs
+from blocks.core.block_errors import raised_at
 from blocks.core.compose import block_node, config_to_blocks, node_to_block
 from blocks.core.plan import Plan
 from blocks.core.recipe import RECIPES
@@ -162,10 +163,8 @@ def host(kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None
             failures.append(f"  recipe={candidate}: {exc}")
             continue
         except Exception as exc:
-            frame = traceback.extract_tb(exc.__traceback__)[-1]
             failures.append(
-                f"  recipe={candidate}: planning raised {type(exc).__name__}: {exc} in {frame.name}() at "
-                f"{frame.filename}:{frame.lineno} (plan-time methods such as num_parameters must be implemented "
+                f"  recipe={candidate}: planning raised {raised_at(exc)} (plan-time methods such as num_parameters must be implemented "
                 f"torch-free; raise ValueError when a number cannot be known)"
             )
             continue

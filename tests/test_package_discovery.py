@@ -1,0 +1,190 @@
+"""Block packages found in this process: fake-installed ones (a dist-info on ``sys.path``), no pip.
+
+tests/test_packages.py installs real wheels into a venv; these tests cover what discovery and
+planning do with packages, in process, through the ``fake_site`` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.catalog_fixtures import FakeSite
+
+NET = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("net")
+@dataclass(frozen=True, kw_only=True)
+class Net(MLP):
+    """The {team} team's net."""
+
+
+@register("only_{team}")
+@dataclass(frozen=True, kw_only=True)
+class Only(MLP):
+    """Only the {team} team has it."""
+'''
+
+
+def _share_acme(site: FakeSite) -> None:
+    """Two distributions whose modules live in one implicit namespace package, ``acme``."""
+    for team, version in [("vision", "1.0.0"), ("tabular", "2.0.0")]:
+        site.install(
+            f"acme-{team}-ns",
+            version,
+            {team: f"acme.{team}"},
+            {f"acme/{team}/__init__.py": NET.format(team=team)},
+        )
+
+
+def test_packages_sharing_a_namespace_package_keep_their_own_blocks(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    _share_acme(fake_site)
+    result = cli_in_process("list", "model", "--json")
+    assert result.returncode == 0, result.output
+    listed = {e["name"]: e["package"] for e in json.loads(result.output[result.output.index("[") :])}
+    assert listed["vision/net"] == "acme-vision-ns" and listed["vision/only_vision"] == "acme-vision-ns"
+    assert listed["tabular/net"] == "acme-tabular-ns" and listed["tabular/only_tabular"] == "acme-tabular-ns"
+    assert "vision/only_tabular" not in listed and "warning" not in result.output
+    plan = cli_in_process("plan", "recipe=blobs", "model=tabular/only_tabular")
+    assert plan.returncode == 0, plan.output
+
+
+RAISES = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("badcheck")
+@dataclass(frozen=True, kw_only=True)
+class BadCheck(MLP):
+    """A model whose check raises."""
+
+    def check(self, ctx):
+        raise ZeroDivisionError("boom in check")
+
+
+@register("badparams")
+@dataclass(frozen=True, kw_only=True)
+class BadParams(MLP):
+    """A model whose parameter count raises."""
+
+    def num_parameters(self, spec):
+        return {}["nope"]
+'''
+
+
+@pytest.mark.parametrize(
+    ("block", "raised"),
+    [
+        ("badcheck", "ZeroDivisionError: boom in check in check()"),
+        ("badparams", "KeyError: 'nope' in num_parameters()"),
+    ],
+)
+def test_a_package_block_that_raises_while_planning_is_named(
+    fake_site: FakeSite, cli_in_process, block: str, raised: str
+) -> None:
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": RAISES}
+    )
+    result = cli_in_process("plan", "recipe=blobs", f"model=weird/{block}")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split()).replace("│", "")
+    text = " ".join(text.split())
+    assert f"error model: model block 'weird/{block}' (from weird-blocks 0.1.0) raised {raised}" in text, text
+    assert "weird_blocks/__init__.py:" in text and "report it to the maintainers of weird-blocks" in text
+    assert "Traceback" not in result.output
+
+
+PRESETS = NET.format(team="vision")
+
+
+def test_a_package_preset_may_name_a_built_in_block(fake_site: FakeSite, cli_in_process) -> None:
+    fake_site.install(
+        "acme-vision",
+        "0.1.0",
+        {"acme_vision": "acme_vision"},
+        {
+            "acme_vision/__init__.py": PRESETS,
+            "acme_vision/conf/model/bigmlp.yaml": "_block_: mlp\nhidden: [16]\n",
+            "acme_vision/conf/model/mynet.yaml": "_block_: net\nhidden: [24]\n",
+            "acme_vision/conf/model/lost.yaml": "_block_: nosuch\n",
+        },
+    )
+    built_in = cli_in_process("plan", "--json", "recipe=blobs", "model=acme_vision/bigmlp")
+    assert built_in.returncode == 0, built_in.output
+    plan = json.loads(built_in.output[built_in.output.index("{") :])
+    assert plan["blocks"]["model"]["block"] == "mlp", plan["blocks"]["model"]
+    own = cli_in_process("plan", "--json", "recipe=blobs", "model=acme_vision/mynet")
+    assert json.loads(own.output[own.output.index("{") :])["blocks"]["model"]["block"] == "acme_vision/net"
+    warnings = " ".join(built_in.output.split())
+    assert (
+        "warning model: " in warnings and "lost.yaml raised RegistryError: no model block named" in warnings
+    )
+    assert "bigmlp.yaml raised" not in warnings
+
+
+def test_a_mistyped_package_option_is_offered_the_package_options(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    fake_site.install(
+        "acme-vision",
+        "0.1.0",
+        {"acme_vision": "acme_vision"},
+        {
+            "acme_vision/__init__.py": PRESETS,
+            "acme_vision/conf/model/wide.yaml": "_block_: net\nhidden: [64]\n",
+        },
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=acme_vision/wid")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "no option 'acme_vision/wid' in group 'model'; did you mean 'acme_vision/wide'" in text, text
+    available = text.split("available: ")[1]
+    assert "acme_vision/net" in available and "acme_vision/wide" in available and "mlp" in available
+
+
+UNCONFIGURABLE = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("withset")
+@dataclass(frozen=True, kw_only=True)
+class WithSet(MLP):
+    """A model with a field no config can hold."""
+
+    ids: frozenset = frozenset({1, 2})
+'''
+
+
+def test_a_package_block_with_a_field_no_config_holds_names_the_package(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": UNCONFIGURABLE}
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=weird/withset")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "error model.ids: model block 'weird/withset'" in text and "from weird-blocks 0.1.0" in text, text
+    assert "Unexpected type annotation: frozenset" in text
+    assert "report it to the maintainers of weird-blocks" in text and "blocks list ids" not in text
+    assert cli_in_process("plan", "recipe=blobs").returncode == 0, "the rest of the catalog still works"
