@@ -418,7 +418,7 @@ def test_a_ctrl_c_while_the_command_line_is_read_exits_130_without_a_traceback(m
     ended: BaseException | None = None
     try:
         main(["plan", "recipe=blobs"])
-    except BaseException as exc:  # noqa: BLE001 - the old code let a KeyboardInterrupt out
+    except BaseException as exc:  # the old code let a KeyboardInterrupt out
         ended = exc
     assert isinstance(ended, SystemExit) and ended.code == 130
     assert "interrupted (Ctrl-C)" in capsys.readouterr().err
