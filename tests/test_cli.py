@@ -402,3 +402,23 @@ def test_a_recipe_that_raises_or_exits_is_a_clean_error(tmp_path) -> None:
     assert args[0] == 2 and "raised TypeError" in args[1] and "Traceback" not in args[1], args[1]
     assert blobs[0] == 0, blobs[1]
     assert "exits.py:1 raised SystemExit: 5" in " ".join(blobs[1].split()), blobs[1]
+
+
+def test_a_ctrl_c_while_the_command_line_is_read_exits_130_without_a_traceback(monkeypatch, capsys) -> None:
+    """Regression: a Ctrl-C before the command ran (reading its arguments, importing what it needs) escaped
+    ``main`` as a ``KeyboardInterrupt``: a traceback and death by SIGINT instead of exit 130."""
+    import argparse
+
+    from blocks.cli.main import main
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # what Ctrl-C raises in the middle of parsing
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", interrupted)
+    ended: BaseException | None = None
+    try:
+        main(["plan", "recipe=blobs"])
+    except BaseException as exc:  # the old code let a KeyboardInterrupt out
+        ended = exc
+    assert isinstance(ended, SystemExit) and ended.code == 130
+    assert "interrupted (Ctrl-C)" in capsys.readouterr().err

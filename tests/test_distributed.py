@@ -302,6 +302,33 @@ def test_each_data_parallel_rank_draws_its_own_random_numbers(
     assert json.loads((single / "draws-rank0.json").read_text()) == ranks[0]
 
 
+def test_a_rank_a_resumed_checkpoint_has_no_streams_for_draws_its_own_numbers() -> None:
+    """Regression: resumed on more processes than saved the checkpoint, a new rank took rank 0's
+    Python and NumPy states (and a torch seed of ``initial_seed() + rank``, another run's rank 0):
+    its augmentations repeated rank 0's. It starts its data-parallel index's streams instead, as in
+    a fresh run, and a rank the checkpoint has states of gets its own back."""
+    import random
+
+    import numpy as np
+
+    from blocks.runtime.checkpointing import restore_rank_streams, rng_state
+    from blocks.runtime.seeds import RankStreams
+
+    def draws() -> tuple[float, float, float]:
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    streams = RankStreams(seed=0, index_of=lambda rank: rank)
+    saved = [rng_state()]  # what a one-process run's checkpoint holds
+    rank_0 = draws()
+    restore_rank_streams(saved, 0, streams.start_fresh)
+    assert draws() == rank_0
+    restore_rank_streams(saved, 1, streams.start_fresh)
+    rank_1 = draws()
+    assert all(a != b for a, b in zip(rank_0, rank_1, strict=True)), "rank 1 repeats rank 0's numbers"
+    streams.start_fresh(1)
+    assert draws() == rank_1  # a fresh run's rank 1 stream
+
+
 def run_two_nodes(cwd: Path, common: list[str], *per_node: list[str]) -> list[tuple[int, str]]:
     """Two `blocks run` invocations, one per "node" (*common* plus that node's overrides), at one rendezvous; their exit statuses and stderr."""
     env = {**os.environ, "BLOCKS_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}

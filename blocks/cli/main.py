@@ -926,16 +926,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     entry = argv is None
     if entry:  # registered first, so called last: Python's own finalization would die of a Ctrl-C
         atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    code: int | str | None = 1
+    try:
+        code = _command(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        from blocks.launch.torchrun import EXIT_INTERRUPTED
+
+        print("blocks: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except SystemExit as exc:  # a job's command ends here too (blocks.launch.driver)
+        code = exc.code
+        raise
+    finally:
+        if entry:
+            signal.signal(
+                signal.SIGINT, functools.partial(_exit_at_once, code if isinstance(code, int) else 1)
+            )
+    sys.exit(code)
+
+
+def _command(argv: list[str]) -> int:
+    """Parse *argv* and run its command; its exit status."""
     try:
         argv = take_recipes_option(argv)
     except BlocksError as exc:
-        sys.exit(_fail(exc, RUN_HEADER))
+        return _fail(exc, RUN_HEADER)
     from blocks.cli.completion import answer_query, is_query
 
     shell = is_query(argv)
     if shell is not None:
-        sys.exit(answer_query(shell))
+        return answer_query(shell)
     if argv and argv[0] in ("-sc", "--shell-completion"):
         argv = ["run", *argv]  # `blocks -sc install=bash`: Hydra's install, as `blocks run -sc` does
     if argv and argv[0] == "run":
@@ -945,7 +965,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             args = _parse_intermixed(build_parser(plan_help=plan_help), argv)
         except BlocksError as exc:
-            sys.exit(_fail(exc, _HEADERS.get(argv[0], RUN_HEADER)))
+            return _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
         if args.command == "plan":
             dispatch = lambda: cmd_plan(  # noqa: E731
                 args.overrides, as_json=args.json, multirun=args.multirun, config_dir=args.config_dir
@@ -966,28 +986,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             dispatch = lambda: cmd_list(args.kind, as_json=args.json)  # noqa: E731
     from blocks.core.masking import hiding_output
 
-    code: object = 1
-    try:
-        with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
-            try:
-                load_catalog()
-                code = dispatch()
-            except BlocksError as exc:
-                code = _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
-            except KeyboardInterrupt:
-                from blocks.launch.torchrun import EXIT_INTERRUPTED
-
-                print("blocks: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-                code = EXIT_INTERRUPTED
-    except SystemExit as exc:  # a job's command ends here too (blocks.launch.driver)
-        code = exc.code
-        raise
-    finally:
-        if entry:
-            signal.signal(
-                signal.SIGINT, functools.partial(_exit_at_once, code if isinstance(code, int) else 1)
-            )
-    sys.exit(code)
+    with hiding_output():  # a value read from the environment is shown as ${oc.env:NAME}
+        try:
+            load_catalog()
+            return dispatch()
+        except BlocksError as exc:
+            return _fail(exc, _HEADERS.get(argv[0], RUN_HEADER))
 
 
 def _exit_at_once(code: int, signum: int, frame: Any) -> None:

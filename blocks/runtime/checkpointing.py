@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -120,6 +120,21 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def restore_rank_streams(
+    states: Sequence[Mapping[str, Any]], rank: int, fresh: Callable[[int], None]
+) -> None:
+    """Put back global rank *rank*'s generator states from a checkpoint's *states* (one per rank that saved it).
+
+    A rank the saving run did not have (a resume on more processes) starts its data-parallel
+    index's own streams with *fresh* (:meth:`blocks.runtime.seeds.RankStreams.start_fresh`):
+    with rank 0's states it would draw rank 0's numbers (dropout masks, augmentations).
+    """
+    if rank < len(states):
+        set_rng_state(states[rank])
+    elif states:
+        fresh(rank)
+
+
 class CheckpointCallback(pl.Callback):
     """Saves committed checkpoints at the configured triggers and applies retention after each commit.
 
@@ -130,6 +145,8 @@ class CheckpointCallback(pl.Callback):
     more ends at once, as a finished run's does. ``stall_s`` adds up the seconds training
     waited for saves. *metrics* gives the metrics logged at a step: a manifest holds those of
     its own step only, so ``keep_best`` never ranks a checkpoint by an earlier validation.
+    *fresh_streams* starts the streams of a rank the checkpoint it resumes has none of
+    (:func:`restore_rank_streams`).
     """
 
     def __init__(
@@ -146,6 +163,7 @@ class CheckpointCallback(pl.Callback):
         metrics: Callable[[int], dict[str, float]],
         job: str = "",
         steps_per_epoch: int = 0,
+        fresh_streams: Callable[[int], None],
         before_save: Callable[[pl.Trainer], None] = lambda trainer: None,
     ) -> None:
         self.block = block
@@ -159,6 +177,7 @@ class CheckpointCallback(pl.Callback):
         self.job = job
         self.metrics = metrics
         self.before_save = before_save
+        self.fresh_streams = fresh_streams
         self.steps_per_epoch = steps_per_epoch
         self.stopped_early_of: int | None = None
         self.last_saved_step = -1
@@ -174,14 +193,8 @@ class CheckpointCallback(pl.Callback):
         return {"rng": every_rank(rng_state()), "stopped_early_of": self.stopped_early_of}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore this rank's RNG states (or rank 0's, reseeded by rank, on a new world size)."""
-        states = state_dict.get("rng") or []
-        rank, _ = rank_and_world()
-        if rank < len(states):
-            set_rng_state(states[rank])
-        elif states:
-            set_rng_state(states[0])
-            torch.manual_seed(int(torch.initial_seed()) + rank)
+        """Restore this rank's RNG states (see :func:`restore_rank_streams`)."""
+        restore_rank_streams(state_dict.get("rng") or [], rank_and_world()[0], self.fresh_streams)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Remove checkpoints a crash left uncommitted (global rank 0, before anything is saved).

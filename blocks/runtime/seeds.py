@@ -35,7 +35,7 @@ class RankStreams(pl.Callback):
     and FSDP reseed every process with ``trainer.seed`` there) and the datasets were built,
     and before a checkpoint restores each rank's saved states: data-parallel index 0 goes on
     from the kept states, as a one-process run does, and index *i* > 0 seeds every generator
-    (CUDA's too) with :func:`rank_seed`. *index_of* gives the data-parallel index of a global
+    (CUDA's too) with :func:`rank_seed` (:meth:`start_fresh`). *index_of* gives the data-parallel index of a global
     rank (the plan's mesh).
     """
 
@@ -53,7 +53,15 @@ class RankStreams(pl.Callback):
             np.random.set_state(numpy)
             torch.set_rng_state(host)
             return
-        seed = rank_seed(self.seed, index)
+        self.start_fresh(trainer.global_rank)
+
+    def start_fresh(self, rank: int) -> None:
+        """Seed every generator of this process (CUDA's too) for global rank *rank*'s data-parallel index.
+
+        Also what a rank with no saved states of its own starts from when a checkpoint of a
+        smaller world resumes (:class:`~blocks.runtime.checkpointing.CheckpointCallback`).
+        """
+        seed = rank_seed(self.seed, self.index_of(rank))
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)  # and every CUDA device's generator

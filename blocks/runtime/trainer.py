@@ -173,6 +173,7 @@ def build_run(
             steps_per_epoch=derived.steps_per_epoch,
             metrics=recorder.logged_at,
             before_save=recorder.flush,
+            fresh_streams=streams.start_fresh,
         )
         callbacks.append(checkpointer)
         recorder.stall_clock = lambda: checkpointer.stall_s
