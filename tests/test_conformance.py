@@ -182,6 +182,33 @@ class Unbuildable(MLP):
         raise RuntimeError("the vendored kernels are missing")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Leaky(MLP):
+    """An MLP whose output scale, halved every training step, is a buffer its checkpoint does not hold.
+
+    Attributes:
+        hidden: widths.
+        activation: activation.
+        dropout: dropout.
+    """
+
+    def build(self, spec):  # type: ignore[no-untyped-def]
+        import torch
+
+        class Scaled(torch.nn.Module):
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
+                self.register_buffer("scale", torch.ones(1), persistent=False)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                if self.training:
+                    self.scale.mul_(0.5)
+                return self.inner(x) * self.scale
+
+        return Scaled(super().build(spec))
+
+
 @pytest.fixture(scope="module")
 def bad_blocks() -> None:
     bad = (
@@ -189,6 +216,7 @@ def bad_blocks() -> None:
         (Undocumented, "undocumented"),
         (Picky, "picky"),
         (Unbuildable, "unbuildable"),
+        (Leaky, "leaky"),
     )
     with REGISTRY.namespace("kitbad", "kit-bad-blocks", "0.0.1"):
         for cls, name in bad:
@@ -219,6 +247,19 @@ def test_a_block_that_fails_to_train_in_process_is_named_with_its_error(
     assert "RuntimeError: the vendored kernels are missing" in str(info.value)
     assert "build() must make objects that train" in str(info.value)
     assert os.getcwd() != str(tmp_path), "the working directory is given back"
+
+
+def test_a_block_that_does_not_resume_exactly_is_named_with_the_step_it_differs_at(
+    bad_blocks: None, tmp_path: Path
+) -> None:
+    """A run resumed halfway must train as the same run uninterrupted; the kit names the first step that does not."""
+    check_config_round_trip("model", "kitbad/leaky")
+    check_plan("model", "kitbad/leaky")
+    with pytest.raises(ConformanceError, match=r"at step 3 train/loss is \S+ resumed, \S+ straight") as info:
+        check_training("model", "kitbad/leaky", tmp_path, in_process=True)
+    assert "persistent=False" in str(info.value)
+    want, got = (info.value.args[0].split("train/loss is ")[1].split(" straight")[0]).split(" resumed, ")
+    assert float(want) != float(got)
 
 
 def test_the_fixture_binds_the_kit_to_a_directory(blocks_kit, tmp_path: Path) -> None:  # noqa: F811
