@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import hashlib
 import json
@@ -28,6 +29,7 @@ from blocks.testing import (
 )
 from blocks.testing.plugin import blocks_kit  # noqa: F401 - the plugin's fixture, as pytest11 would load it
 from tests.catalog_fixtures import fresh_catalog
+from tests.conftest import run_in_process
 
 catalog.load()
 BUILTINS = [
@@ -273,3 +275,61 @@ def test_the_ini_option_makes_the_fixture_train_in_process(ini: str, pytester: p
     pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile(f"def test_kit(blocks_kit):\n    assert blocks_kit.in_process is {bool(ini)}\n")
     pytester.runpytest_inprocess().assert_outcomes(passed=1)
+
+
+class Shade(enum.Enum):
+    """A config enum (OmegaConf holds it; config.yaml records its name)."""
+
+    LIGHT = 1
+    DARK = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class OddTyped(MLP):
+    """An MLP with an Enum and a path field, types OmegaConf supports.
+
+    Attributes:
+        hidden: widths.
+        activation: activation.
+        dropout: dropout.
+        shade: an enum.
+        where: a path.
+    """
+
+    shade: Shade = Shade.DARK
+    where: Path = Path("/srv/data")
+
+
+def test_enum_and_path_fields_plan_list_train_and_resume_as_their_names(tmp_path: Path) -> None:
+    """Plan and list JSON, plan.json and config.yaml write an Enum by its name and a path as text; a rerun rebuilds it."""
+    with REGISTRY.namespace("kitodd", "kit-odd-blocks", "0.0.1"):
+        register("typed")(OddTyped)
+    catalog.register_configs()
+    chosen = ["recipe=blobs", "model=kitodd/typed", "model.shade=LIGHT"]
+    planned = run_in_process(["plan", *chosen, "--json"], cwd=tmp_path)
+    assert planned.returncode == 0, planned.stdout
+    shown = json.loads(planned.stdout)["blocks"]["model"]["fields"]
+    assert (shown["shade"], shown["where"]) == ("LIGHT", "/srv/data")
+    listed = run_in_process(["list", "model", "--json"], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stdout
+    entry = next(e for e in json.loads(listed.stdout) if e["name"] == "kitodd/typed")
+    assert {f["name"]: f["default"] for f in entry["fields"]}["shade"] == "DARK"
+    check_listing("model", "kitodd/typed")
+
+    run_dir = tmp_path / "run"
+    few = [*chosen, "data.samples=256", "monitor.progress=off", "checkpoint.every_n_steps=2"]
+    first = run_in_process(["run", *few, "trainer.max_steps=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout
+    assert json.loads((run_dir / "plan.json").read_text())["blocks"]["model"]["fields"]["shade"] == "LIGHT"
+    assert "shade: LIGHT" in (run_dir / "config.yaml").read_text()
+    extended = run_in_process(["run", *few, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert extended.returncode == 0, extended.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["global_step"], summary["resumed_from"]) == (
+        3,
+        str(run_dir / "checkpoints" / "step-000000002"),
+    )
+    changed = run_in_process(
+        ["run", *few, "model.shade=DARK", "trainer.max_steps=4", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert changed.returncode == 2 and 'model.shade "LIGHT" -> "DARK"' in changed.stdout, changed.stdout

@@ -387,7 +387,13 @@ def check_listing(kind: str, name: str) -> str:
             f"{entry.cls.__qualname__} does not document {', '.join(undocumented)}: add them to the "
             f"'Attributes:' section of its docstring (`blocks list` and the docs show them)"
         )
-    json.dumps(entry_json(entry))
+    try:
+        json.dumps(entry_json(entry))
+    except TypeError as exc:
+        raise ConformanceError(
+            f"`blocks list --json` cannot write {entry.cls.__qualname__}'s defaults: {exc}. Use field types a "
+            f"config can hold (int, float, str, bool, None, Enum, Path, tuple/list and dict of those)"
+        ) from None
     console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115 - closed below
     console.print(registry_table([entry]))
     console.file.close()
