@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import hashlib
 import json
@@ -28,6 +29,7 @@ from blocks.testing import (
 )
 from blocks.testing.plugin import blocks_kit  # noqa: F401 - the plugin's fixture, as pytest11 would load it
 from tests.catalog_fixtures import fresh_catalog
+from tests.conftest import run_in_process
 
 catalog.load()
 BUILTINS = [
@@ -182,6 +184,33 @@ class Unbuildable(MLP):
         raise RuntimeError("the vendored kernels are missing")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Leaky(MLP):
+    """An MLP whose output scale, halved every training step, is a buffer its checkpoint does not hold.
+
+    Attributes:
+        hidden: widths.
+        activation: activation.
+        dropout: dropout.
+    """
+
+    def build(self, spec):  # type: ignore[no-untyped-def]
+        import torch
+
+        class Scaled(torch.nn.Module):
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
+                self.register_buffer("scale", torch.ones(1), persistent=False)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                if self.training:
+                    self.scale.mul_(0.5)
+                return self.inner(x) * self.scale
+
+        return Scaled(super().build(spec))
+
+
 @pytest.fixture(scope="module")
 def bad_blocks() -> None:
     bad = (
@@ -189,6 +218,7 @@ def bad_blocks() -> None:
         (Undocumented, "undocumented"),
         (Picky, "picky"),
         (Unbuildable, "unbuildable"),
+        (Leaky, "leaky"),
     )
     with REGISTRY.namespace("kitbad", "kit-bad-blocks", "0.0.1"):
         for cls, name in bad:
@@ -221,6 +251,19 @@ def test_a_block_that_fails_to_train_in_process_is_named_with_its_error(
     assert os.getcwd() != str(tmp_path), "the working directory is given back"
 
 
+def test_a_block_that_does_not_resume_exactly_is_named_with_the_step_it_differs_at(
+    bad_blocks: None, tmp_path: Path
+) -> None:
+    """A run resumed halfway must train as the same run uninterrupted; the kit names the first step that does not."""
+    check_config_round_trip("model", "kitbad/leaky")
+    check_plan("model", "kitbad/leaky")
+    with pytest.raises(ConformanceError, match=r"at step 3 train/loss is \S+ resumed, \S+ straight") as info:
+        check_training("model", "kitbad/leaky", tmp_path, in_process=True)
+    assert "persistent=False" in str(info.value)
+    want, got = (info.value.args[0].split("train/loss is ")[1].split(" straight")[0]).split(" resumed, ")
+    assert float(want) != float(got)
+
+
 def test_the_fixture_binds_the_kit_to_a_directory(blocks_kit, tmp_path: Path) -> None:  # noqa: F811
     assert blocks_kit.workdir == tmp_path
     assert blocks_kit.check_plan("optim", "sgd").blocks["optim"].block_name == "sgd"
@@ -232,3 +275,61 @@ def test_the_ini_option_makes_the_fixture_train_in_process(ini: str, pytester: p
     pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile(f"def test_kit(blocks_kit):\n    assert blocks_kit.in_process is {bool(ini)}\n")
     pytester.runpytest_inprocess().assert_outcomes(passed=1)
+
+
+class Shade(enum.Enum):
+    """A config enum (OmegaConf holds it; config.yaml records its name)."""
+
+    LIGHT = 1
+    DARK = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class OddTyped(MLP):
+    """An MLP with an Enum and a path field, types OmegaConf supports.
+
+    Attributes:
+        hidden: widths.
+        activation: activation.
+        dropout: dropout.
+        shade: an enum.
+        where: a path.
+    """
+
+    shade: Shade = Shade.DARK
+    where: Path = Path("/srv/data")
+
+
+def test_enum_and_path_fields_plan_list_train_and_resume_as_their_names(tmp_path: Path) -> None:
+    """Plan and list JSON, plan.json and config.yaml write an Enum by its name and a path as text; a rerun rebuilds it."""
+    with REGISTRY.namespace("kitodd", "kit-odd-blocks", "0.0.1"):
+        register("typed")(OddTyped)
+    catalog.register_configs()
+    chosen = ["recipe=blobs", "model=kitodd/typed", "model.shade=LIGHT"]
+    planned = run_in_process(["plan", *chosen, "--json"], cwd=tmp_path)
+    assert planned.returncode == 0, planned.stdout
+    shown = json.loads(planned.stdout)["blocks"]["model"]["fields"]
+    assert (shown["shade"], shown["where"]) == ("LIGHT", "/srv/data")
+    listed = run_in_process(["list", "model", "--json"], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stdout
+    entry = next(e for e in json.loads(listed.stdout) if e["name"] == "kitodd/typed")
+    assert {f["name"]: f["default"] for f in entry["fields"]}["shade"] == "DARK"
+    check_listing("model", "kitodd/typed")
+
+    run_dir = tmp_path / "run"
+    few = [*chosen, "data.samples=256", "monitor.progress=off", "checkpoint.every_n_steps=2"]
+    first = run_in_process(["run", *few, "trainer.max_steps=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout
+    assert json.loads((run_dir / "plan.json").read_text())["blocks"]["model"]["fields"]["shade"] == "LIGHT"
+    assert "shade: LIGHT" in (run_dir / "config.yaml").read_text()
+    extended = run_in_process(["run", *few, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert extended.returncode == 0, extended.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["global_step"], summary["resumed_from"]) == (
+        3,
+        str(run_dir / "checkpoints" / "step-000000002"),
+    )
+    changed = run_in_process(
+        ["run", *few, "model.shade=DARK", "trainer.max_steps=4", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert changed.returncode == 2 and 'model.shade "LIGHT" -> "DARK"' in changed.stdout, changed.stdout

@@ -32,6 +32,8 @@ import xxhash
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from blocks.spec.values import json_value
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
@@ -785,6 +787,6 @@ def block_digests(config: Mapping[str, Any]) -> dict[str, str]:
             if not (k in NEUTRAL_DATA_FIELDS and v == NEUTRAL_DATA_FIELDS[k])
         }
     return {
-        kind: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+        kind: hashlib.sha256(json.dumps(json_value(value), sort_keys=True, default=str).encode()).hexdigest()
         for kind, value in shaping.items()
     }

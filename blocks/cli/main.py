@@ -232,7 +232,8 @@ def cmd_list(kind: str | None, *, as_json: bool) -> int:
         return 0
     entries = REGISTRY.entries(kind)
     if as_json:
-        print(json.dumps([entry_json(e) for e in entries], indent=2))
+        # default=repr: a package's default no config can hold still lists, beside every other block
+        print(json.dumps([entry_json(e) for e in entries], indent=2, default=repr))
         return 0
     stdout.print(registry_table(entries))
     if kind is None:

@@ -17,6 +17,7 @@ from blocks.core.plan import MemoryEstimate, Plan, format_bytes
 from blocks.spec.block import block_fields
 from blocks.spec.errors import Problem
 from blocks.spec.registry import Entry
+from blocks.spec.values import json_value
 
 _DERIVED_LABELS = {
     "accelerator": "accelerator",
@@ -171,16 +172,10 @@ def entry_json(entry: Entry) -> dict[str, object]:
         "compatible": owner.compatible if (owner := package_of(entry)) is not None else True,
         "doc": entry.cls.summary(),
         "fields": [
-            {"name": f.name, "type": f.type, "default": _jsonable(f.default), "doc": f.doc}
+            {"name": f.name, "type": f.type, "default": json_value(f.default), "doc": f.doc}
             for f in block_fields(entry.cls)
         ],
     }
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, tuple):
-        return list(value)
-    return value
 
 
 def options_table(options: dict[str, list[str]]) -> Table:

@@ -23,6 +23,7 @@ from blocks.precision.base import PrecisionBlock
 from blocks.spec.block import KINDS, Block, non_finite_fields
 from blocks.spec.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
 from blocks.spec.kinds import KIND_TABLE, BlockKind
+from blocks.spec.values import json_value
 from blocks.strategy.base import MeshShape, StrategyBlock
 from blocks.task.base import TaskBlock
 from blocks.trainer.base import TrainerBlock
@@ -360,7 +361,7 @@ class Plan:
 
     def shown_fields(self, kind: str) -> dict[str, Any]:
         """The fields of block *kind* as JSON values, a value from the environment as its interpolation text."""
-        fields = _plain(dataclasses.asdict(self.blocks[kind]))
+        fields = json_value(dataclasses.asdict(self.blocks[kind]))
         for path, raw in self.from_environment.items():
             if len(path) < 2 or path[0] != kind:
                 continue
@@ -419,14 +420,6 @@ def _child(node: Any, key: str | int) -> Any:
     if isinstance(node, list) and isinstance(key, int) and key < len(node):
         return node[key]
     return None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def make_plan(

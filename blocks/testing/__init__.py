@@ -23,6 +23,7 @@ pytest plugin) runs them in a temporary directory::
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import math
@@ -37,6 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from blocks.checkpoint import store
 from blocks.core import catalog, jobs
 from blocks.core.block_errors import raised_at
 from blocks.core.compose import block_node, config_to_blocks, node_to_block
@@ -254,34 +256,91 @@ def check_training(
     timeout: float = 300,
     in_process: bool = False,
 ) -> dict[str, Any]:
-    """A few real optimizer steps on CPU, then the run extended by as many steps from its checkpoint.
+    """A few real optimizer steps on CPU, and the same run resumed halfway from its checkpoint, exactly.
+
+    The run trains ``2 * steps`` steps straight, saving a checkpoint at *steps*; a second run
+    resumes from that checkpoint and trains the rest. Its losses at every step and its final
+    weights must be those of the straight run, bit for bit: what the checkpoint does not hold
+    (a buffer registered with ``persistent=False``, random numbers drawn outside torch's
+    generator, state kept on the side) shows up as a difference.
 
     Each run is ``blocks run`` in a subprocess (killed after *timeout* seconds), or with
     *in_process* :func:`blocks.launch.driver.run` in this process, without the ~8 s each
     process spends importing torch and Lightning: for a suite that checks many blocks. A
     subprocess also contains a block that crashes its process or leaves global state behind.
+    Returns the resumed run's summary.
     """
     hosted = host(kind, name, overrides, recipe)
-    run_dir = workdir / f"train-{kind}-{name.replace('/', '-')}"
+    slug = f"{kind}-{name.replace('/', '-')}"
+    straight_dir, resumed_dir = workdir / f"train-{slug}", workdir / f"train-{slug}-resumed"
     args = [
         *hosted.overrides,
         *FEW_STEPS,
         "trainer.accelerator=cpu",
+        f"trainer.max_steps={2 * steps}",
         f"checkpoint.every_n_steps={steps}",
-        f"hydra.run.dir={run_dir}",
     ]
-    first = _run([*args, f"trainer.max_steps={steps}"], workdir, timeout, in_process)
-    if first["global_step"] != steps:
-        raise ConformanceError(f"{kind}={name} trained {first['global_step']} steps, not {steps}")
-    _finite_loss(first, f"{kind}={name}")
-    second = _run([*args, f"trainer.max_steps={2 * steps}"], workdir, timeout, in_process)
-    if not second.get("resumed_from") or second["global_step"] != 2 * steps:
+    straight = _run(
+        [*args, "checkpoint.keep_last=3", f"hydra.run.dir={straight_dir}"], workdir, timeout, in_process
+    )
+    if straight["global_step"] != 2 * steps:
+        raise ConformanceError(f"{kind}={name} trained {straight['global_step']} steps, not {2 * steps}")
+    _finite_loss(straight, f"{kind}={name}")
+    halfway = [c.url for c in store.scan(str(straight_dir / "checkpoints"))[0] if c.manifest.step == steps]
+    if not halfway:
         raise ConformanceError(
-            f"{kind}={name}: extending the run did not resume from its checkpoint "
-            f"(resumed_from={second.get('resumed_from')!r}, step {second['global_step']}); "
+            f"{kind}={name}: the run saved no checkpoint at step {steps} in {straight_dir}"
+        )
+    resumed = _run(
+        [*args, f"checkpoint.resume={halfway[0]}", f"hydra.run.dir={resumed_dir}"],
+        workdir,
+        timeout,
+        in_process,
+    )
+    if resumed.get("resumed_from") != halfway[0] or resumed["global_step"] != 2 * steps:
+        raise ConformanceError(
+            f"{kind}={name}: the run did not resume from its checkpoint at step {steps} "
+            f"(resumed_from={resumed.get('resumed_from')!r}, step {resumed['global_step']}); "
             f"the built module's state_dict must load back into a freshly built one"
         )
-    return second
+    _same_training(f"{kind}={name}", straight_dir, straight, resumed_dir, resumed, steps)
+    return resumed
+
+
+def _losses(run_dir: Path) -> dict[int, str]:
+    """``train/loss`` at each step of *run_dir*'s ``metrics.csv``, as written."""
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        return {int(row["step"]): row["train/loss"] for row in csv.DictReader(fh) if row.get("train/loss")}
+
+
+def _same_training(
+    what: str,
+    straight_dir: Path,
+    straight: dict[str, Any],
+    resumed_dir: Path,
+    resumed: dict[str, Any],
+    steps: int,
+) -> None:
+    """The resumed run's losses after step *steps* and final weights are the straight run's."""
+    hint = (
+        "Resuming must continue exactly: keep all training state in the module's state_dict (not in a "
+        "buffer registered with persistent=False or an attribute), and draw random numbers from torch's "
+        "generator (not Python's random or numpy's)"
+    )
+    want, got = _losses(straight_dir), _losses(resumed_dir)
+    for step in sorted(s for s in want if s > steps):
+        if got.get(step) != want[step]:
+            raise ConformanceError(
+                f"{what}: resumed from its checkpoint at step {steps}, the run trains differently from the same "
+                f"run uninterrupted: at step {step} train/loss is {got.get(step)} resumed, {want[step]} straight. "
+                f"The checkpoint does not hold some state the training depends on. {hint}"
+            )
+    if straight.get("state_digest") != resumed.get("state_digest"):
+        raise ConformanceError(
+            f"{what}: resumed from its checkpoint at step {steps}, the run ends with other weights than the same "
+            f"run uninterrupted (state_digest {resumed.get('state_digest')} resumed, "
+            f"{straight.get('state_digest')} straight). {hint}"
+        )
 
 
 def check_ddp(
@@ -327,7 +386,13 @@ def check_listing(kind: str, name: str) -> str:
             f"{entry.cls.__qualname__} does not document {', '.join(undocumented)}: add them to the "
             f"'Attributes:' section of its docstring (`blocks list` and the docs show them)"
         )
-    json.dumps(entry_json(entry))
+    try:
+        json.dumps(entry_json(entry))
+    except TypeError as exc:
+        raise ConformanceError(
+            f"`blocks list --json` cannot write {entry.cls.__qualname__}'s defaults: {exc}. Use field types a "
+            f"config can hold (int, float, str, bool, None, Enum, Path, tuple/list and dict of those)"
+        ) from None
     console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115 - closed below
     console.print(registry_table([entry]))
     console.file.close()
