@@ -37,6 +37,15 @@ def skipped(stage: str, said: str) -> bool:
     return f"stage {stage}: finished earlier, skipped" in said
 
 
+def report_rows(cli_in_process, root: Path) -> dict[str, list[str]]:
+    """``blocks report`` of the pipeline dir *root*: its table's cells by stage."""
+    result = cli_in_process("report", str(root))
+    assert result.returncode == 0, result.output
+    lines = (root / "report" / "report.md").read_text().splitlines()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+    return {row[0]: row for row in rows[1:]}
+
+
 def same_weights(a: Path, b: Path) -> bool:
     return (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
@@ -88,6 +97,11 @@ def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path, c
         "no finished result moved"
     )
     assert (root / "evaluate" / "metrics.json").is_file()
+    # Regression: blocks report showed the evaluation and export of finetune's step 12 as results of its step 14.
+    rows = report_rows(cli_in_process, root)
+    assert rows["finetune"][2:4] == ["completed", "14"], rows
+    assert rows["evaluate"][2] == rows["export"][2] == "outdated (finetune ran again)", rows
+    assert rows["evaluate"][4].endswith("(of an earlier result of finetune)"), rows
     said = run(root, tuned)
     assert skipped("finetune", said) and not skipped("evaluate", said) and not skipped("export", said)
     assert "stage finetune's result: step 12 → 14" in said
@@ -95,7 +109,14 @@ def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path, c
 
     # pretrain retrains, and the process ends before finetune starts: finetune is not left on the old weights.
     retrained = ["pretrain.trainer.max_steps=12", *tuned[1:]]
+    record = root / "pipeline.json"
+    recorded, inode = record.read_text(), record.stat().st_ino
     run(root, retrained[:2], Pipeline(stages=pipeline.stages[:1]))
+    assert record.stat().st_ino != inode, "the record is replaced whole, never rewritten in place"
+    record.write_text(recorded)  # as the whole pipeline recorded it before it stopped after pretrain
+    rows = report_rows(cli_in_process, root)
+    assert rows["finetune"][2] == "outdated (pretrain ran again)", rows
+    assert rows["evaluate"][2] == rows["export"][2] == "outdated (finetune is outdated)", rows
     said = run(root, retrained)
     assert "stage finetune: finished earlier with other settings; running it again" in said
     assert "stage pretrain's result: step 10 → 12" in said
@@ -122,6 +143,7 @@ def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path, c
         "export",
     ]
     assert "| train (from pretrain) | completed | 14 |" in report and "previous" not in report, report
+    assert "outdated" not in report, report
     (root / "pipeline.json").unlink()  # a pipeline dir written before the stages were recorded
     result = cli_in_process("report", str(root))
     assert result.returncode == 2 and "is a pipeline's dir" in result.output, result.output

@@ -170,3 +170,40 @@ def test_an_optuna_sweep_of_four_trials_completes_and_is_ranked(cli_in_process, 
     rows = table_rows((sweep / "report" / "report.md").read_text())[1:]
     assert [row[1] for row in rows] == sorted(losses, key=losses.__getitem__)
     assert rows[0][3] == str(results["best_params"]["optim.lr"])
+
+
+def test_a_damaged_pipeline_record_is_a_clear_error_and_a_truncated_evaluation_a_marked_row(
+    cli_in_process, tmp_path: Path
+) -> None:
+    """A pipeline.json stage without "does", or an evaluation's truncated metrics.json, made
+    ``blocks report`` end in a traceback (IndexError, JSONDecodeError)."""
+    root = tmp_path / "pipe"
+    root.mkdir()
+    small_run_dir(root / "train")
+    (root / "train" / "summary.json").write_text(
+        '{"status": "completed", "global_step": 2, "state_digest": "ab"}'
+    )
+    (root / "evaluate").mkdir()
+    (root / "evaluate" / "summary.json").write_text('{"status": "completed", "metrics": {}}')
+    (root / "evaluate" / "upstream.json").write_text(
+        '{"stage": "train", "global_step": 2, "state_digest": "ab"}'
+    )
+    (root / "evaluate" / "metrics.json").write_text('{"val/loss": 0.1')
+    stages = [{"name": "train", "does": "train", "from": None}, {"name": "evaluate", "from": "train"}]
+    (root / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    result = cli_in_process("report", str(root))
+    assert result.returncode == 2 and "Traceback" not in result.output, result.output
+    said = " ".join(result.output.split())
+    assert (
+        "pipeline.json is not the record of its stages" in said
+        and "stage 2 (evaluate) has 'does': None" in said
+    )
+    assert "run the pipeline again" in said
+
+    stages[1]["does"] = "evaluate"
+    (root / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    result = cli_in_process("report", str(root))
+    assert result.returncode == 0, result.output
+    rows = {row[0]: row for row in table_rows((root / "report" / "report.md").read_text())}
+    assert rows["evaluate"][2] == "completed", rows
+    assert rows["evaluate"][4].startswith(f"unreadable: {root / 'evaluate' / 'metrics.json'}"), rows

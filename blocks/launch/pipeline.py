@@ -28,16 +28,18 @@ from typing import Any
 
 from blocks.checkpoint import store
 from blocks.core.pipeline import Evaluate, Pipeline, Stage, Train
-from blocks.launch.run_dir import CHECKPOINTS_DIR, SUMMARY_FILE, WEIGHTS_FILE, Summary
-from blocks.monitor.report import PIPELINE_FILE
+from blocks.launch.run_dir import CHECKPOINTS_DIR, SUMMARY_FILE, WEIGHTS_FILE, Summary, write_atomic
+from blocks.monitor.pipeline_record import (
+    PIPELINE_FILE,
+    STAGE_FILE,
+    UPSTREAM_FILE,
+    upstream_changes,
+    upstream_result,
+)
 from blocks.spec.errors import BlocksError, TrainingError
 
 METRICS_JSON = "metrics.json"
 EXPORT_DIR = "model"
-STAGE_FILE = "stage.json"
-"""An evaluation's or export's settings, to tell whether a rerun would do the same."""
-UPSTREAM_FILE = "upstream.json"
-"""The result of the stage a stage took its model from (step, ``state_digest``), to tell whether it changed since."""
 
 
 class StageProblems(BlocksError):
@@ -182,28 +184,6 @@ def check_evaluations(pipeline: Pipeline, settings: Mapping[str, Mapping[str, An
                 raise StageProblems(stage.name, exc, started=False) from None
 
 
-def upstream_result(name: str, stage_dir: Path) -> dict[str, Any]:
-    """Which result the finished train stage *name* holds: its step and ``state_digest``."""
-    summary = Summary.read(stage_dir)
-    return {"stage": name, "global_step": summary.global_step, "state_digest": summary.state_digest}
-
-
-def upstream_changes(stage_dir: Path, result: Mapping[str, Any]) -> list[str]:
-    """How *result* (the upstream's now) differs from the one the stage in *stage_dir* took (empty: the same)."""
-    record = stage_dir / UPSTREAM_FILE
-    name = result["stage"]
-    if not record.is_file():
-        return [f"(the stage did not record which result of stage {name} it took)"]
-    before = json.loads(record.read_text())
-    if before == result and result["state_digest"]:
-        return []
-    digests = (str(before.get("state_digest"))[:12], str(result["state_digest"])[:12])
-    return [
-        f"stage {name}'s result: step {before.get('global_step')} → {result['global_step']}, "
-        f"state_digest {digests[0]} → {digests[1]}"
-    ]
-
-
 @contextlib.contextmanager
 def _stage_of(root: Path) -> Iterator[None]:
     """Inside, a train stage (its processes too) knows it is one of the pipeline in *root*: a signal's advice names that dir."""
@@ -227,7 +207,8 @@ def stage_record(stage: Stage) -> dict[str, Any]:
 
 
 def _record(stage_dir: Path, name: str, value: Mapping[str, Any]) -> None:
-    (stage_dir / name).write_text(json.dumps(value, indent=2) + "\n")
+    """Write one of the pipeline's records atomically: a reader (a rerun, ``blocks report``) never sees half of it."""
+    write_atomic(stage_dir / name, json.dumps(value, indent=2) + "\n")
 
 
 def run_pipeline(
@@ -248,7 +229,7 @@ def run_pipeline(
     for stage in pipeline.stages:
         stage_dir = root / stage.name
         upstream = _depends_on(stage)
-        result = upstream_result(upstream, root / upstream) if upstream else None
+        result = upstream_result(upstream, Summary.read(root / upstream).shown()) if upstream else None
         changed: list[str] = []
         if is_finished(stage, stage_dir):
             changed = changes(finished_settings(stage, stage_dir), settings[stage.name])

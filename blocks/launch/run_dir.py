@@ -52,12 +52,12 @@ def write_job_files(run_dir: Path, config: DictConfig, plan: Plan) -> str:
     run_dir.mkdir(parents=True, exist_ok=True)
     text = OmegaConf.to_yaml(config)
     shown = dataclasses.replace(plan, from_environment=env_interpolations(config))  # what is written decides
-    _replace(run_dir / CONFIG_FILE, text)
-    _replace(run_dir / PLAN_FILE, json.dumps(shown.to_json(), indent=2) + "\n")
+    write_atomic(run_dir / CONFIG_FILE, text)
+    write_atomic(run_dir / PLAN_FILE, json.dumps(shown.to_json(), indent=2) + "\n")
     return text
 
 
-def _replace(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write *text* into a temporary file beside *path*, then rename it over *path*."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:

@@ -20,14 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blocks.monitor.pipeline_record import (
+    PIPELINE_FILE,
+    STAGE_FILE,
+    UPSTREAM_FILE,
+    read_stages,
+    upstream_changes,
+    upstream_result,
+)
 from blocks.spec.errors import BlocksError, Problem
 
 REPORT_DIR = "report"
-PIPELINE_FILE = "pipeline.json"
-"""In a pipeline's dir: its stages in order, ``{"stages": [{"name", "does", "from"}, ...]}`` (written by the pipeline)."""
-STAGE_FILE = "stage.json"
-UPSTREAM_FILE = "upstream.json"
-"""What a pipeline writes into an evaluation's or export's dir, and a train stage's that starts from another's."""
 FIGSIZE = (8.0, 4.5)
 DPI = 100
 """Every plot is ``FIGSIZE × DPI`` = 800 × 450 pixels."""
@@ -74,7 +77,7 @@ def read_run(path: Path) -> RunData:
     """Read ``summary.json``, ``metrics.csv``, ``config.yaml`` and Hydra's ``overrides.yaml`` of a run dir."""
     summary: dict[str, Any] = {}
     if (path / "summary.json").exists():
-        summary = json.loads((path / "summary.json").read_text())
+        summary = _json_file(path / "summary.json")
     columns: dict[str, list[tuple[int, float]]] = {}
     if (path / "metrics.csv").exists():
         with (path / "metrics.csv").open(newline="") as fh:
@@ -91,6 +94,23 @@ def read_run(path: Path) -> RunData:
     if hydra_overrides.exists():
         overrides = [str(o) for o in _yaml_file(hydra_overrides) or []]
     return RunData(path, summary, columns, config, overrides)
+
+
+def _json_file(file: Path) -> dict[str, Any]:
+    """The JSON object in *file*; a clear error naming the file when it is not one (a truncated file)."""
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        value = exc
+    if not isinstance(value, dict):
+        raise BlocksError(
+            Problem(
+                "RUN_DIR",
+                f"{file} is not a file blocks wrote (not a JSON object: {value})",
+                "run the job again to rewrite it, or remove the file",
+            )
+        )
+    return value
 
 
 def _yaml_file(file: Path) -> Any:
@@ -116,7 +136,7 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
     if is_run_dir(path):
         return _run_report(read_run(path))
     if (path / PIPELINE_FILE).is_file():
-        return _pipeline_report(path, _pipeline_stages(path))
+        return _pipeline_report(path, read_stages(path))
     jobs = sorted((p for p in path.iterdir() if p.is_dir() and is_run_dir(p)), key=_job_order)
     if not jobs:
         raise BlocksError(
@@ -207,41 +227,29 @@ def _run_table(run: RunData) -> list[list[str]]:
 # --- a pipeline ---------------------------------------------------------------------------------
 
 
-def _pipeline_stages(root: Path) -> list[dict[str, Any]]:
-    """The stages the pipeline in *root* recorded, in order; a clear error when the record is not blocks'."""
-    try:
-        stages = json.loads((root / PIPELINE_FILE).read_text())["stages"]
-        if all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in stages):
-            return list(stages)
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
-    raise BlocksError(
-        Problem(
-            "RUN_DIR",
-            f"{root / PIPELINE_FILE} is not the record of its stages a pipeline writes",
-            "run the pipeline again (it skips its finished stages and records them anew)",
-        )
-    )
-
-
 def _pipeline_report(root: Path, stages: list[dict[str, Any]]) -> Path:
     """A table of the pipeline's stages in order (what each does, its status, step and metrics) and the train stages' loss curves."""
     rows = []
     curves: dict[str, list[tuple[int, float]]] = {}
+    runs: dict[str, RunData | None] = {}
+    outdated: set[str] = set()
     for stage in stages:
-        name, stage_dir = stage["name"], root / stage["name"]
-        run = read_run(stage_dir) if stage_dir.is_dir() else None
-        status = "not started" if run is None else run.status
-        does = str(stage.get("does", ""))
-        if stage.get("from"):
-            does += f" ({'from' if does.startswith('train') else 'of'} {stage['from']})"
-        metrics = {} if run is None else dict(run.summary.get("metrics") or {})
-        if run is not None and (stage_dir / "metrics.json").is_file():  # an evaluation's scores
-            metrics = json.loads((stage_dir / "metrics.json").read_text())
-        shown = ", ".join(
-            f"{k}={_fmt(float(v))}" for k, v in metrics.items() if k.startswith(("val/", "test/"))
+        name, stage_dir, upstream = stage["name"], root / stage["name"], stage.get("from")
+        run = runs[name] = read_run(stage_dir) if stage_dir.is_dir() else None
+        does = stage["does"] + (
+            f" ({'from' if stage['does'] == 'train' else 'of'} {upstream})" if upstream else ""
         )
-        step = "" if run is None or does.split()[0] != "train" else str(run.summary.get("global_step", ""))
+        status = "not started" if run is None else run.status
+        why = (
+            None if run is None or not upstream else _outdated(stage_dir, upstream, runs[upstream], outdated)
+        )
+        if why:
+            outdated.add(name)
+            status = f"outdated ({why})" if status == "completed" else f"{status}, outdated ({why})"
+        shown = "" if run is None else _stage_metrics(stage_dir, run)
+        if why and shown:
+            shown += f" (of an earlier result of {upstream})"
+        step = str(run.summary.get("global_step", "")) if run is not None and stage["does"] == "train" else ""
         rows.append([name, does, status, step, shown, str(stage_dir)])
         if run is not None and run.columns.get("train/loss"):
             curves[name] = run.columns["train/loss"]
@@ -259,6 +267,39 @@ def _pipeline_report(root: Path, stages: list[dict[str, Any]]) -> Path:
         plots,
     )
     return out
+
+
+def _outdated(stage_dir: Path, upstream: str, source: RunData | None, outdated: set[str]) -> str | None:
+    """Why the result in *stage_dir* is no longer about its upstream's current result (None: it still is).
+
+    The same test a pipeline rerun makes before it skips the stage (:func:`upstream_changes`).
+    """
+    if upstream in outdated:
+        return f"{upstream} is outdated"
+    if source is None or not source.summary:
+        return f"{upstream} has no result"
+    if not (stage_dir / UPSTREAM_FILE).is_file():
+        return f"which result of {upstream} it took is not recorded"
+    return (
+        f"{upstream} ran again"
+        if upstream_changes(stage_dir, upstream_result(upstream, source.summary))
+        else None
+    )
+
+
+def _stage_metrics(stage_dir: Path, run: RunData) -> str:
+    """A stage's ``val/`` and ``test/`` metrics: an evaluation's ``metrics.json``, else its ``summary.json``'s."""
+    metrics: Any = run.summary.get("metrics") or {}
+    if (stage_dir / "metrics.json").is_file():  # an evaluation's scores
+        try:
+            metrics = json.loads((stage_dir / "metrics.json").read_text())
+        except (OSError, ValueError) as exc:
+            return f"unreadable: {stage_dir / 'metrics.json'} ({exc})"
+    if not isinstance(metrics, dict) or not all(isinstance(v, (int, float)) for v in metrics.values()):
+        return f"unreadable: the metrics of {stage_dir} are not numbers by name"
+    return ", ".join(
+        f"{k}={_fmt(float(v))}" for k, v in metrics.items() if str(k).startswith(("val/", "test/"))
+    )
 
 
 # --- a sweep ------------------------------------------------------------------------------------
