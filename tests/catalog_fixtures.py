@@ -75,6 +75,7 @@ def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS
     for book in (REGISTRY, RECIPES):
         monkeypatch.setattr(book, "owner", book.owner)
     monkeypatch.setattr(REGISTRY, "package_modules", list(REGISTRY.package_modules))
+    monkeypatch.setattr(REGISTRY, "rejected", list(getattr(REGISTRY, "rejected", [])), raising=False)
     monkeypatch.setattr(
         REGISTRY, "_entries", {kind: dict(names) for kind, names in REGISTRY._entries.items()}
     )

@@ -7,9 +7,14 @@ planning do with packages, in process, through the ``fake_site`` fixture.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from blocks.model import MLP
+from blocks.spec.errors import RegistryError
+from blocks.spec.registry import Registry
 from tests.catalog_fixtures import FakeSite
 
 NET = '''
@@ -157,8 +162,9 @@ def test_a_mistyped_package_option_is_offered_the_package_options(
     assert "acme_vision/net" in available and "acme_vision/wide" in available and "mlp" in available
 
 
-UNCONFIGURABLE = '''
+UNCONFIGURABLE = """
 from dataclasses import dataclass
+from typing import Literal
 
 from blocks import register
 from blocks.model import MLP
@@ -169,22 +175,150 @@ BLOCKS_API = 1
 @register("withset")
 @dataclass(frozen=True, kw_only=True)
 class WithSet(MLP):
-    """A model with a field no config can hold."""
+    \"\"\"A model with a field no config can hold.\"\"\"
 
     ids: frozenset = frozenset({1, 2})
-'''
 
 
-def test_a_package_block_with_a_field_no_config_holds_names_the_package(
+@register("withliteral")
+@dataclass(frozen=True, kw_only=True)
+class WithLiteral(MLP):
+    \"\"\"Another.\"\"\"
+
+    mode: Literal["a", "b"] = "a"
+
+
+@register("withpair")
+@dataclass(frozen=True, kw_only=True)
+class WithPair(MLP):
+    \"\"\"And another.\"\"\"
+
+    pair: tuple[int, str] = (1, "a")
+
+
+@register("fine")
+@dataclass(frozen=True, kw_only=True)
+class Fine(MLP):
+    \"\"\"Its other blocks still work.\"\"\"
+"""
+
+
+def test_a_package_block_with_a_field_no_config_holds_is_left_out_at_registration(
     fake_site: FakeSite, cli_in_process
 ) -> None:
     fake_site.install(
         "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": UNCONFIGURABLE}
     )
-    result = cli_in_process("plan", "recipe=blobs", "model=weird/withset")
-    assert result.returncode == 2, result.output
-    text = " ".join(result.output.split())
-    assert "error model.ids: model block 'weird/withset'" in text and "from weird-blocks 0.1.0" in text, text
-    assert "Unexpected type annotation: frozenset" in text
-    assert "report it to the maintainers of weird-blocks" in text and "blocks list ids" not in text
+    listed = cli_in_process("list", "model", "--json")
+    assert listed.returncode == 0, listed.output
+    names = {e["name"] for e in json.loads(listed.output[listed.output.index("[\n") :])}
+    assert "weird/fine" in names and "mlp" in names
+    assert not names & {"weird/withset", "weird/withliteral", "weird/withpair"}, names
+    warned = " ".join(listed.output.split())
+    for block, field, annotation in [
+        ("withset", "ids", "frozenset"),
+        ("withliteral", "mode", "Literal['a', 'b']"),
+        ("withpair", "pair", "tuple[int, str]"),
+    ]:
+        assert f"package weird-blocks 0.1.0: model block 'weird/{block}' (weird_blocks:With" in warned, warned
+        assert f"has field '{field}' of type {annotation}, which no config can hold" in warned, warned
+    assert "a block field must be one of: bool, int, float, str" in warned
+    assert cli_in_process("list").returncode == 0
+    chosen = cli_in_process("plan", "recipe=blobs", "model=weird/withset")
+    assert chosen.returncode == 2, chosen.output
+    text = " ".join(chosen.output.split())
+    assert "error package weird: package weird-blocks 0.1.0: model block 'weird/withset'" in text, text
+    assert "report it to the maintainers of weird-blocks" in text and "Traceback" not in text
+    assert cli_in_process("plan", "recipe=blobs", "model=weird/fine").returncode == 0
     assert cli_in_process("plan", "recipe=blobs").returncode == 0, "the rest of the catalog still works"
+
+
+PROJECT_BLOCK = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+
+@register("{name}")
+@dataclass(frozen=True, kw_only=True)
+class {cls}(MLP):
+    """A project's model."""
+{extra}
+'''
+
+
+def _project(root: Path, files: dict[str, tuple[str, str, str]]) -> None:
+    """A project in *root*: ``[tool.blocks] recipes`` and one block per file (name, class, extra field)."""
+    (root / "pyproject.toml").write_text('[tool.blocks]\nrecipes = ["recipes/"]\n')
+    (root / "recipes").mkdir()
+    for file, (name, cls, extra) in files.items():
+        (root / "recipes" / file).write_text(PROJECT_BLOCK.format(name=name, cls=cls, extra=extra))
+
+
+def test_project_blocks_are_the_projects_and_may_not_take_a_package_namespace(
+    fake_site: FakeSite, cli_in_process, tmp_path: Path
+) -> None:
+    fake_site.install(
+        "acme-vision", "0.1.0", {"acme_vision": "acme_vision"}, {"acme_vision/__init__.py": PRESETS}
+    )
+    _project(
+        tmp_path,
+        {
+            "mine.py": ("tiny", "Tiny", ""),
+            "squat.py": ("acme_vision/x", "Squat", ""),
+            "loose.py": ("loose/y", "Loose", ""),
+        },
+    )
+    result = cli_in_process("list", "model", "--json")
+    assert result.returncode == 0, result.output
+    listed = {e["name"]: e["package"] for e in json.loads(result.output[result.output.index("[\n") :])}
+    assert listed["tiny"] == "project" and listed["mlp"] == "blocks", listed
+    assert (
+        listed["acme_vision/net"] == "acme-vision"
+        and "acme_vision/x" not in listed
+        and "loose/y" not in listed
+    )
+    text = " ".join(result.output.split())
+    squat, loose = tmp_path / "recipes" / "squat.py", tmp_path / "recipes" / "loose.py"
+    assert (
+        f"model block 'acme_vision/x' (blocks_project.squat.Squat in {squat}) is registered under 'acme_vision/', "
+        "the namespace of the installed package acme-vision, but outside a block package" in text
+    ), text
+    assert (
+        f"model block 'loose/y' (blocks_project.loose.Loose in {loose}) is registered under 'loose/' but"
+        in text
+    )
+    assert 'register it under a plain name, e.g. @register("acme_vision_x")' in text and "loose.py:8" in text
+    assert cli_in_process("plan", "recipe=blobs", "model=tiny").returncode == 0
+
+
+def test_a_project_block_with_a_field_no_config_holds_names_its_file(
+    fake_site: FakeSite, cli_in_process, tmp_path: Path
+) -> None:
+    _project(tmp_path, {"odd.py": ("odd", "Odd", "\n    ids: frozenset = frozenset({1})\n")})
+    result = cli_in_process("list", "model", "--json")
+    assert result.returncode == 0, result.output
+    text = " ".join(result.output.split())
+    odd = tmp_path / "recipes" / "odd.py"
+    assert f"model block 'odd' (blocks_project.odd.Odd in {odd}) has field 'ids' of type frozenset" in text, (
+        text
+    )
+    assert (
+        "which no config can hold" in text
+        and "a block field must be one of: bool" in text
+        and "odd.py:8" in text
+    )
+    assert '"name": "odd"' not in result.output
+
+
+def test_a_built_in_block_with_a_field_no_config_holds_is_refused_at_registration() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Pair(MLP):
+        pair: tuple[int, str] = (1, "a")
+
+    with pytest.raises(RegistryError) as raised:
+        Registry().add(Pair, "pair")
+    message = str(raised.value)
+    assert message.startswith(f"model.pair: model block 'pair' ({__name__}.") and __file__ in message
+    assert "has field 'pair' of type tuple[int, str], which no config can hold (ValidationError" in message

@@ -160,7 +160,7 @@ def _job_once(
     from omegaconf.errors import OmegaConfBaseException
 
     catalogs.current().prepare(overrides)
-    packages.refuse_unusable(packages.namespaces_in(overrides))
+    packages.refuse_unusable(packages.namespaces_in(overrides), overrides)
     hide_environment_values_in_overrides(overrides)  # a composition error may quote the value
     try:
         try:

@@ -12,6 +12,8 @@ module says which version of the block API it targets with ``BLOCKS_API = 1``.
 A package that fails to import, that claims a name another package claims, or that targets
 another API version is recorded as a :class:`PackageProblem`: the others still load, the CLI
 shows the problem, and a run that chooses one of its options is refused with the package named.
+A block of a package with a field no config can hold is left out at registration and recorded
+the same way, for that block alone: the package's other blocks are options as usual.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 from blocks.core.recipe import RECIPES
 from blocks.spec.block import Block
 from blocks.spec.errors import ConfigError, Problem, describe_exception
-from blocks.spec.registry import REGISTRY, Entry
+from blocks.spec.registry import CONFIG_TYPES, REGISTRY, Entry, Rejected
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -81,15 +83,18 @@ class PackageProblem:
     Attributes:
         namespace: the entry-point name the problem is about.
         reason: ``import`` (raised while importing), ``collision`` (two packages claim the
-            name), ``incompatible`` (targets another block API) or ``invalid`` (bad name).
+            name), ``incompatible`` (targets another block API), ``invalid`` (bad name) or
+            ``field-type`` (one block has a field no config can hold; only it is left out).
         message: what is wrong, naming the package(s).
         fix: what the package's author or the user should do.
+        option: for ``field-type``, the ``kind=name`` option that was left out.
     """
 
     namespace: str
-    reason: Literal["import", "collision", "incompatible", "invalid"]
+    reason: Literal["import", "collision", "incompatible", "invalid", "field-type"]
     message: str
     fix: str
+    option: str = ""
 
     def problem(self, severity: Literal["error", "warning"] = "warning") -> Problem:
         """As a :class:`Problem` keyed ``package:<namespace>``."""
@@ -109,8 +114,28 @@ def packages() -> list[BlockPackage]:
 
 
 def package_problems() -> list[PackageProblem]:
-    """Every block package that could not be (fully) used, by namespace."""
-    return [_problems[n] for n in sorted(_problems)]
+    """Every block package that could not be (fully) used, by namespace; then each block left out."""
+    return [_problems[n] for n in sorted(_problems)] + _left_out()
+
+
+def _left_out() -> list[PackageProblem]:
+    """The blocks of loaded packages that registration left out (a field no config can hold)."""
+    return [_left_out_problem(r) for r in REGISTRY.rejected if r.name.partition("/")[0] in _packages]
+
+
+def _left_out_problem(rejected: Rejected) -> PackageProblem:
+    kind, name = rejected.kind, rejected.name
+    label = f"{rejected.package} {rejected.version}".strip()
+    return PackageProblem(
+        name.partition("/")[0],
+        "field-type",
+        f"package {label}: {kind} block '{name}' ({rejected.target}) has field '{rejected.field}' of type "
+        f"{rejected.type}, which no config can hold ({rejected.reason}); it is left out, the package's "
+        f"other blocks can be used",
+        f"report it to the maintainers of {rejected.package} (a block field must be one of: {CONFIG_TYPES}); "
+        f"until then choose another {kind} block (`blocks list {kind}`)",
+        f"{kind}={name}",
+    )
 
 
 def discover(group: str = ENTRY_POINT_GROUP) -> None:
@@ -273,26 +298,38 @@ def package_of(entry: Entry) -> BlockPackage | None:
     return _packages.get(namespace) if sep else None
 
 
-def namespaces_in(overrides: Iterable[str]) -> list[str]:
-    """Namespaces that the group choices in *overrides* name (``model=acme/x`` → ``acme``)."""
+def _choices(overrides: Iterable[str]) -> list[tuple[str, str]]:
+    """``(group, option)`` for each option the group choices in *overrides* name (globs unwrapped)."""
     from blocks.core.compose import GROUPS
 
     found = []
     for override in overrides:
         key, sep, value = override.partition("=")
-        if not sep or key.lstrip("+~") not in GROUPS:
+        group = key.lstrip("+~")
+        if not sep or group not in GROUPS:
             continue
         value = re.sub(r"^glob\((.*)\)$", r"\1", value.strip())
         for option in re.split(r"[,\[\]\s]+", value):
-            namespace, slash, _ = option.strip("'\"").partition("/")
-            if slash and namespace not in found:
-                found.append(namespace)
+            if option.strip("'\""):
+                found.append((group, option.strip("'\"")))
     return found
 
 
-def refuse_unusable(namespaces: Sequence[str]) -> None:
-    """Raise a :class:`ConfigError` naming the package when a run uses one that cannot be used."""
+def namespaces_in(overrides: Iterable[str]) -> list[str]:
+    """Namespaces that the group choices in *overrides* name (``model=acme/x`` → ``acme``)."""
+    found = []
+    for _, option in _choices(overrides):
+        namespace, slash, _ = option.partition("/")
+        if slash and namespace not in found:
+            found.append(namespace)
+    return found
+
+
+def refuse_unusable(namespaces: Sequence[str], overrides: Iterable[str] = ()) -> None:
+    """Raise a :class:`ConfigError` naming the package when a run uses one (or a block left out of one) that cannot be used."""
     problems = [_problems[n].problem("error") for n in namespaces if n in _problems]
+    chosen = {f"{group}={option}" for group, option in _choices(overrides)}
+    problems += [p.problem("error") for p in _left_out() if p.option in chosen]
     if problems:
         raise ConfigError(problems)
 

@@ -18,10 +18,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from blocks.spec.block import KINDS, Block
-from blocks.spec.errors import DuplicateName, Problem, RegistryError, did_you_mean
+from blocks.spec.errors import DuplicateName, Problem, RegistryError, describe_exception, did_you_mean
+from blocks.spec.imports import PROJECT_MODULE
 from blocks.spec.manifest import BUILTIN_BLOCKS
 
 B = TypeVar("B", bound=type[Block])
+
+PROJECT_PACKAGE = "project"
+"""The ``package`` of a block the user's project registers (``blocks list --json``)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,66 @@ class Entry:
         return found
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """A package's block left out at registration: one of its fields is of a type no config can hold.
+
+    Attributes:
+        kind: the block's kind.
+        name: the option name it would have had (``acme/withset``).
+        target: ``module:Class``.
+        package: the distribution that provides it.
+        version: that distribution's version.
+        field: the field no config can hold.
+        type: that field's annotation, as written.
+        reason: why OmegaConf refuses it.
+    """
+
+    kind: str
+    name: str
+    target: str
+    package: str
+    version: str
+    field: str
+    type: str
+    reason: str
+
+
+CONFIG_TYPES = (
+    "bool, int, float, str, bytes, an enum, a pathlib.Path, a dataclass, Any, "
+    "or a list, tuple[X, ...], dict[str, X] or Optional of these"
+)
+"""The field types a config holds, for messages (OmegaConf decides; see :func:`unconfigurable`)."""
+
+
+def unconfigurable(cls: type[Block]) -> tuple[str, str, str] | None:
+    """``(field, annotation, reason)`` when OmegaConf cannot make a structured config of *cls*, else None.
+
+    The decision is OmegaConf's own (:func:`omegaconf.OmegaConf.structured` on the class, its
+    defaults included), so a block is refused here exactly when its config node could not be built.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.structured(cls)
+    except OmegaConfBaseException as exc:
+        key = str(getattr(exc, "full_key", "") or "")
+        top = key.replace("[", ".").split(".")[0]
+        annotations = {f.name: f.type for f in dataclasses.fields(cls)}
+        annotation = annotations.get(top, "")
+        shown = annotation if isinstance(annotation, str) else _type_name(annotation)
+        return top, shown, describe_exception(exc)
+    return None
+
+
+def _type_name(annotation: object) -> str:
+    """``frozenset``, ``tuple[int, str]``, ``Literal['a', 'b']``: an annotation as it is written."""
+    if isinstance(annotation, type) and not hasattr(annotation, "__origin__"):
+        return annotation.__name__
+    return repr(annotation).replace("typing.", "")
+
+
 def target_of(cls: type) -> str:
     """``module:QualName`` of a class."""
     return f"{cls.__module__}:{cls.__qualname__}"
@@ -91,6 +155,8 @@ class Registry:
         """
         self.package_modules: list[str] = []
         """The module of every loaded block package, set by package discovery; configs may import from them."""
+        self.rejected: list[Rejected] = []
+        """A package's blocks left out because a field is of a type no config holds (package discovery reports them)."""
 
     @classmethod
     def builtin(cls) -> Registry:
@@ -139,12 +205,33 @@ class Registry:
                 )
         owner = self.owner(cls.__module__)
         namespace, (package, version) = (owner[0], owner[1:]) if owner else (self._namespace, self._package)
-        if BUILTIN_BLOCKS.get(kind, {}).get(name) == target_of(cls):
+        target = target_of(cls)
+        if BUILTIN_BLOCKS.get(kind, {}).get(name) == target:
             # a built-in imported for the first time by a package's import keeps its plain name
             namespace, (package, version) = "", ("blocks", "")
+        elif not namespace and cls.__module__.startswith(PROJECT_MODULE + "."):
+            package, version = PROJECT_PACKAGE, ""
+        if not namespace and "/" in name:
+            self._refuse_namespaced(cls, name)
         full = f"{namespace}/{name}" if namespace else name
+        bad = unconfigurable(cls)
+        if bad is not None:
+            field_name, annotation, reason = bad
+            if namespace:  # a package's: left out and reported, its other blocks still load
+                self.rejected.append(Rejected(kind, full, target, package, version, *bad))
+                cls.block_name = full
+                return Entry(kind, full, target, package, version, cls)
+            raise RegistryError(
+                Problem(
+                    f"{kind}.{field_name}",
+                    f"{kind} block '{full}' ({cls.__module__}.{cls.__qualname__} in {_file(cls)}) has field "
+                    f"'{field_name}' of type {annotation}, which no config can hold ({reason}); "
+                    f"a block field must be one of: {CONFIG_TYPES}",
+                    f"give {field_name} one of those types",
+                    check="block-import",
+                )
+            )
         existing = self._entries[kind].get(full)
-        target = target_of(cls)
         if existing is not None and (
             existing.registered is not cls if existing.registered is not None else existing.target != target
         ):
@@ -162,6 +249,28 @@ class Registry:
         self._entries[kind][full] = entry
         cls.block_name = full
         return entry
+
+    def _refuse_namespaced(self, cls: type[Block], name: str) -> None:
+        """A name with ``/`` registered outside a block package: that prefix is a package's namespace."""
+        prefix = name.partition("/")[0]
+        owners = {
+            e.package
+            for entries in self._entries.values()
+            for e in entries.values()
+            if e.name.startswith(prefix + "/")
+        }
+        whose = f", the namespace of the installed package {', '.join(sorted(owners))}," if owners else ""
+        raise RegistryError(
+            Problem(
+                cls.kind,
+                f"{cls.kind} block '{name}' ({cls.__module__}.{cls.__qualname__} in {_file(cls)}) is registered "
+                f"under '{prefix}/'{whose} but outside a block package; only an installed block package's "
+                f"blocks have names with '/' (its entry-point name, then the block's); register it under a "
+                f'plain name, e.g. @register("{name.replace("/", "_")}")',
+                f'@register("{name.replace("/", "_")}")',
+                check="name-clash",
+            )
+        )
 
     def add_entry(self, entry: Entry) -> None:
         """Add an entry another registry holds already (a package's blocks, registered once per process)."""
