@@ -82,11 +82,15 @@ def test_a_subclass_that_forgot_dataclass_is_refused() -> None:
         registry.add(Wider, "wider")
 
 
-def test_every_built_in_block_is_a_dataclass_itself() -> None:
+def test_every_built_in_block_is_a_dataclass_itself_that_a_config_holds() -> None:
+    """Registration checks a package's or project's block with OmegaConf; blocks' own are checked here."""
+    from blocks.spec.registry import unconfigurable
+
     catalog.load()
     registry = Registry()
     for entry in REGISTRY.entries():
         assert registry.add(entry.cls, entry.name).cls is entry.cls
+        assert unconfigurable(entry.cls) is None, entry.name
 
 
 def test_lookup_suggests_close_names() -> None:
