@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.environment import Environment
+from blocks.core.provenance import SOURCES_KEY, block_sources
 from blocks.data.base import BatchSpec, DataBlock, TokenBatch
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
@@ -355,6 +356,7 @@ class Plan:
             "derived": dataclasses.asdict(self.derived),
             "problems": [p.to_json() for p in self.problems],
             "environment": self.environment.to_json(),
+            SOURCES_KEY: block_sources(self.blocks),
         }
 
     def shown_fields(self, kind: str) -> dict[str, Any]:
