@@ -287,9 +287,12 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 
 def cmd_export(source: str, out: str) -> int:
     """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
-    from blocks.runtime.model_export import MODEL_FILE, export_model
+    from blocks.core.compose import config_to_blocks
+    from blocks.runtime.model_export import MODEL_FILE, export_model, package_notes, run_config
 
     written = export_model(source, Path(out))
+    for note in package_notes(source, config_to_blocks(run_config(source))):
+        stdout.print(note, highlight=False, markup=False, soft_wrap=True)
     weights = json.loads((written / MODEL_FILE).read_text())["weights"]
     step = weights["step"] if weights["step"] is not None else "unknown"
     stdout.print(

@@ -210,6 +210,9 @@ def node_to_block(kind: str, node: DictConfig) -> Block:
         cls = active_registry().get(kind, name).cls
     except RegistryError as exc:
         namespace = name.split("/", 1)[0] if "/" in name else ""
+        from blocks.core.packages import refuse_unusable
+
+        refuse_unusable([namespace] if namespace else [])  # installed, but failed to import: say why
         installed = any(n.startswith(namespace + "/") for n in active_registry().names(kind))
         if namespace and not installed:  # the package that registered it is not installed here
             fix = (

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from blocks.checkpoint.base import CheckpointBlock
 from blocks.core.block_errors import raised_in_block
 from blocks.core.environment import Environment
+from blocks.core.provenance import SOURCES_KEY, block_sources
 from blocks.data.base import BatchSpec, DataBlock, TokenBatch
 from blocks.model.base import ModelBlock
 from blocks.monitor.base import MonitorBlock
@@ -357,6 +358,7 @@ class Plan:
             "derived": dataclasses.asdict(self.derived),
             "problems": [p.to_json() for p in self.problems],
             "environment": self.environment.to_json(),
+            SOURCES_KEY: block_sources(self.blocks),
         }
 
     def shown_fields(self, kind: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import logging
 import os
 import shutil
 import sys
@@ -45,11 +46,13 @@ from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job, refuse_interpolated_paths
 from blocks.core.masking import hiding_output
 from blocks.core.plan import Plan
+from blocks.core.provenance import recorded_sources, version_notes
 from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
     METRICS_FILE,
+    PLAN_FILE,
     SUMMARY_FILE,
     FinishedRunKept,
     Summary,
@@ -76,6 +79,8 @@ from blocks.launch.torchrun import (
 from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
 from blocks.spec.errors import BlocksError, TrainingError
 from blocks.spec.imports import refuse_objects
+
+log = logging.getLogger(__name__)
 
 
 def run_job(cfg: DictConfig, checked: Checked | None = None) -> float | None:
@@ -331,6 +336,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
             )
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
+    upgraded = _upgraded_blocks(run_dir, plan) if resume_from else []
     retire_summary(run_dir)
     text = write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
@@ -339,7 +345,18 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
         record_start(run_dir, directory, resume_from, OmegaConf.to_yaml(frozen), nonce)
     if resume_from:
         print(f"blocks: {resume_message(resume_from)}", flush=True)
+    for note in upgraded:  # Hydra's job log: the console and the run dir's blocks.log
+        log.warning("%s", note)
     return Written(plan, text)
+
+
+def _upgraded_blocks(run_dir: Path, plan: Plan) -> list[str]:
+    """A line per kind whose block the run in *run_dir* recorded (``plan.json``) at another version than the installed one."""
+    try:
+        recorded = recorded_sources((run_dir / PLAN_FILE).read_text())
+    except OSError:
+        return []
+    return version_notes(recorded, plan.blocks, what="the checkpoint resumed was trained with", lead="")
 
 
 def _finished_at(resume_from: str, total_steps: int) -> tuple[int, int] | None:

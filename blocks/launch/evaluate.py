@@ -77,7 +77,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     from blocks.checkpoint.sources import find_run_config, find_weights, load_found, refuse_other_samples
     from blocks.core import catalog
     from blocks.runtime.init import load_into
-    from blocks.runtime.model_export import run_config
+    from blocks.runtime.model_export import package_notes, run_config
 
     catalog.load()
     trained = run_config(source)
@@ -110,7 +110,11 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
             with precision.val_step_context():
                 objective.update(model(batch["inputs"]), batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
-    notes = subset_note(plan, split, run.derived) + ((unchecked,) if unchecked else ())
+    notes = (
+        subset_note(plan, split, run.derived)
+        + ((unchecked,) if unchecked else ())
+        + tuple(package_notes(source, plan.blocks))
+    )
     return Evaluation(metrics, weights, notes)
 
 

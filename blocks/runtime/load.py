@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ def load_model(path: str | Path) -> nn.Module:
     from safetensors.torch import load_file
 
     from blocks.core.compose import node_to_block
+    from blocks.core.provenance import SOURCES_KEY, version_notes
     from blocks.spec.registry import REGISTRY
 
     directory = Path(path)
@@ -48,6 +50,10 @@ def load_model(path: str | Path) -> nn.Module:
 
         catalog.load()  # a block from an installed package
     block = node_to_block("model", node)
+    for note in version_notes(
+        meta.get(SOURCES_KEY), {"model": block}, what="the exported model was trained with"
+    ):
+        warnings.warn(note, stacklevel=2)
     spec_json = dict(meta["batch_spec"])
     spec = _SPECS[spec_json.pop("type")](**spec_json)
     module = block.build(spec)  # type: ignore[attr-defined]

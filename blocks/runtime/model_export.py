@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from blocks.checkpoint.sources import find_run_config, refuse_other_samples
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
-from blocks.core.run_files import CONFIG_FILE, WEIGHTS_FILE
+from blocks.core.provenance import SOURCES_KEY, block_sources, recorded_sources, version_notes
+from blocks.core.run_files import CONFIG_FILE, PLAN_FILE, WEIGHTS_FILE
 from blocks.data.base import BatchSpec
+from blocks.spec.block import Block
 from blocks.spec.errors import BlocksError, Problem
 
 FORMAT = "blocks-model/1"
@@ -55,12 +58,33 @@ def run_config(source: str) -> DictConfig:
     return config
 
 
+def recorded_packages(source: str) -> object:
+    """The block distributions and versions the run of *source* recorded (``plan.json``, or an export's ``model.json``); None when it recorded none."""
+    config = find_run_config(source)
+    fs, root = url_to_fs(config)
+    directory = root.rsplit("/", 1)[0]
+    for name in (PLAN_FILE, MODEL_FILE):
+        try:
+            recorded = recorded_sources(fs.cat_file(f"{directory}/{name}").decode())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if recorded is not None:
+            return recorded
+    return None
+
+
+def package_notes(source: str, blocks: Mapping[str, Block]) -> list[str]:
+    """A note per kind of *blocks* whose block the run of *source* used at another version than the installed one."""
+    return version_notes(recorded_packages(source), blocks)
+
+
 def export_model(source: str, out: Path) -> Path:
     """Write the model of *source* (run dir, checkpoint or export) to the directory *out*; returns *out*.
 
     *out* must be new or an empty directory: an export never replaces files. The weights are
     loaded into the model first, so weights that do not fit it are refused before anything is
-    written. ``model.json`` names the weights exported (``weights``: file or checkpoint, step).
+    written. ``model.json`` names the weights exported (``weights``: file or checkpoint, step) and
+    the distribution and version of each block the run used (``packages``).
     """
     from blocks.checkpoint.sources import find_weights, load_found, trained_samples
     from blocks.checkpoint.weights import save_weights
@@ -89,6 +113,8 @@ def export_model(source: str, out: Path) -> Path:
         "batch_spec": spec_to_json(spec),
         "source": source,
         "weights": exported,
+        # the versions the weights were trained with, when the run recorded them
+        SOURCES_KEY: recorded_packages(source) or block_sources(blocks),
     }
     try:
         out.mkdir(parents=True, exist_ok=True)
