@@ -271,3 +271,35 @@ def test_the_files_of_a_checkpoint_are_hashed_several_at_once(
     together.reset()
     with pytest.raises(store.CheckpointError, match=r"shard-1\.distcp does not match the manifest"):
         store.verify(str(checkpoint))
+
+
+def test_block_digests_of_what_earlier_versions_saved_are_unchanged() -> None:
+    """Regression: digesting an Enum by name changed the digest of a ``str``- or ``int``-based Enum field
+    (JSON writes those by value), so a checkpoint saved before no longer resumed ("a different model").
+    Every value an earlier version could digest keeps its digest; a plain Enum (which could not be saved
+    before) is digested by name, as ``config.yaml`` writes it."""
+    import enum
+    import hashlib
+
+    class Act(str, enum.Enum):
+        RELU = "relu"
+
+    class Width(enum.IntEnum):
+        WIDE = 3
+
+    class Shade(enum.Enum):
+        DARK = 1
+
+    model = {
+        "_block_": "net",
+        "act": Act.RELU,
+        "width": Width.WIDE,
+        "sizes": (4, 8),
+        "path": Path("/data/x"),
+        "dropout": 0.1,
+        "init_from": None,
+        "kwargs": {"b": [1, 2], "a": {"c": True}},
+    }
+    earlier = hashlib.sha256(json.dumps(model, sort_keys=True, default=str).encode()).hexdigest()
+    assert store.block_digests({"model": model})["model"] == earlier
+    assert store.canonical_json({"shade": Shade.DARK}) == '{"shade": "DARK"}'

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from blocks.checkpoint import store
 from blocks.spec.errors import BlocksError, Problem
 from blocks.spec.restarts import restart_count
-from blocks.spec.values import json_value
 
 if TYPE_CHECKING:
     from blocks.core.plan import Plan
@@ -135,8 +134,8 @@ def _differing_fields(
 
 
 def _plain(value: Any) -> str:
-    """*value* as the digests serialize it (a tuple and a list of the same items are the same, an Enum is its name)."""
-    return json.dumps(json_value(value), sort_keys=True, default=str)
+    """*value* as the digests serialize it (a tuple and a list of the same items are the same)."""
+    return store.canonical_json(value)
 
 
 def is_restart() -> bool:

@@ -14,6 +14,7 @@ match its digest: resume skips it and falls back to an older one.
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import json
@@ -31,8 +32,6 @@ import fsspec
 import xxhash
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
-
-from blocks.spec.values import json_value
 
 log = logging.getLogger(__name__)
 
@@ -787,6 +786,17 @@ def block_digests(config: Mapping[str, Any]) -> dict[str, str]:
             if not (k in NEUTRAL_DATA_FIELDS and v == NEUTRAL_DATA_FIELDS[k])
         }
     return {
-        kind: hashlib.sha256(json.dumps(json_value(value), sort_keys=True, default=str).encode()).hexdigest()
-        for kind, value in shaping.items()
+        kind: hashlib.sha256(canonical_json(value).encode()).hexdigest() for kind, value in shaping.items()
     }
+
+
+def canonical_json(value: Any) -> str:
+    """*value* as the digests serialize it: a tuple as a list, an Enum by name (one based on str or int by its value, as JSON writes those), anything else JSON cannot write as its text.
+
+    Frozen: a change of it changes the digest of every checkpoint saved before, which would no longer resume.
+    """
+    return json.dumps(value, sort_keys=True, default=_text)
+
+
+def _text(value: Any) -> str:
+    return value.name if isinstance(value, enum.Enum) else str(value)
