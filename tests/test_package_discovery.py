@@ -90,6 +90,17 @@ class BadParams(MLP):
 
     def num_parameters(self, spec):
         return {}["nope"]
+
+
+@register("refuses")
+@dataclass(frozen=True, kw_only=True)
+class Refuses(MLP):
+    """A model whose check refuses a value on purpose."""
+
+    def check(self, ctx):
+        from blocks.spec.errors import ConfigError, Problem
+
+        raise ConfigError(Problem("model.hidden", "hidden must be even for refuses", "model.hidden=[8]"))
 '''
 
 
@@ -113,6 +124,35 @@ def test_a_package_block_that_raises_while_planning_is_named(
     assert f"error model: model block 'weird/{block}' (from weird-blocks 0.1.0) raised {raised}" in text, text
     assert "weird_blocks/__init__.py:" in text and "report it to the maintainers of weird-blocks" in text
     assert "Traceback" not in result.output
+
+
+def test_an_error_a_block_raises_on_purpose_keeps_its_key_and_fix(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: a ``BlocksError`` a block's check raised on purpose was reported as the package's bug."""
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": RAISES}
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=weird/refuses")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "error model.hidden: hidden must be even for refuses" in text and "fix: model.hidden=[8]" in text
+    ), text
+    assert "block-raised" not in text and "maintainers" not in text
+
+
+def test_a_project_block_that_raises_while_planning_is_the_projects_to_fix(
+    fake_site: FakeSite, cli_in_process, tmp_path: Path
+) -> None:
+    """Regression: it was reported as "a bug in blocks"."""
+    broken = "\n    def check(self, ctx):\n        raise RuntimeError('mine broke')\n"
+    _project(tmp_path, {"mine.py": ("mine", "Mine", broken)})
+    result = cli_in_process("plan", "recipe=blobs", "model=mine")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.split())
+    assert "raised RuntimeError: mine broke" in text and "mine.py:" in text, text
+    assert "bug in blocks" not in text and "fix blocks_project.mine:Mine" in text
 
 
 PRESETS = NET.format(team="vision")

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 from blocks.spec.block import Block
 from blocks.spec.errors import Problem, RegistryError
-from blocks.spec.registry import REGISTRY, Entry, active_registry
+from blocks.spec.manifest import BUILTIN_BLOCKS
+from blocks.spec.registry import PROJECT_PACKAGE, REGISTRY, Entry, active_registry, target_of
 
 
 def raised_at(exc: BaseException) -> str:
@@ -36,13 +37,14 @@ def raised_in_block(exc: BaseException, blocks: Mapping[str, Block]) -> Problem 
         return None
     block = blocks[kind]
     entry = _entry(kind, block)
-    package, version = (entry.package, entry.version) if entry else (type(block).__module__, "")
-    made_by = f"{package} {version}".strip()
-    ask = (
-        "this is a bug in blocks: report it"
-        if package == "blocks"
-        else f"report it to the maintainers of {package} (with this message)"
-    )
+    target = target_of(type(block))
+    if BUILTIN_BLOCKS.get(kind, {}).get(block.block_name) == target:
+        made_by, ask = "blocks", "this is a bug in blocks: report it"
+    elif entry is not None and entry.package not in ("blocks", PROJECT_PACKAGE):
+        made_by = f"{entry.package} {entry.version}".strip()
+        ask = f"report it to the maintainers of {entry.package} (with this message)"
+    else:  # a project's own block, or one a script registered
+        made_by, ask = target, f"fix {target}"
     return Problem(
         key=kind,
         message=f"{kind} block '{block.block_name}' (from {made_by}) raised {raised_at(exc)} while planning",

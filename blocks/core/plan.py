@@ -22,7 +22,15 @@ from blocks.monitor.base import MonitorBlock
 from blocks.optim.base import OptimBlock
 from blocks.precision.base import PrecisionBlock
 from blocks.spec.block import KINDS, Block, non_finite_fields
-from blocks.spec.errors import PlanError, Problem, ProblemSink, Severity, did_you_mean, problem_list
+from blocks.spec.errors import (
+    BlocksError,
+    PlanError,
+    Problem,
+    ProblemSink,
+    Severity,
+    did_you_mean,
+    problem_list,
+)
 from blocks.spec.kinds import KIND_TABLE, BlockKind
 from blocks.spec.values import json_value
 from blocks.strategy.base import MeshShape, StrategyBlock
@@ -448,6 +456,8 @@ def make_plan(
         _check_batch_arithmetic(state)
         _check_validation(state)
         _check_memory(state)
+    except BlocksError:
+        raise  # raised on purpose (a block's own check refusing a value): its key and fix stand
     except Exception as exc:
         raised = raised_in_block(exc, {kind: blocks[kind] for kind in names})
         if raised is None:
