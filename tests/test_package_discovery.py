@@ -104,6 +104,34 @@ class Refuses(MLP):
 '''
 
 
+def test_a_package_owns_the_modules_beside_its_entry_point_when_another_imports_them_first(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: with its entry point a submodule (``alpha_pkg.plugin``), the package's block in
+    ``alpha_pkg.models`` went to the namespace of another package that imported it first."""
+    block = NET.format(team="alpha").replace("BLOCKS_API = 1\n", "")
+    fake_site.install(
+        "alpha-blocks",
+        "1.0.0",
+        {"alpha": "alpha_pkg.plugin"},
+        {
+            "alpha_pkg/__init__.py": "",
+            "alpha_pkg/models.py": block,
+            "alpha_pkg/plugin.py": "from alpha_pkg import models\n\nBLOCKS_API = 1\n",
+        },
+    )
+    fake_site.install(
+        "aaa-blocks",
+        "2.0.0",
+        {"aaa": "aaa_pkg"},
+        {"aaa_pkg/__init__.py": "import alpha_pkg.models\n\nBLOCKS_API = 1\n"},
+    )
+    result = cli_in_process("list", "model", "--json")
+    assert result.returncode == 0, result.output
+    listed = {e["name"]: e["package"] for e in json.loads(result.output[result.output.index("[") :])}
+    assert listed.get("alpha/net") == "alpha-blocks" and "aaa/net" not in listed, listed
+
+
 @pytest.mark.parametrize(
     ("block", "raised"),
     [

@@ -157,8 +157,10 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
         if len({_dist_label(ep) for ep in eps}) == 1 and _NAMESPACE.match(namespace):
             owners[eps[0].module] = (namespace, *_dist_name_version(eps[0]))
 
+    by_top = _owners_by_top_level(owners)
+
     def owner(module: str) -> tuple[str, str, str] | None:
-        return _owner_of(module, owners)
+        return _owner_of(module, owners) or by_top.get(module.split(".")[0])
 
     REGISTRY.owner = RECIPES.owner = owner
     for name in sorted(by_name):
@@ -187,6 +189,20 @@ def _owner_of(module: str, owners: dict[str, tuple[str, str, str]]) -> tuple[str
         if (module == top or module.startswith(top + ".")) and len(top) > len(best):
             best = top
     return owners[best] if best else None
+
+
+def _owners_by_top_level(owners: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, str, str]]:
+    """The owner of each top-level package that one package's entry points alone live in.
+
+    A package whose entry point is a submodule (``alpha_pkg.plugin``) owns its sibling modules
+    (``alpha_pkg.models``) too, even when another package imports them first; a top-level
+    package two packages share (a namespace package) is left to :func:`_owner_of`.
+    """
+    by_top: dict[str, tuple[str, str, str] | None] = {}
+    for module, owner in owners.items():
+        top = module.split(".")[0]
+        by_top[top] = owner if by_top.get(top, owner) == owner else None
+    return {top: owner for top, owner in by_top.items() if owner is not None}
 
 
 def _any_declares(group: str) -> bool:
