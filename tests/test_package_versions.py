@@ -152,3 +152,15 @@ def test_eval_export_and_load_model_of_a_run_name_the_package_that_failed_to_imp
         assert "the acme bug" in said.output and "install the block package" not in said.output
     with pytest.raises(BlocksError, match="failed to import: RuntimeError: the acme bug"):
         load_model(tmp_path / "export")
+
+
+def test_a_blocks_upgrade_under_a_run_of_built_ins_is_one_note() -> None:
+    """Regression: one note per kind, nine identical lines for a run of built-in blocks only."""
+    from blocks.core import jobs
+    from blocks.core.provenance import block_sources, version_notes
+
+    plan = jobs.plan(["recipe=blobs"])
+    recorded = {kind: {**source, "version": "0.0.9"} for kind, source in block_sources(plan.blocks).items()}
+    (note,) = version_notes(recorded, plan.blocks)
+    assert "the run used blocks 0.0.9, blocks" in note
+    assert all(f"{kind}=" in note for kind in ("data", "model", "optim", "trainer")), note

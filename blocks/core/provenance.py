@@ -45,26 +45,33 @@ def block_sources(blocks: Mapping[str, Block]) -> dict[str, dict[str, str]]:
 def version_notes(
     recorded: object, blocks: Mapping[str, Block], what: str = "the run used", lead: str = "note: "
 ) -> list[str]:
-    """One line per kind whose block *recorded* names at another version than the installed one.
+    """One line per distribution whose blocks *recorded* names at another version than the installed one.
 
     *recorded* is the ``packages`` value of a ``plan.json`` or ``model.json`` (nothing is said
     when it is absent: a run written before versions were recorded); a kind whose block is
-    another one now (``blocks eval data=...``) is not compared.
+    another one now (``blocks eval data=...``) is not compared. The line lists the blocks
+    concerned (``model=acme/net, data=acme/images``).
     """
     if not isinstance(recorded, Mapping):
         return []
-    notes = []
+    changed: dict[tuple[str, str, str, str], list[str]] = {}
     for kind, now in block_sources(blocks).items():
         was = recorded.get(kind)
         if not isinstance(was, Mapping) or was.get("block") != now["block"]:
             continue
         if was.get("distribution") != now["distribution"] or was.get("version") != now["version"]:
-            notes.append(
-                f"{lead}{kind}={now['block']}: {what} {was.get('distribution')} {was.get('version')}, "
-                f"{now['distribution']} {now['version']} is installed; its code may compute otherwise "
-                f"(install {was.get('distribution')}=={was.get('version')} to reproduce the run exactly)"
+            versions = (
+                str(was.get("distribution")),
+                str(was.get("version")),
+                now["distribution"],
+                now["version"],
             )
-    return notes
+            changed.setdefault(versions, []).append(f"{kind}={now['block']}")
+    return [
+        f"{lead}{', '.join(chosen)}: {what} {old} {old_version}, {new} {new_version} is installed; its code "
+        f"may compute otherwise (install {old}=={old_version} to reproduce the run exactly)"
+        for (old, old_version, new, new_version), chosen in changed.items()
+    ]
 
 
 def recorded_sources(text: str) -> object:
