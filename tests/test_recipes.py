@@ -203,7 +203,7 @@ def test_pipeline_runs_end_to_end_then_skips_finished_stages(cli_in_process, tmp
     root = tmp_path / "pipe"
     result = cli_in_process("run", *PIPE, "finetune.trainer.max_steps=20", f"hydra.run.dir={root}")
     assert result.returncode == 0, result.output[-3000:]
-    assert {p.name for p in root.iterdir()} == {"pretrain", "finetune", "evaluate", "export"}
+    assert {p.name for p in root.iterdir()} == {"pretrain", "finetune", "evaluate", "export", "pipeline.json"}
     finetune = read_summary(root / "finetune")
     assert read_summary(root / "pretrain")["global_step"] == 40 and finetune["global_step"] == 20
     config = (root / "finetune" / "config.yaml").read_text()
