@@ -332,7 +332,7 @@ def _check_loadable(url: str, manifest: store.Manifest) -> None:
             from blocks.checkpoint.safe_dcp import check_sharded
 
             check_sharded(url, manifest)
-        load_state(url, mmap=True)
+        _stopped_early[url] = _stopped_early_in(load_state(url, mmap=True))
     except UnsafeCheckpointError as exc:
         raise BlocksError(
             Problem(
@@ -376,6 +376,10 @@ def _newest(directory: str, candidates: store.Candidates | None = None) -> store
     return found
 
 
+_stopped_early: dict[str, int | None] = {}
+"""What :func:`_check_loadable` read of each checkpoint's ``stopped_early_of``: the state is read once per resume."""
+
+
 def stopped_early_of(url: str) -> int | None:
     """The steps the run that saved checkpoint *url* was given when a callback stopped it before them (None: not stopped early).
 
@@ -384,13 +388,20 @@ def stopped_early_of(url: str) -> int | None:
     """
     from blocks.checkpoint.io import load_state
 
+    if url in _stopped_early:  # taken once: a later run may write a new checkpoint at the same url
+        return _stopped_early.pop(url)
     try:
-        callbacks = load_state(url, mmap=True).get("callbacks") or {}
+        return _stopped_early_in(load_state(url, mmap=True))
     except Exception:  # resolving the resume already refused a checkpoint that does not load
         return None
-    for state in callbacks.values() if isinstance(callbacks, dict) else ():
-        if isinstance(state, dict) and isinstance(state.get("stopped_early_of"), int):
-            return int(state["stopped_early_of"])
+
+
+def _stopped_early_in(state: dict[str, Any]) -> int | None:
+    """The ``stopped_early_of`` a checkpoint's *state* records in its checkpoint callback's state."""
+    callbacks = state.get("callbacks") or {}
+    for saved in callbacks.values() if isinstance(callbacks, dict) else ():
+        if isinstance(saved, dict) and isinstance(saved.get("stopped_early_of"), int):
+            return int(saved["stopped_early_of"])
     return None
 
 
