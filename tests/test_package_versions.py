@@ -119,6 +119,10 @@ def test_eval_export_load_model_and_resume_say_a_block_package_was_upgraded_sinc
     line = f"model={NAMESPACE}/net: the run used {DIST} 0.1.0, {DIST} 0.3.0 is installed"
     said = run_in_process(["eval", str(run)], cwd=tmp_path)
     assert said.returncode == 0 and f"note: {line}" in said.output, said.output
+    # Regression: --json dropped the note; a program reads the metrics alone on stdout, the note is on stderr.
+    said = run_in_process(["eval", str(run), "--json"], cwd=tmp_path, apart=True)
+    assert said.returncode == 0 and set(json.loads(said.stdout)) == {"val/loss", "val/accuracy"}
+    assert f"note: {line}" in said.stderr and "weights: " in said.stderr, said.stderr
     assert not [n for n in evaluation(str(old)).notes if DIST in n], "no record, no note"
     said = run_in_process(["export", str(run), str(tmp_path / "export")], cwd=tmp_path)
     assert said.returncode == 0 and f"note: {line}" in said.output, said.output
