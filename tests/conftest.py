@@ -140,17 +140,19 @@ def run_cli(
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def run_in_process(args: Sequence[str], *, cwd: Path) -> Result:
+def run_in_process(args: Sequence[str], *, cwd: Path, apart: bool = False) -> Result:
     """``blocks ARGS`` in this process through the console script's own entry (``run_captured``).
 
     For commands where a process per call shows nothing more: the torch-free ones (``plan``,
     ``list``), refusals, and one-process runs, evaluations and exports (a run trains in this
     process; it gives back the cwd, environment and logging it found). stdout holds everything
-    the command printed (stderr included), stderr is empty.
+    the command printed (stderr included), stderr is empty; with *apart*, each holds its own.
     """
-    from blocks.cli.main import run_captured
+    from blocks.cli.main import run_captured, run_captured_apart
 
     with contextlib.chdir(cwd):
+        if apart:
+            return Result(*run_captured_apart(list(args)))
         code, output = run_captured(list(args))
     return Result(code, output, "")
 
@@ -294,8 +296,8 @@ def cli(tmp_path: Path):
 def cli_in_process(tmp_path: Path):
     """``cli_in_process(*args)``: :func:`run_in_process` in a fresh directory."""
 
-    def invoke(*args: str) -> Result:
-        return run_in_process(args, cwd=tmp_path)
+    def invoke(*args: str, apart: bool = False) -> Result:
+        return run_in_process(args, cwd=tmp_path, apart=apart)
 
     return invoke
 

@@ -70,6 +70,8 @@ from dataclasses import dataclass
 
 from blocks import register
 from blocks.model import MLP
+from blocks.optim import AdamW
+from blocks.strategy import Single
 
 BLOCKS_API = 1
 
@@ -90,6 +92,35 @@ class BadParams(MLP):
 
     def num_parameters(self, spec):
         return {}["nope"]
+
+
+@register("badoptim")
+@dataclass(frozen=True, kw_only=True)
+class BadOptim(AdamW):
+    """An optimizer whose check raises."""
+
+    def check(self, ctx):
+        raise RuntimeError("boom in optim")
+
+
+@register("badmesh")
+@dataclass(frozen=True, kw_only=True)
+class BadMesh(Single):
+    """A strategy whose mesh raises: the plan has no batch arithmetic to check."""
+
+    def mesh(self, world_size):
+        raise RuntimeError("boom in mesh")
+
+
+@register("viasuper")
+@dataclass(frozen=True, kw_only=True)
+class ViaSuper(MLP):
+    """A model whose own check is fine; blocks' MLP.check, reached through super(), raises on its dropout."""
+
+    dropout: str = "none"
+
+    def check(self, ctx):
+        super().check(ctx)
 
 
 @register("refuses")
@@ -152,6 +183,46 @@ def test_a_package_block_that_raises_while_planning_is_named(
     assert f"error model: model block 'weird/{block}' (from weird-blocks 0.1.0) raised {raised}" in text, text
     assert "weird_blocks/__init__.py:" in text and "report it to the maintainers of weird-blocks" in text
     assert "Traceback" not in result.output
+
+
+def test_every_block_that_raises_while_planning_is_named_and_the_other_checks_still_run(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: the first block that raised ended the plan; the next one, and the batch
+    arithmetic, showed only after the user had fixed it."""
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": RAISES}
+    )
+    both = ["model=weird/badcheck", "optim=weird/badoptim", "data.batch_size=100000"]
+    result = cli_in_process("plan", "recipe=blobs", *both)
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.replace("│", "").split())
+    assert "model block 'weird/badcheck' (from weird-blocks 0.1.0) raised ZeroDivisionError" in text, text
+    assert "optim block 'weird/badoptim' (from weird-blocks 0.1.0) raised RuntimeError: boom in optim" in text
+    assert "error data.batch_size: the training split has" in text, "the checks after them ran"
+    planned = cli_in_process("plan", "--json", "recipe=blobs", *both)
+    checks = [p["check"] for p in json.loads(planned.stdout)["problems"]]
+    assert checks.count("block-raised") == 2 and "global-batch-fits-data" in checks, checks
+    # The numbers the batch arithmetic reads are not derived: it is skipped, the other block still checked.
+    planned = cli_in_process("plan", "--json", "recipe=blobs", *both, "strategy=weird/badmesh")
+    problems = json.loads(planned.stdout)["problems"]
+    raised = sorted(p["key"] for p in problems if p["check"] == "block-raised")
+    assert raised == ["model", "optim", "strategy"] and len(problems) == 3, problems
+
+
+def test_a_raise_in_blocks_own_code_a_package_block_reached_through_super_is_blocks_bug(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: blocks' MLP.check, raising under a package's block, was the package's to fix."""
+    fake_site.install(
+        "weird-blocks", "0.1.0", {"weird": "weird_blocks"}, {"weird_blocks/__init__.py": RAISES}
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=weird/viasuper")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.replace("│", "").split())
+    assert "model block 'weird/viasuper' (from weird-blocks 0.1.0) raised TypeError" in text, text
+    assert "in blocks' own MLP.check()" in text and "this is a bug in blocks: report it" in text, text
+    assert "maintainers of weird-blocks" not in text
 
 
 def test_an_error_a_block_raises_on_purpose_keeps_its_key_and_fix(

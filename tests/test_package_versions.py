@@ -119,6 +119,10 @@ def test_eval_export_load_model_and_resume_say_a_block_package_was_upgraded_sinc
     line = f"model={NAMESPACE}/net: the run used {DIST} 0.1.0, {DIST} 0.3.0 is installed"
     said = run_in_process(["eval", str(run)], cwd=tmp_path)
     assert said.returncode == 0 and f"note: {line}" in said.output, said.output
+    # Regression: --json dropped the note; a program reads the metrics alone on stdout, the note is on stderr.
+    said = run_in_process(["eval", str(run), "--json"], cwd=tmp_path, apart=True)
+    assert said.returncode == 0 and set(json.loads(said.stdout)) == {"val/loss", "val/accuracy"}
+    assert f"note: {line}" in said.stderr and "weights: " in said.stderr, said.stderr
     assert not [n for n in evaluation(str(old)).notes if DIST in n], "no record, no note"
     said = run_in_process(["export", str(run), str(tmp_path / "export")], cwd=tmp_path)
     assert said.returncode == 0 and f"note: {line}" in said.output, said.output
@@ -128,9 +132,19 @@ def test_eval_export_load_model_and_resume_say_a_block_package_was_upgraded_sinc
         warnings.simplefilter("always")
         load_model(tmp_path / "export")
     assert any(f"{DIST} 0.1.0, {DIST} 0.3.0 is installed" in str(w.message) for w in caught)
+    (step_3,) = (run / "checkpoints").glob("step-*")
+    copied = tmp_path / "elsewhere" / step_3.name  # a checkpoint copied out of its run dir
+    shutil.copytree(step_3, copied)
     _train(tmp_path, run, "trainer.max_steps=4")  # resumes step 3
     log = (run / "blocks.log").read_text()
     assert "WARNING" in log and f"the checkpoint resumed was trained with {DIST} 0.1.0, {DIST} 0.3.0" in log
+    # Regression: the resume rewrote plan.json (0.3.0), and step 3 was said to be as installed.
+    said = run_in_process(["eval", str(step_3)], cwd=tmp_path)
+    assert said.returncode == 0 and f"note: {line}" in said.output, said.output
+    # Regression: a checkpoint resumed from elsewhere was compared with no record (or the run dir's own).
+    _train(tmp_path, tmp_path / "fresh", "trainer.max_steps=4", f"checkpoint.resume={copied}")
+    log = (tmp_path / "fresh" / "blocks.log").read_text()
+    assert f"the checkpoint resumed was trained with {DIST} 0.1.0, {DIST} 0.3.0" in log, log
 
 
 def test_eval_export_and_load_model_of_a_run_name_the_package_that_failed_to_import(

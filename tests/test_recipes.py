@@ -130,14 +130,16 @@ def test_freeze_and_init_from_mistakes_name_the_key(cli_in_process, tmp_path: Pa
 def test_eval_reproduces_the_runs_validation_metrics(
     cli_in_process, trained: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    result = cli_in_process("eval", str(trained), "--json")
+    result = cli_in_process("eval", str(trained), "--json", apart=True)
     assert result.returncode == 0, result.output[-3000:]
     metrics = json.loads(result.stdout)
     expected = read_summary(trained)["metrics"]
     assert metrics["val/accuracy"] == pytest.approx(expected["val/accuracy"], abs=1e-6)
     assert metrics["val/loss"] == pytest.approx(expected["val/loss"], rel=1e-5)
     checkpoint = sorted((trained / "checkpoints").glob("step-*"))[-1]
-    result = cli_in_process("eval", str(checkpoint), "data.batch_size=256", "--split", "val", "--json")
+    result = cli_in_process(
+        "eval", str(checkpoint), "data.batch_size=256", "--split", "val", "--json", apart=True
+    )
     assert result.returncode == 0, result.output[-3000:]
     assert json.loads(result.stdout)["val/accuracy"] > 0.8
     result = cli_in_process("eval", str(trained), "data=text")

@@ -126,11 +126,14 @@ class FsspecCheckpointIO(CheckpointIO):
 
     Attributes:
         pending_manifest: set by the checkpoint callback before each save.
+        beside: small text files (name → content) written into each checkpoint with its state
+            (:data:`~blocks.checkpoint.store.PACKAGES_FILE`), which its commit lists and digests.
         after_commit: called with the URL once a checkpoint is committed (retention runs here).
     """
 
     def __init__(self, *, async_save: bool = False) -> None:
         self.pending_manifest: store.Manifest | None = None
+        self.beside: dict[str, str] = {}
         self.after_commit: Callable[[str], None] = lambda url: None
         self.saver = BackgroundSaver() if async_save else None
         self.stager = HostStager()
@@ -142,6 +145,7 @@ class FsspecCheckpointIO(CheckpointIO):
         url = str(path)
         manifest = self.pending_manifest
         assert manifest is not None, "the checkpoint callback sets the manifest before saving"
+        beside = dict(self.beside)
 
         def write_and_commit(state: dict[str, Any]) -> None:
             with storage_errors(url):
@@ -149,6 +153,7 @@ class FsspecCheckpointIO(CheckpointIO):
                 store.begin(url)
                 _injected_delay(manifest.step)
                 digest = write_state(url, state)
+                store.write_beside(url, beside)
                 store.commit(url, manifest, known={STATE_FILE: digest})
             self.after_commit(url)
 

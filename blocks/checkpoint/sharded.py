@@ -71,11 +71,13 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         manifest = self.io.pending_manifest
         assert manifest is not None, "the checkpoint callback sets the manifest before saving"
         writer = FsspecWriter(store.join(url, store.SHARDS_DIR))
+        beside = dict(self.io.beside)
 
         def commit() -> None:
             if self.global_rank == 0:
                 with storage_errors(url):
                     digest = write_state(url, rest)
+                    store.write_beside(url, beside)
                     store.commit(url, replace(manifest, sharded=True), known={STATE_FILE: digest})
                 self.io.after_commit(url)
 

@@ -40,6 +40,10 @@ MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
 """The file every checkpoint holds (the training state, or its non-sharded rest)."""
+PACKAGES_FILE = "packages.json"
+"""Beside the state: which distribution and version made each block the run trained with, as its
+caller recorded them (plain JSON, ``{"packages": ...}`` as in ``plan.json``). A copy of the
+checkpoint keeps it; a run dir's ``plan.json`` is rewritten by each later session."""
 SHARDS_DIR = "dcp"
 """Where a sharded checkpoint keeps its DCP shards and their ``.metadata``."""
 SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
@@ -310,6 +314,23 @@ class HashingWriter:
     def digest(self) -> tuple[int, str]:
         """``(size, hex digest)`` of everything written so far."""
         return self.size, self._hash.hexdigest()
+
+
+def write_beside(url: str, files: Mapping[str, str]) -> None:
+    """Write the small text *files* (name → content) into the checkpoint directory *url*; its commit lists them."""
+    fs, root = url_to_fs(url)
+    for name, text in files.items():
+        with fs.open(join(root, name), "w") as fh:
+            fh.write(text)
+
+
+def read_beside(url: str, name: str) -> str | None:
+    """The text of file *name* in the checkpoint directory *url*; None when it has none (older ones) or it cannot be read."""
+    fs, root = url_to_fs(url)
+    try:
+        return fs.cat_file(join(root, name)).decode()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | None = None) -> Manifest:

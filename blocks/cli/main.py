@@ -271,8 +271,11 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 
     scored = evaluation(source, overrides, split=split)
     said = [f"weights: {scored.weights.describe()}", *scored.notes]
-    if as_json:  # the metrics alone, for a program to read
+    if as_json:  # the metrics alone on stdout, for a program to read; what they score and the notes on stderr
         print(json.dumps(scored.metrics, indent=2))
+        sys.stdout.flush()
+        for line in said:
+            stderr.print(line, highlight=False, markup=False, soft_wrap=True)
         return 0
     table = Table(title=f"{escape(source)} on the {escape(split)} split", title_justify="left")
     table.add_column("metric")
@@ -833,21 +836,35 @@ def run_captured(argv: Sequence[str]) -> tuple[int, str]:
     plan many command lines). An exception that is not a :class:`BlocksError` propagates, as
     it would end the real command with a traceback.
     """
-    global stdout, stderr
     buffer = io.StringIO()
+    code, output, _ = _captured(argv, buffer, buffer)
+    return code, output
+
+
+def run_captured_apart(argv: Sequence[str]) -> tuple[int, str, str]:
+    """:func:`run_captured` with stdout and stderr apart: (exit status, stdout, stderr).
+
+    For output a program reads (``--json``) that must not hold what the command says to a person.
+    """
+    return _captured(argv, io.StringIO(), io.StringIO())
+
+
+def _captured(argv: Sequence[str], out: io.StringIO, err: io.StringIO) -> tuple[int, str, str]:
+    """Run the CLI in this process, its stdout into *out* and its stderr into *err*: (status, stdout, stderr)."""
+    global stdout, stderr
     saved = stdout, stderr
     # no file of their own: they write to sys.stdout/sys.stderr (the buffer), where main() hides secrets
     stdout = Console(width=200, soft_wrap=False, force_terminal=False, color_system=None)
     stderr = Console(stderr=True, width=200, force_terminal=False, color_system=None)
     code: int = 0
     try:
-        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), _root_logging_restored():
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _root_logging_restored():
             main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         stdout, stderr = saved
-    return code, buffer.getvalue()
+    return code, out.getvalue(), err.getvalue()
 
 
 def take_recipes_option(argv: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping
+from types import FrameType
 
 from blocks.spec.block import Block
 from blocks.spec.errors import Problem, RegistryError
@@ -26,18 +27,24 @@ def raised_at(exc: BaseException) -> str:
 
 
 def raised_in_block(exc: BaseException, blocks: Mapping[str, Block]) -> Problem | None:
-    """The problem for *exc* when a method of one of *blocks* raised it (None when none of them is on its traceback)."""
-    kind = None
+    """The problem for *exc* when a method of one of *blocks* raised it (None when none of them is on its traceback).
+
+    The innermost method of a block on the traceback is the one blamed: when it is code of
+    blocks itself (a base class's ``check`` a package's block reached with ``super()``), the
+    bug is blocks', whoever made the block.
+    """
+    kind, method = None, None
     for frame, _ in traceback.walk_tb(exc.__traceback__):
         receiver = frame.f_locals.get("self", frame.f_locals.get("cls"))
         for candidate, block in blocks.items():
             if receiver is block or receiver is type(block):
-                kind = candidate
-    if kind is None:
+                kind, method = candidate, frame
+    if kind is None or method is None:
         return None
     block = blocks[kind]
     entry = _entry(kind, block)
     target = target_of(type(block))
+    in_blocks = _is_blocks_code(method)
     if BUILTIN_BLOCKS.get(kind, {}).get(block.block_name) == target:
         made_by, ask = "blocks", "this is a bug in blocks: report it"
     elif entry is not None and entry.package not in ("blocks", PROJECT_PACKAGE):
@@ -45,12 +52,32 @@ def raised_in_block(exc: BaseException, blocks: Mapping[str, Block]) -> Problem 
         ask = f"report it to the maintainers of {entry.package} (with this message)"
     else:  # a project's own block, or one a script registered
         made_by, ask = target, f"fix {target}"
+    where = ""
+    if in_blocks and made_by != "blocks":
+        where, ask = f" in blocks' own {_method_name(method, block)}()", "this is a bug in blocks: report it"
     return Problem(
         key=kind,
-        message=f"{kind} block '{block.block_name}' (from {made_by}) raised {raised_at(exc)} while planning",
+        message=f"{kind} block '{block.block_name}' (from {made_by}) raised {raised_at(exc)}{where} while planning",
         fix=f"{ask}, or choose another {kind} block (`blocks list {kind}`)",
         check="block-raised",
     )
+
+
+def _method_name(frame: FrameType, block: Block) -> str:
+    """``Class.method`` of the method of *block* that *frame* runs (the class of its MRO that defines it)."""
+    code = frame.f_code
+    for cls in type(block).__mro__:
+        function = vars(cls).get(code.co_name)
+        function = getattr(function, "__func__", getattr(function, "fget", function))
+        if getattr(function, "__code__", None) is code:
+            return f"{cls.__name__}.{code.co_name}"
+    return code.co_name
+
+
+def _is_blocks_code(frame: FrameType) -> bool:
+    """Whether *frame* runs a function of the blocks package itself (not of a package or project built on it)."""
+    module = str(frame.f_globals.get("__name__", ""))
+    return module == "blocks" or module.startswith("blocks.")
 
 
 def _entry(kind: str, block: Block) -> Entry | None:

@@ -7,8 +7,9 @@ Planning is torch-free and fast, so ``blocks plan`` can check a 128-GPU job on a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -151,6 +152,12 @@ class _State:
     derived: Derived = field(default_factory=Derived)
     problems: list[Problem] = field(default_factory=list)
     kinds: tuple[str, ...] = KINDS
+    underived: bool = False
+    """A block's code raised while the numbers were derived: :attr:`derived` holds none of them."""
+
+
+class _Underived(Exception):
+    """A check read the derived numbers of a plan that could not derive them; the check is skipped."""
 
 
 class CheckContext:
@@ -175,7 +182,7 @@ class CheckContext:
         task: TaskBlock = self._state.blocks["task"]  # type: ignore[assignment]
         monitor: MonitorBlock = self._state.blocks["monitor"]  # type: ignore[assignment]
         names = [f"val/{name}" for name in task.metric_names()]
-        names += monitor.metric_names(gpu=self._state.derived.accelerator == "gpu")
+        names += monitor.metric_names(gpu=self.derived.accelerator == "gpu")
         if isinstance(self._state.batch_spec, TokenBatch):
             names.append("tokens_per_s")  # the data yields tokens: throughput is also counted in them
         return tuple(names)
@@ -256,7 +263,13 @@ class CheckContext:
 
     @property
     def derived(self) -> Derived:
-        """The derived numbers."""
+        """The derived numbers.
+
+        When a block's code raised while deriving them, a check that reads them ends here and is
+        skipped: the plan reports the raise, never a problem found on numbers it does not have.
+        """
+        if self._state.underived:
+            raise _Underived
         return self._state.derived
 
     @property
@@ -448,21 +461,15 @@ def make_plan(
             raise TypeError(f"plan needs a {bases[kind].__name__} for '{kind}', got {block!r}")
     environment = environment or Environment.detect()
     state = _State(blocks=blocks, environment=environment, kinds=names)
-    try:
-        _derive(state)
-        _check_finite(state)
-        for kind in names:
-            blocks[kind].check(CheckContext(state, kind))
-        _check_batch_arithmetic(state)
-        _check_validation(state)
-        _check_memory(state)
-    except BlocksError:
-        raise  # raised on purpose (a block's own check refusing a value): its key and fix stand
-    except Exception as exc:
-        raised = raised_in_block(exc, {kind: blocks[kind] for kind in names})
-        if raised is None:
-            raise
-        state.problems.append(raised)
+    state.underived = not _ran(state, _derive)
+    if not state.underived and _ran(state, _derive_parameters):
+        _ran(state, _derive_memory)
+    _ran(state, _check_finite)
+    for kind in names:
+        _ran(state, functools.partial(_check_block, kind))
+    if not state.underived:  # these read the derived numbers
+        for check in (_check_batch_arithmetic, _check_validation, _check_memory):
+            _ran(state, check)
     return Plan(
         blocks=dict(blocks),
         choices=dict(choices or {kind: blocks[kind].block_name for kind in names}),
@@ -470,6 +477,33 @@ def make_plan(
         problems=tuple(problem_list(state.problems)),
         environment=environment,
     )
+
+
+def _ran(state: _State, step: Callable[[_State], None]) -> bool:
+    """Run one step of planning; False when a block's code raised in it, which is then a problem of the plan.
+
+    Each block's check and each stage runs on its own, so one block that raises hides no other
+    problem. A :class:`BlocksError` (a block refusing a value on purpose) and a raise in no
+    block's code propagate.
+    """
+    try:
+        step(state)
+    except BlocksError:
+        raise  # raised on purpose (a block's own check refusing a value): its key and fix stand
+    except _Underived:
+        return False  # the check needed the numbers a raise left underived; that raise is reported
+    except Exception as exc:
+        raised = raised_in_block(exc, {kind: state.blocks[kind] for kind in state.kinds})
+        if raised is None:
+            raise
+        state.problems.append(raised)
+        return False
+    return True
+
+
+def _check_block(kind: str, state: _State) -> None:
+    """The block of *kind*'s own check."""
+    state.blocks[kind].check(CheckContext(state, kind))
 
 
 def preflight(plan: Plan) -> Plan:
@@ -497,7 +531,6 @@ def _check_finite(state: _State) -> None:
 
 def _derive(state: _State) -> None:
     data: DataBlock = state.blocks["data"]  # type: ignore[assignment]
-    model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
     optim: OptimBlock = state.blocks["optim"]  # type: ignore[assignment]
     trainer: TrainerBlock = state.blocks["trainer"]  # type: ignore[assignment]
     devices = max(1, int(trainer.devices or 1))
@@ -516,14 +549,6 @@ def _derive(state: _State) -> None:
         val = data.num_samples("val")
     except Exception:
         train = val = 0
-    parameters = None
-    if state.batch_spec is not None and isinstance(state.batch_spec, model.accepts or object):
-        try:
-            parameters = model.num_parameters(state.batch_spec)
-        except (ValueError, ZeroDivisionError):
-            parameters = None
-    if parameters is not None and parameters <= 0:
-        parameters = None
     steps_per_epoch = train // global_batch if global_batch else 0
     if trainer.limit_train_batches and trainer.limit_train_batches > 0:
         steps_per_epoch = min(steps_per_epoch, trainer.limit_train_batches)
@@ -561,10 +586,27 @@ def _derive(state: _State) -> None:
         warmup_steps=optim.warmup_steps,
         lr=optim.lr,
         effective_lr=optim.effective_lr(global_batch),
-        parameters=parameters,
     )
-    if parameters is not None:
-        state.derived = dataclasses.replace(state.derived, memory=_estimate_memory(state, parameters))
+
+
+def _derive_parameters(state: _State) -> None:
+    """The model's parameter count for the data's batches, when the model can say (else it stays None)."""
+    model: ModelBlock = state.blocks["model"]  # type: ignore[assignment]
+    if state.batch_spec is None or not isinstance(state.batch_spec, model.accepts or object):
+        return
+    try:
+        parameters = model.num_parameters(state.batch_spec)
+    except (ValueError, ZeroDivisionError):
+        return
+    if parameters is not None and parameters > 0:
+        state.derived = dataclasses.replace(state.derived, parameters=parameters)
+
+
+def _derive_memory(state: _State) -> None:
+    """The memory estimate per device, once the parameters are known."""
+    if state.derived.parameters is not None:
+        memory = _estimate_memory(state, state.derived.parameters)
+        state.derived = dataclasses.replace(state.derived, memory=memory)
 
 
 def _mesh(state: _State, world: int) -> MeshShape:

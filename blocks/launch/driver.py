@@ -38,7 +38,7 @@ from blocks.checkpoint.resume import (
     stopped_early_of,
 )
 from blocks.checkpoint.storage import preflight_storage
-from blocks.checkpoint.store import read_manifest
+from blocks.checkpoint.store import PACKAGES_FILE, read_beside, read_manifest
 from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
 from blocks.core.compose import Composed, config_to_blocks
@@ -336,7 +336,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
             )
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
-    upgraded = _upgraded_blocks(run_dir, plan) if resume_from else []
+    upgraded = _upgraded_blocks(run_dir, plan, resume_from) if resume_from else []
     retire_summary(run_dir)
     text = write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
@@ -350,12 +350,18 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     return Written(plan, text)
 
 
-def _upgraded_blocks(run_dir: Path, plan: Plan) -> list[str]:
-    """A line per kind whose block the run in *run_dir* recorded (``plan.json``) at another version than the installed one."""
-    try:
-        recorded = recorded_sources((run_dir / PLAN_FILE).read_text())
-    except OSError:
-        return []
+def _upgraded_blocks(run_dir: Path, plan: Plan, resume_from: str) -> list[str]:
+    """A line per kind whose block the checkpoint *resume_from* was trained with at another version than the installed one.
+
+    Its own record (``packages.json``) is read, also for a checkpoint of another run dir; one
+    an older blocks saved has none: then the run in *run_dir* recorded it (``plan.json``).
+    """
+    recorded = recorded_sources(read_beside(resume_from, PACKAGES_FILE) or "")
+    if recorded is None:
+        try:
+            recorded = recorded_sources((run_dir / PLAN_FILE).read_text())
+        except OSError:
+            return []
     return version_notes(recorded, plan.blocks, what="the checkpoint resumed was trained with", lead="")
 
 

@@ -113,7 +113,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     notes = (
         subset_note(plan, split, run.derived)
         + ((unchecked,) if unchecked else ())
-        + tuple(package_notes(source, plan.blocks))
+        + tuple(package_notes(source, plan.blocks, weights.url))
     )
     return Evaluation(metrics, weights, notes)
 

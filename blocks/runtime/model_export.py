@@ -16,7 +16,8 @@ import yaml
 from fsspec.core import url_to_fs
 from omegaconf import DictConfig, OmegaConf
 
-from blocks.checkpoint.sources import find_run_config, refuse_other_samples
+from blocks.checkpoint.sources import find_run_config, find_weights, refuse_other_samples
+from blocks.checkpoint.store import PACKAGES_FILE, read_beside
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
 from blocks.core.provenance import SOURCES_KEY, block_sources, recorded_sources, version_notes
 from blocks.core.run_files import CONFIG_FILE, PLAN_FILE, WEIGHTS_FILE
@@ -58,8 +59,17 @@ def run_config(source: str) -> DictConfig:
     return config
 
 
-def recorded_packages(source: str) -> object:
-    """The block distributions and versions the run of *source* recorded (``plan.json``, or an export's ``model.json``); None when it recorded none."""
+def recorded_packages(source: str, weights: str | None = None) -> object:
+    """The block distributions and versions the weights of *source* were trained with; None when none were recorded.
+
+    A checkpoint's own record comes first (its ``packages.json``: a later session of the run
+    rewrites ``plan.json``), else the run's (``plan.json``, or an export's ``model.json``).
+    *weights* is the file or checkpoint *source* resolves to, when the caller has found it.
+    """
+    url = weights if weights is not None else find_weights(source, key="source").url
+    saved = recorded_sources(read_beside(url, PACKAGES_FILE) or "")
+    if saved is not None:
+        return saved
     config = find_run_config(source)
     fs, root = url_to_fs(config)
     directory = root.rsplit("/", 1)[0]
@@ -73,9 +83,9 @@ def recorded_packages(source: str) -> object:
     return None
 
 
-def package_notes(source: str, blocks: Mapping[str, Block]) -> list[str]:
-    """A note per kind of *blocks* whose block the run of *source* used at another version than the installed one."""
-    return version_notes(recorded_packages(source), blocks)
+def package_notes(source: str, blocks: Mapping[str, Block], weights: str | None = None) -> list[str]:
+    """A note per kind of *blocks* whose block the weights of *source* were trained with at another version than the installed one."""
+    return version_notes(recorded_packages(source, weights), blocks)
 
 
 def export_model(source: str, out: Path) -> Path:
@@ -86,7 +96,7 @@ def export_model(source: str, out: Path) -> Path:
     written. ``model.json`` names the weights exported (``weights``: file or checkpoint, step) and
     the distribution and version of each block the run used (``packages``).
     """
-    from blocks.checkpoint.sources import find_weights, load_found, trained_samples
+    from blocks.checkpoint.sources import load_found, trained_samples
     from blocks.checkpoint.weights import save_weights
     from blocks.core import catalog
     from blocks.runtime.init import load_into
@@ -114,7 +124,7 @@ def export_model(source: str, out: Path) -> Path:
         "source": source,
         "weights": exported,
         # the versions the weights were trained with, when the run recorded them
-        SOURCES_KEY: recorded_packages(source) or block_sources(blocks),
+        SOURCES_KEY: recorded_packages(source, found.url) or block_sources(blocks),
     }
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from blocks.compat.torch_private import (
 )
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
+from blocks.core.provenance import SOURCES_KEY, block_sources
 from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
 from blocks.data.base import TokenBatch
 from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
@@ -158,6 +160,7 @@ def build_run(
             )
         )
     io = FsspecCheckpointIO(async_save=checkpoint_block.enabled and checkpoint_block.async_save)
+    io.beside[store.PACKAGES_FILE] = json.dumps({SOURCES_KEY: block_sources(plan.blocks)}, indent=2)
     checkpointer = None
     if checkpoint_block.enabled:
         checkpointer = CheckpointCallback(
