@@ -30,8 +30,8 @@ def raised_in_block(exc: BaseException, blocks: Mapping[str, Block]) -> Problem 
     """The problem for *exc* when a method of one of *blocks* raised it (None when none of them is on its traceback).
 
     The innermost method of a block on the traceback is the one blamed: when it is code of
-    blocks itself (a base class's ``check`` a package's block reached with ``super()``), the
-    bug is blocks', whoever made the block.
+    blocks itself (a base class's ``check`` a package's block reached with ``super()``), blocks
+    is named first, with the block's maintainers (the subclass may hand it a value it cannot take).
     """
     kind, method = None, None
     for frame, _ in traceback.walk_tb(exc.__traceback__):
@@ -54,7 +54,15 @@ def raised_in_block(exc: BaseException, blocks: Mapping[str, Block]) -> Problem 
         made_by, ask = target, f"fix {target}"
     where = ""
     if in_blocks and made_by != "blocks":
-        where, ask = f" in blocks' own {_method_name(method, block)}()", "this is a bug in blocks: report it"
+        # blocks' base-class code, reached through super(): a bug in blocks, or a value of the
+        # subclass that code cannot take (a field retyped, a property overridden): both are told
+        where = f" in blocks' own {_method_name(method, block)}()"
+        whose = (
+            f"report it to blocks and to the maintainers of {entry.package}"
+            if ask.startswith("report") and entry
+            else f"check {target}, or report it to blocks"
+        )
+        ask = f"this is a bug in blocks or a value of this block blocks' code cannot take: {whose}"
     return Problem(
         key=kind,
         message=f"{kind} block '{block.block_name}' (from {made_by}) raised {raised_at(exc)}{where} while planning",
