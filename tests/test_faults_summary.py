@@ -152,6 +152,12 @@ def test_weights_that_cannot_be_written_fail_the_summary_too(finished: Path, tmp
     assert summary["status"] == "failed" and summary["global_step"] == 30
     assert "model.safetensors" in summary["reason"] and "IsADirectoryError" in summary["reason"]
     assert not list(run_dir.glob(".model.safetensors*")), "the half-written file is gone"
+    # Regression: an extended run's whole-run throughput counted only the extension's samples and seconds.
+    before = read_summary(finished)
+    global_batch = json.loads((run_dir / "plan.json").read_text())["derived"]["global_batch"]
+    assert summary["train_s"] > before["train_s"] > 0, "the step-20 run's training seconds are carried"
+    assert summary["samples_per_s"] * summary["train_s"] == pytest.approx(30 * global_batch, rel=1e-6)
+    assert summary["steady_samples_per_s"] is not None
 
 
 def test_a_logger_that_cannot_start_leaves_a_failed_summary(finished: Path, tmp_path: Path) -> None:

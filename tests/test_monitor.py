@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import re
@@ -110,6 +111,11 @@ def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli_in_process, tmp_
     assert "monitor.on_nonfinite=stop" in summary["reason"]
     assert re.search(r"(train/loss|grad_norm) is (nan|inf)", summary["reason"])
     assert summary["global_step"] < 8
+    # Regression: the whole-run throughput of a run that failed was 0.0 (its clock stopped only at a normal end).
+    assert summary["samples_per_s"] > 0 and summary["train_s"] > 0
+    global_batch = json.loads((tmp_path / "run" / "plan.json").read_text())["derived"]["global_batch"]
+    trained = summary["samples_per_s"] * summary["train_s"]
+    assert trained == pytest.approx(summary["global_step"] * global_batch, rel=1e-6)
 
 
 @pytest.mark.slow
