@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from blocks.monitor.figures import metric_label, run_throughputs
+
 Row = dict[str, float]
 
 
@@ -169,7 +171,10 @@ _LABELS = {"train/loss": "loss", "samples_per_s": "samples/s", "tokens_per_s": "
 
 
 def summary_table(summary: dict[str, Any]) -> Any:
-    """A rich table of how a run ended: status (and reason), steps, time, throughput, last metrics.
+    """A rich table of how a run ended: status (and reason), steps, time, throughputs, last metrics.
+
+    The whole-run and steady throughputs are labelled so; a metric of one logging window
+    (``samples_per_s``, ``mfu``, ...) is labelled as the last window's.
 
     Every value is plain text, never markup: a failure reason quotes user input and exception
     messages, which may hold ``[/...]``.
@@ -190,13 +195,15 @@ def summary_table(summary: dict[str, Any]) -> Any:
     if summary.get("reason"):
         row("reason", str(summary["reason"]))
     row("steps", str(summary.get("global_step", 0)))
-    row("wall time", f"{summary.get('wall_s', 0.0):.1f}s")
-    if summary.get("samples_per_s"):
-        row("samples/s", _fmt(summary["samples_per_s"]))
+    row("wall time (this attempt)", f"{summary.get('wall_s', 0.0):.1f}s")
+    if summary.get("train_s"):
+        row("training time (whole run)", f"{summary['train_s']:.1f}s")
+    for label, value in run_throughputs(summary):
+        row(label, _fmt(value))
     if summary.get("resumed_from"):
         row("resumed from", str(summary["resumed_from"]))
     for name, value in summary.get("metrics", {}).items():
         if name.startswith(("train/loss_rank",)):
             continue
-        row(str(name), _fmt(value))
+        row(metric_label(str(name)), _fmt(value))
     return table
