@@ -470,3 +470,16 @@ def test_a_stall_in_one_run_does_not_silence_the_next_run_in_the_process(
     summary = driver.run(["debug=fast", "trainer.max_steps=2", "monitor.progress=off"], tmp_path / "next")
     assert summary.status == "completed"
     assert read_summary(tmp_path / "next")["status"] == "completed"
+
+
+def test_a_resumed_runs_console_eta_counts_only_the_steps_it_took(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ETA divided this session's seconds by every step since 0, the checkpoint's 90 included:
+    10 s for 5 steps with 5 to go said 1 s left, not 10."""
+    import time
+
+    from blocks.monitor.sinks import ConsoleSink
+
+    sink = ConsoleSink(100, "lines", start_step=90)
+    sink.started = time.monotonic() - 10.0
+    sink.write(95, {"train/loss": 1.0})
+    assert re.search(r"step 95/100 .* eta=(10|11)s$", capsys.readouterr().out.strip())

@@ -115,10 +115,15 @@ def _fmt(value: float) -> str:
 
 
 class ConsoleSink:
-    """Progress on the console: a live rich bar on a terminal, plain periodic lines otherwise."""
+    """Progress on the console: a live rich bar on a terminal, plain periodic lines otherwise.
 
-    def __init__(self, total_steps: int, mode: str = "auto") -> None:
+    *start_step*: the optimizer step training starts from (a resumed run's checkpoint step): the
+    bar starts there and the ETA is measured on the steps taken since.
+    """
+
+    def __init__(self, total_steps: int, mode: str = "auto", *, start_step: int = 0) -> None:
         self.total_steps = total_steps
+        self.start_step = start_step
         interactive = sys.stdout.isatty()
         self.mode = ("bar" if interactive else "lines") if mode == "auto" else mode
         self.started = time.monotonic()
@@ -140,7 +145,9 @@ class ConsoleSink:
                 TextColumn("{task.fields[stats]}"),
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=self.total_steps, stats="")
+            self._task = self._progress.add_task(
+                "train", total=self.total_steps, completed=self.start_step, stats=""
+            )
             self._progress.start()
 
     def write(self, step: int, row: Row) -> None:
@@ -154,8 +161,15 @@ class ConsoleSink:
             self._progress.update(self._task, completed=step, stats=stats)
             return
         elapsed = time.monotonic() - self.started
-        eta = elapsed / step * (self.total_steps - step) if step else 0.0
-        print(f"step {step}/{self.total_steps}  {stats}  elapsed={elapsed:.0f}s eta={eta:.0f}s", flush=True)
+        print(
+            f"step {step}/{self.total_steps}  {stats}  elapsed={elapsed:.0f}s eta={self._eta(step, elapsed):.0f}s",
+            flush=True,
+        )
+
+    def _eta(self, step: int, elapsed: float) -> float:
+        """Seconds left at this session's pace: *elapsed* over the steps taken since :attr:`start_step`."""
+        taken = step - self.start_step
+        return elapsed / taken * (self.total_steps - step) if taken > 0 else 0.0
 
     def flush(self) -> None:
         """Nothing is buffered on the console."""

@@ -119,7 +119,7 @@ def build_run(
     )
     sinks = metric_sinks(run_dir, resumed_step, loggers)
     if console and monitor.progress != "off":
-        sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
+        sinks.append(ConsoleSink(derived.total_steps, monitor.progress, start_step=resumed_step or 0))
     health = HealthGuard(
         monitor.on_nonfinite,
         max_bad_steps=monitor.max_bad_steps,
