@@ -166,13 +166,18 @@ class MetricsRecorder(pl.Callback):
     ) -> None:
         """Note the LR this step uses (the scheduler steps after it); measure the gradient norm on logged steps.
 
-        The gradient norm is taken before clipping, only on steps that will be logged.
+        The gradient norm is taken before clipping, only on steps that will be logged: every
+        ``every_n_steps``-th and the last one (``max_steps``), which ends a partial window.
         """
         lr = optimizer.param_groups[0]["lr"]
         # A tensor LR is copied: the scheduler fills it in place when it steps.
         self._lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
-        if self.want_grad_norm and (trainer.global_step + 1) % self.every == 0:
+        if self.want_grad_norm and self._logs_step(trainer.global_step + 1, trainer.max_steps):
             self._grad_norm = total_grad_norm(pl_module)
+
+    def _logs_step(self, step: int, last_step: int) -> bool:
+        """Whether optimizer *step* ends a logged row: a multiple of the interval, or the run's last step."""
+        return step % self.every == 0 or step == last_step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
