@@ -7,6 +7,7 @@ be written, extended with a logger that cannot start, and run again with nothing
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -147,11 +148,23 @@ def test_weights_that_cannot_be_written_fail_the_summary_too(finished: Path, tmp
     (run_dir / "model.safetensors").unlink()
     (run_dir / "model.safetensors").mkdir()
     with pytest.raises(IsADirectoryError):
-        driver.run([*QUIET, "trainer.max_steps=30"], run_dir)
+        driver.run([*QUIET, "trainer.max_steps=32"], run_dir)
     summary = read_summary(run_dir)
-    assert summary["status"] == "failed" and summary["global_step"] == 30
+    assert summary["status"] == "failed" and summary["global_step"] == 32
     assert "model.safetensors" in summary["reason"] and "IsADirectoryError" in summary["reason"]
     assert not list(run_dir.glob(".model.safetensors*")), "the half-written file is gone"
+    # Regression: an extended run's whole-run throughput counted only the extension's samples and seconds.
+    before = read_summary(finished)
+    global_batch = json.loads((run_dir / "plan.json").read_text())["derived"]["global_batch"]
+    assert summary["train_s"] > before["train_s"] > 0, "the step-20 run's training seconds are carried"
+    assert summary["samples_per_s"] * summary["train_s"] == pytest.approx(32 * global_batch, rel=1e-6)
+    assert summary["steady_samples_per_s"] is not None
+    # Regression: the last, partial window (steps 31-32 of log_every_n_steps=5) had no grad_norm,
+    # and summary.json's grad_norm was step 30's.
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        last = list(csv.DictReader(fh))[-1]
+    assert last["step"] == "32" and last["grad_norm"]
+    assert summary["metrics"]["grad_norm"] == pytest.approx(float(last["grad_norm"]), rel=1e-5)
 
 
 def test_a_logger_that_cannot_start_leaves_a_failed_summary(finished: Path, tmp_path: Path) -> None:

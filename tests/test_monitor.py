@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import re
@@ -110,6 +111,11 @@ def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli_in_process, tmp_
     assert "monitor.on_nonfinite=stop" in summary["reason"]
     assert re.search(r"(train/loss|grad_norm) is (nan|inf)", summary["reason"])
     assert summary["global_step"] < 8
+    # Regression: the whole-run throughput of a run that failed was 0.0 (its clock stopped only at a normal end).
+    assert summary["samples_per_s"] > 0 and summary["train_s"] > 0
+    global_batch = json.loads((tmp_path / "run" / "plan.json").read_text())["derived"]["global_batch"]
+    trained = summary["samples_per_s"] * summary["train_s"]
+    assert trained == pytest.approx(summary["global_step"] * global_batch, rel=1e-6)
 
 
 @pytest.mark.slow
@@ -464,3 +470,16 @@ def test_a_stall_in_one_run_does_not_silence_the_next_run_in_the_process(
     summary = driver.run(["debug=fast", "trainer.max_steps=2", "monitor.progress=off"], tmp_path / "next")
     assert summary.status == "completed"
     assert read_summary(tmp_path / "next")["status"] == "completed"
+
+
+def test_a_resumed_runs_console_eta_counts_only_the_steps_it_took(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ETA divided this session's seconds by every step since 0, the checkpoint's 90 included:
+    10 s for 5 steps with 5 to go said 1 s left, not 10."""
+    import time
+
+    from blocks.monitor.sinks import ConsoleSink
+
+    sink = ConsoleSink(100, "lines", start_step=90)
+    sink.started = time.monotonic() - 10.0
+    sink.write(95, {"train/loss": 1.0})
+    assert re.search(r"step 95/100 .* eta=(10|11)s$", capsys.readouterr().out.strip())

@@ -47,6 +47,13 @@ def test_a_run_report_has_plots_and_a_summary(cli_in_process, tmp_path: Path) ->
     assert float(summary["val/loss"]) == pytest.approx(read_summary(run_dir)["metrics"]["val/loss"], rel=1e-5)
     page = (report / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 6, "every plot is embedded in the HTML"
+    # Regression: the table's samples_per_s was the last logging window, under summary.json's name for the whole run.
+    recorded = read_summary(run_dir)
+    assert float(summary["samples/s (whole run)"]) == pytest.approx(recorded["samples_per_s"], rel=1e-5)
+    assert float(summary["samples/s (steady)"]) == pytest.approx(recorded["steady_samples_per_s"], rel=1e-5)
+    last_window = float(summary["samples_per_s (last window)"])
+    assert last_window == pytest.approx(recorded["metrics"]["samples_per_s"], rel=1e-5)
+    assert "samples_per_s" not in summary
 
 
 def test_a_sweep_report_ranks_every_job_by_the_objective(cli_in_process, tmp_path: Path) -> None:
@@ -70,6 +77,12 @@ def test_a_sweep_report_ranks_every_job_by_the_objective(cli_in_process, tmp_pat
     assert maximized.returncode == 0
     ranked = [float(row[4]) for row in table_rows((sweep / "report" / "report.md").read_text())[1:]]
     assert ranked == sorted(ranked, reverse=True)
+    # Regression: a throughput objective ranked the jobs by their last logging window.
+    fastest = cli_in_process("report", str(sweep), "--objective", "samples_per_s", "--mode", "max")
+    assert fastest.returncode == 0
+    for row in table_rows((sweep / "report" / "report.md").read_text())[1:]:
+        steady = read_summary(sweep / row[1])["steady_samples_per_s"]
+        assert float(row[4]) == pytest.approx(steady, rel=1e-5), "the figure to compare configurations by"
     # Regression: a job that failed after logging (a stall leaves a failed summary without metrics,
     # and its metrics.csv rows) was ranked by its last logged value, above completed jobs.
     best = sweep / jobs[0][1]
@@ -100,6 +113,78 @@ def test_report_of_a_directory_without_runs_is_a_clear_error(cli, tmp_path: Path
     result = cli("report", str(tmp_path))
     assert result.returncode == 2
     assert "neither a run dir" in result.output and "Traceback" not in result.output
+
+
+SCORED = {
+    "status": "completed",
+    "metrics": {
+        "train/loss": 1.0,
+        "val/loss": 2.0,
+        "val/perplexity": 7.4,
+        "test/accuracy": 0.5,
+        "samples_per_s": 90.0,
+        "mfu": 0.25,
+    },
+    "samples_per_s": 30.0,
+    "steady_samples_per_s": 60.0,
+    "tokens_per_s": 3840.0,
+    "steady_tokens_per_s": 7680.0,
+    "wall_s": 12.0,
+    "train_s": 20.0,
+}
+
+
+def test_a_run_summary_shows_every_score_and_names_each_throughput(cli, tmp_path: Path) -> None:
+    """The report dropped every validation metric but val/accuracy and val/loss; the report and the
+    console showed the last window's throughput as samples_per_s, the whole run's and the steady one nowhere
+    (the console's whole-run "samples/s" sat beside the last window's "samples_per_s")."""
+    from rich.console import Console
+
+    from blocks.monitor.sinks import summary_table
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps(SCORED))
+    assert cli("report", str(run_dir)).returncode == 0
+    shown = dict(row for row in table_rows((run_dir / "report" / "report.md").read_text()) if len(row) == 2)
+    console = Console(width=200, record=True)
+    console.print(summary_table(SCORED))
+    cells = [line.strip("│ ").split("│") for line in console.export_text().splitlines() if "│" in line]
+    printed = {cell[0].strip(): cell[-1].strip() for cell in cells if len(cell) == 2}
+    expected = {
+        "val/loss": "2",
+        "val/perplexity": "7.4",
+        "test/accuracy": "0.5",
+        "samples/s (whole run)": "30",
+        "samples/s (steady)": "60",
+        "tokens/s (whole run)": "3840",
+        "tokens/s (steady)": "7680",
+        "samples_per_s (last window)": "90",
+        "mfu (last window)": "0.25",
+    }
+    for key, value in expected.items():
+        assert shown.get(key) == value, (key, shown)
+        assert printed.get(key) == value, (key, printed)
+    assert shown["training time (whole run)"] == "20.0 s" and printed["training time (whole run)"] == "20.0s"
+    assert shown["wall time (this attempt)"] == "12.0 s" and printed["wall time (this attempt)"] == "12.0s"
+    assert "samples_per_s" not in shown and "samples_per_s" not in printed
+
+
+def test_a_throughput_objective_is_the_steady_figure_else_the_whole_runs() -> None:
+    """``monitor.objective=samples_per_s`` gave the sweeper the last logging window's throughput."""
+    from types import SimpleNamespace
+
+    from blocks.core.run_files import Summary
+    from blocks.launch.driver import objective
+
+    def returned(name: str, **figures: object) -> float | None:
+        plan = SimpleNamespace(monitor=SimpleNamespace(objective=name))
+        return objective(plan, Summary(status="completed", **{"metrics": SCORED["metrics"], **figures}))  # type: ignore[arg-type]
+
+    assert returned("samples_per_s", samples_per_s=30.0, steady_samples_per_s=60.0) == 60.0
+    assert returned("samples_per_s", samples_per_s=30.0) == 30.0, "fewer than two windows: the whole run's"
+    assert returned("tokens_per_s", tokens_per_s=3840.0, steady_tokens_per_s=7680.0) == 7680.0
+    assert returned("val/perplexity") == 7.4 and returned("val/nothing") == 1.0, "else train/loss"
 
 
 def small_run_dir(root: Path) -> Path:

@@ -75,15 +75,20 @@ class Summary:
         resumed_from: checkpoint URL the run resumed from, or null.
         metrics: the last value of every metric by name (``train/loss``, ``val/loss``, ...).
         samples_per_s: training samples per second over the whole run, warm-up, validation and
-            checkpoint stalls included (total samples / training seconds).
+            checkpoint stalls included (total samples / training seconds): for a failed or
+            interrupted run up to where it stopped, for a resumed run over every attempt (each up
+            to the checkpoint the next one resumed).
         steady_samples_per_s: training samples per second in the steady state: every logged
             window after the first (warm-up), without the time spent in validation and checkpoint
             saves; null when fewer than two windows were logged.
         steady_tokens_per_s: the same in tokens per second (token data only, else null).
-        wall_s: seconds from the start of the worker to the end.
+        wall_s: seconds from the start of this attempt's worker to its end (a resumed run:
+            this attempt only).
         state_digest: sha256 of the final weights (see ``blocks.runtime.digest``).
         checkpoint_stall_s: seconds training waited for checkpoint saves (with
             ``checkpoint.async_save``, only for the copies to host memory).
+        tokens_per_s: ``samples_per_s`` in tokens per second (token data only, else null).
+        train_s: seconds of training behind ``samples_per_s``: the whole run, every attempt.
     """
 
     status: Status
@@ -100,6 +105,8 @@ class Summary:
     wall_s: float = 0.0
     state_digest: str | None = None
     checkpoint_stall_s: float = 0.0
+    tokens_per_s: float | None = None
+    train_s: float = 0.0
 
     def write(self, run_dir: Path) -> None:
         """Write ``summary.json`` atomically (a reader never sees half a file), secrets hidden in its texts."""

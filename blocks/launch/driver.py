@@ -77,6 +77,7 @@ from blocks.launch.torchrun import (
     run_torchrun,
 )
 from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
+from blocks.monitor.figures import objective_value
 from blocks.spec.errors import BlocksError, TrainingError
 from blocks.spec.imports import refuse_objects
 
@@ -216,10 +217,13 @@ def failed_objective(cfg: DictConfig) -> float:
 
 
 def objective(plan: Plan, summary: Summary) -> float | None:
-    """The value a sweeper optimizes: ``monitor.objective``, else ``train/loss`` (None when the run has neither)."""
-    name = plan.monitor.objective
-    value = summary.metrics.get(name, summary.metrics.get("train/loss"))
-    return None if value is None else float(value)
+    """The value a sweeper optimizes: ``monitor.objective``, else ``train/loss`` (None when the run has neither).
+
+    A throughput objective is the run's steady figure (see :func:`objective_value`).
+    """
+    figures = dataclasses.asdict(summary)
+    value = objective_value(figures, plan.monitor.objective)
+    return objective_value(figures, "train/loss") if value is None else value
 
 
 def exit_code(summary: Summary) -> int:

@@ -200,7 +200,8 @@ def keep_finished_figures(summary: Summary, finished: Summary | None) -> None:
         return
     summary.metrics = {**finished.metrics, **summary.metrics}
     summary.reason = summary.reason or finished.reason
-    summary.samples_per_s = finished.samples_per_s
+    summary.samples_per_s, summary.tokens_per_s = finished.samples_per_s, finished.tokens_per_s
+    summary.train_s = finished.train_s
     summary.steady_samples_per_s = finished.steady_samples_per_s
     summary.steady_tokens_per_s = finished.steady_tokens_per_s
     summary.checkpoint_stall_s = finished.checkpoint_stall_s

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blocks.monitor.figures import metric_label, objective_value, run_throughputs
 from blocks.monitor.pipeline_record import (
     PIPELINE_FILE,
     STAGE_FILE,
@@ -42,7 +43,8 @@ RUN_PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "grad_norm": ("Gradient norm (before clipping)", ("grad_norm",)),
     "memory": ("Peak memory (MiB)", ("peak_memory_mb",)),
 }
-SUMMARY_METRICS = ("train/loss", "val/loss", "val/accuracy", "samples_per_s", "tokens_per_s", "mfu")
+LAST_WINDOW_SHOWN = ("samples_per_s", "tokens_per_s", "mfu")
+"""Metrics of the last logging window a run's summary table shows (labelled as such)."""
 
 
 @dataclass
@@ -61,8 +63,8 @@ class RunData:
         return str(self.summary.get("status", "unknown"))
 
     def final(self, name: str) -> float | None:
-        """The last value of metric *name*: from ``summary.json``, else the last row that has it."""
-        value = self.summary.get("metrics", {}).get(name)
+        """The value of objective *name*: from ``summary.json`` (a throughput's steady figure, see :func:`objective_value`), else the last row that has it."""
+        value = objective_value(self.summary, name)
         if value is None and self.columns.get(name):
             value = self.columns[name][-1][1]
         return None if value is None else float(value)
@@ -215,13 +217,31 @@ def _run_table(run: RunData) -> list[list[str]]:
         if summary.get(key) not in (None, ""):
             rows.append([key, str(summary[key])])
     if summary.get("wall_s"):
-        rows.append(["wall time", f"{summary['wall_s']:.1f} s"])
-    names = list(SUMMARY_METRICS) + sorted(n for n in summary.get("metrics", {}) if n.startswith("health/"))
-    for name in names:
-        value = run.final(name)
+        rows.append(["wall time (this attempt)", f"{summary['wall_s']:.1f} s"])
+    if summary.get("train_s"):
+        rows.append(["training time (whole run)", f"{summary['train_s']:.1f} s"])
+    rows += [[label, _fmt(value)] for label, value in run_throughputs(summary)]
+    for name in _shown_metrics(run):
+        value = _last_value(run, name)
         if value is not None:
-            rows.append([name, _fmt(value)])
+            rows.append([metric_label(name), _fmt(value)])
     return rows
+
+
+def _shown_metrics(run: RunData) -> list[str]:
+    """The metrics a run's table shows: the training loss, every ``val/`` and ``test/`` metric, the last window's throughput, health counters."""
+    names = set(run.summary.get("metrics", {})) | set(run.columns)
+    scores = sorted(n for n in names if n.startswith(("val/", "test/")))
+    health = sorted(n for n in names if n.startswith("health/"))
+    return ["train/loss", *scores, *LAST_WINDOW_SHOWN, *health]
+
+
+def _last_value(run: RunData, name: str) -> float | None:
+    """The last logged value of metric *name*: from ``summary.json``, else the last row that has it."""
+    value = run.summary.get("metrics", {}).get(name)
+    if value is None and run.columns.get(name):
+        value = run.columns[name][-1][1]
+    return None if value is None else float(value)
 
 
 # --- a pipeline ---------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from blocks.monitor.figures import metric_label, run_throughputs
+
 Row = dict[str, float]
 
 
@@ -113,10 +115,15 @@ def _fmt(value: float) -> str:
 
 
 class ConsoleSink:
-    """Progress on the console: a live rich bar on a terminal, plain periodic lines otherwise."""
+    """Progress on the console: a live rich bar on a terminal, plain periodic lines otherwise.
 
-    def __init__(self, total_steps: int, mode: str = "auto") -> None:
+    *start_step*: the optimizer step training starts from (a resumed run's checkpoint step): the
+    bar starts there and the ETA is measured on the steps taken since.
+    """
+
+    def __init__(self, total_steps: int, mode: str = "auto", *, start_step: int = 0) -> None:
         self.total_steps = total_steps
+        self.start_step = start_step
         interactive = sys.stdout.isatty()
         self.mode = ("bar" if interactive else "lines") if mode == "auto" else mode
         self.started = time.monotonic()
@@ -138,7 +145,9 @@ class ConsoleSink:
                 TextColumn("{task.fields[stats]}"),
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=self.total_steps, stats="")
+            self._task = self._progress.add_task(
+                "train", total=self.total_steps, completed=self.start_step, stats=""
+            )
             self._progress.start()
 
     def write(self, step: int, row: Row) -> None:
@@ -152,8 +161,15 @@ class ConsoleSink:
             self._progress.update(self._task, completed=step, stats=stats)
             return
         elapsed = time.monotonic() - self.started
-        eta = elapsed / step * (self.total_steps - step) if step else 0.0
-        print(f"step {step}/{self.total_steps}  {stats}  elapsed={elapsed:.0f}s eta={eta:.0f}s", flush=True)
+        print(
+            f"step {step}/{self.total_steps}  {stats}  elapsed={elapsed:.0f}s eta={self._eta(step, elapsed):.0f}s",
+            flush=True,
+        )
+
+    def _eta(self, step: int, elapsed: float) -> float:
+        """Seconds left at this session's pace: *elapsed* over the steps taken since :attr:`start_step`."""
+        taken = step - self.start_step
+        return elapsed / taken * (self.total_steps - step) if taken > 0 else 0.0
 
     def flush(self) -> None:
         """Nothing is buffered on the console."""
@@ -169,7 +185,10 @@ _LABELS = {"train/loss": "loss", "samples_per_s": "samples/s", "tokens_per_s": "
 
 
 def summary_table(summary: dict[str, Any]) -> Any:
-    """A rich table of how a run ended: status (and reason), steps, time, throughput, last metrics.
+    """A rich table of how a run ended: status (and reason), steps, time, throughputs, last metrics.
+
+    The whole-run and steady throughputs are labelled so; a metric of one logging window
+    (``samples_per_s``, ``mfu``, ...) is labelled as the last window's.
 
     Every value is plain text, never markup: a failure reason quotes user input and exception
     messages, which may hold ``[/...]``.
@@ -190,13 +209,15 @@ def summary_table(summary: dict[str, Any]) -> Any:
     if summary.get("reason"):
         row("reason", str(summary["reason"]))
     row("steps", str(summary.get("global_step", 0)))
-    row("wall time", f"{summary.get('wall_s', 0.0):.1f}s")
-    if summary.get("samples_per_s"):
-        row("samples/s", _fmt(summary["samples_per_s"]))
+    row("wall time (this attempt)", f"{summary.get('wall_s', 0.0):.1f}s")
+    if summary.get("train_s"):
+        row("training time (whole run)", f"{summary['train_s']:.1f}s")
+    for label, value in run_throughputs(summary):
+        row(label, _fmt(value))
     if summary.get("resumed_from"):
         row("resumed from", str(summary["resumed_from"]))
     for name, value in summary.get("metrics", {}).items():
         if name.startswith(("train/loss_rank",)):
             continue
-        row(str(name), _fmt(value))
+        row(metric_label(str(name)), _fmt(value))
     return table

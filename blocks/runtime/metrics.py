@@ -80,10 +80,13 @@ class MetricsRecorder(pl.Callback):
         self._seen_step = 0
         self._window_start = 0.0
         self._train_start = 0.0
+        self._train_end: float | None = None
+        self._earlier_samples = 0  # trained by the attempts before this one, up to the checkpoint it resumed
+        self._earlier_seconds = 0.0
         self._grad_norm: torch.Tensor | None = None
         self._lr: float | torch.Tensor | None = None
-        self.train_seconds = 0.0
         self.samples_seen = 0
+        """Samples of this attempt's logged windows."""
         self._batch_end = 0.0
         self._data_wait = 0.0
         self._windows = 0
@@ -98,18 +101,28 @@ class MetricsRecorder(pl.Callback):
         """Whether this session's training loop began (after the checkpoint it resumes was restored)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's open logging window (the loss summed over its steps so far), saved with a checkpoint.
+        """Every rank's open logging window (the loss summed over its steps so far) and the run's throughput counts, saved with a checkpoint.
 
         A resume between logged steps then logs the same ``train/loss`` at the next one as a run
-        that was never interrupted. A collective: Lightning calls it on every rank when saving.
+        that was never interrupted, and its throughputs go on from the samples and seconds of
+        training up to the checkpoint. A collective: Lightning calls it on every rank when saving.
         """
         loss = self._carried_loss + (0.0 if self._loss_sum is None else float(self._loss_sum))
         skipped = self.health.skipped_in_open_window() if self.health is not None else 0
         steps = self._carried_steps + self._steps
-        return {"window": every_rank({"loss_sum": loss, "steps": steps, "skipped": skipped})}
+        return {
+            "window": every_rank({"loss_sum": loss, "steps": steps, "skipped": skipped}),
+            "throughput": {
+                "samples": self.samples_trained,
+                "seconds": self.train_seconds,
+                "steady_samples": self.steady_samples,
+                "steady_seconds": self.steady_seconds,
+            },
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Reopen this rank's logging window as saved (on another world size, a new window starts)."""
+        """Go on with the run's throughput counts, and reopen this rank's logging window as saved (on another world size, a new window starts)."""
+        self._load_throughput(state_dict.get("throughput") or {})
         windows = state_dict.get("window") or []
         rank, world = rank_and_world()
         if len(windows) != world:
@@ -118,9 +131,17 @@ class MetricsRecorder(pl.Callback):
         self._carried_loss = float(window.get("loss_sum") or 0.0)
         self._carried_steps = int(window.get("steps", 0)) - int(window.get("skipped", 0))
 
+    def _load_throughput(self, saved: dict[str, Any]) -> None:
+        """The samples and seconds of training before the checkpoint (a checkpoint saved before they were kept has none)."""
+        self._earlier_samples = int(saved.get("samples", 0))
+        self._earlier_seconds = float(saved.get("seconds", 0.0))
+        self.steady_samples = int(saved.get("steady_samples", 0))
+        self.steady_seconds = float(saved.get("steady_seconds", 0.0))
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the clocks."""
         self.training_started = True
+        self._train_end = None
         self._seen_step = trainer.global_step
         self._train_start = self._window_start = self._batch_end = time.perf_counter()
         if self.flops_per_sample and not self.peak_flops:
@@ -145,13 +166,18 @@ class MetricsRecorder(pl.Callback):
     ) -> None:
         """Note the LR this step uses (the scheduler steps after it); measure the gradient norm on logged steps.
 
-        The gradient norm is taken before clipping, only on steps that will be logged.
+        The gradient norm is taken before clipping, only on steps that will be logged: every
+        ``every_n_steps``-th and the last one (``max_steps``), which ends a partial window.
         """
         lr = optimizer.param_groups[0]["lr"]
         # A tensor LR is copied: the scheduler fills it in place when it steps.
         self._lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
-        if self.want_grad_norm and (trainer.global_step + 1) % self.every == 0:
+        if self.want_grad_norm and self._logs_step(trainer.global_step + 1, trainer.max_steps):
             self._grad_norm = total_grad_norm(pl_module)
+
+    def _logs_step(self, step: int, last_step: int) -> bool:
+        """Whether optimizer *step* ends a logged row: a multiple of the interval, or the run's last step."""
+        return step % self.every == 0 or step == last_step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -278,7 +304,14 @@ class MetricsRecorder(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Log the last partial window and stop the training clock."""
         self._flush(trainer)
-        self.train_seconds = time.perf_counter() - self._train_start
+        self._train_end = time.perf_counter()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Stop the training clock: a failed or interrupted run's throughput is of its training up to here."""
+        if self.training_started and self._train_end is None:
+            self._train_end = time.perf_counter()
 
     def _emit(self, trainer: pl.Trainer, row: Row) -> None:
         step = trainer.global_step
@@ -321,9 +354,33 @@ class MetricsRecorder(pl.Callback):
             sink.close()
 
     @property
+    def train_seconds(self) -> float:
+        """Seconds of training over the whole run: the attempts before this one up to the checkpoint it resumed, then this one's so far."""
+        if not self.training_started:
+            return self._earlier_seconds
+        end = self._train_end if self._train_end is not None else time.perf_counter()
+        return self._earlier_seconds + end - self._train_start
+
+    @property
+    def samples_trained(self) -> int:
+        """Samples trained over the whole run, as :attr:`train_seconds` counts (the open window's steps too)."""
+        return self._earlier_samples + self.samples_seen + self._steps * self.global_batch
+
+    @property
     def samples_per_s(self) -> float:
-        """Average training throughput over the whole run: warm-up, validation and checkpoint stalls included."""
-        return self.samples_seen / self.train_seconds if self.train_seconds else 0.0
+        """Average training throughput over the whole run: warm-up, validation and checkpoint stalls included.
+
+        For a run that failed or was interrupted, up to the exception; for a resumed run, every
+        attempt's training that its checkpoints kept (the steps an attempt took after its last
+        checkpoint were taken again, and count once).
+        """
+        seconds = self.train_seconds
+        return self.samples_trained / seconds if seconds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """:attr:`samples_per_s` in tokens (token batches only)."""
+        return self.samples_per_s * self.tokens_per_sample if self.tokens_per_sample else None
 
     @property
     def steady_samples_per_s(self) -> float | None:

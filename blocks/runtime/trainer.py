@@ -121,7 +121,7 @@ def build_run(
     )
     sinks = metric_sinks(run_dir, resumed_step, loggers)
     if console and monitor.progress != "off":
-        sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
+        sinks.append(ConsoleSink(derived.total_steps, monitor.progress, start_step=resumed_step or 0))
     health = HealthGuard(
         monitor.on_nonfinite,
         max_bad_steps=monitor.max_bad_steps,
@@ -328,6 +328,8 @@ def record_progress(summary: Summary, plan: Plan, step: int, recorder: MetricsRe
     summary.epoch = step // steps_per_epoch if steps_per_epoch else 0
     summary.metrics = dict(recorder.last)
     summary.samples_per_s = recorder.samples_per_s
+    summary.tokens_per_s = recorder.tokens_per_s
+    summary.train_s = recorder.train_seconds
     summary.steady_samples_per_s = recorder.steady_samples_per_s
     summary.steady_tokens_per_s = recorder.steady_tokens_per_s
     summary.checkpoint_stall_s = recorder.stall_clock()
