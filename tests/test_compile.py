@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
+from blocks.core import jobs
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
+from blocks.strategy.base import has_inductor_cxx
 
 TINY = [
     "recipe=blobs",
@@ -32,6 +32,43 @@ def test_an_unknown_compile_mode_names_the_key_and_the_modes(tmp_path: Path) -> 
     assert "max-autotune" in problem.message + problem.fix
 
 
+def _without_cxx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """This process's machine, as the plan sees it, has no C++ compiler (``PATH`` holds none, ``CXX`` unset)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+
+
+def test_compiling_on_a_cpu_without_a_cxx_compiler_is_refused_before_the_job_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_cxx(monkeypatch, tmp_path)
+    with pytest.raises(BlocksError) as refused:
+        driver.prepare([*TINY, "strategy.compile=true"], tmp_path / "run")
+    problem = next(p for p in refused.value.problems if p.check == "compile-cxx")
+    assert problem.key == "strategy.compile"
+    assert "g++" in problem.message and "strategy.compile=false" in problem.fix
+    monkeypatch.setenv("CXX", str(tmp_path / "bin" / "g++"))  # a CXX that names no compiler
+    assert jobs.plan([*TINY, "strategy.compile=true"]).errors[0].check == "compile-cxx"
+    assert not [p for p in jobs.plan(TINY).problems if p.check == "compile-cxx"]
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [["trainer.launcher=ray"], ["hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]],
+    ids=["ray-workers", "slurm-sweep"],
+)
+def test_without_a_cxx_compiler_a_job_run_elsewhere_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, elsewhere: list[str]
+) -> None:
+    _without_cxx(monkeypatch, tmp_path)
+    plan = jobs.plan([*TINY, "strategy.compile=true", *elsewhere])
+    problems = [p for p in plan.problems if p.check == "compile-cxx"]
+    assert [p.severity for p in problems] == ["warning"]
+
+
 TINY_LM = [
     "recipe=tiny_lm",
     "model.d_model=16",
@@ -43,8 +80,6 @@ TINY_LM = [
     "monitor.progress=off",
     "checkpoint.enabled=false",
 ]
-
-HAS_CXX = any(shutil.which(name) for name in (os.environ.get("CXX", "g++"), "g++", "c++"))
 
 
 def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
@@ -67,7 +102,7 @@ def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_CXX, reason="inductor needs a C++ compiler")
+@pytest.mark.skipif(not has_inductor_cxx(), reason="inductor needs a C++ compiler ($CXX, else g++)")
 @pytest.mark.parametrize("recipe", [TINY, TINY_LM], ids=["mlp", "transformer"])
 def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path, recipe: list[str]) -> None:
     """``model=mlp``'s forward is ``nn.Sequential``'s, in torch.nn: compiled all the same."""
