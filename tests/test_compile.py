@@ -111,3 +111,35 @@ def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path, recipe: list[
     assert eager_graphs == 0
     assert compiled_graphs > 0, "the model was not compiled"
     assert math.isclose(compiled["train/loss"], eager["train/loss"], rel_tol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "wrappers, prefix",
+    [
+        (["compile"], "_orig_mod."),
+        (["data_parallel"], "module."),
+        (["compile", "data_parallel"], "module._orig_mod."),
+    ],
+)
+def test_weights_saved_from_a_wrapped_module_are_refused_naming_the_prefix(
+    wrappers: list[str], prefix: str
+) -> None:
+    """``init_from`` (eval, export, load) of weights a wrapper saved: the fix names the prefix to strip."""
+    import torch
+
+    from blocks.runtime.init import load_into
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    wrapped: torch.nn.Module = model
+    for wrapper in wrappers:
+        wrapped = torch.compile(wrapped) if wrapper == "compile" else torch.nn.DataParallel(wrapped)
+    saved = wrapped.state_dict()
+    with pytest.raises(BlocksError) as refused:
+        load_into(model, saved, key="model.init_from", source="w.safetensors")
+    problem = refused.value.problems[0]
+    assert problem.check == "weights-fit" and "unexpected" in problem.message
+    assert f"starts with '{prefix}'" in problem.fix and "model.init_from" in problem.fix
+    unfit = {f"{prefix}extra.weight": torch.zeros(1), **saved}
+    with pytest.raises(BlocksError) as other:
+        load_into(model, unfit, key="model.init_from", source="w.safetensors")
+    assert "starts with" not in other.value.problems[0].fix, "named only when stripping it fits"
