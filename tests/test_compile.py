@@ -32,6 +32,14 @@ def test_an_unknown_compile_mode_names_the_key_and_the_modes(tmp_path: Path) -> 
     assert "max-autotune" in problem.message + problem.fix
 
 
+def test_cuda_graphs_on_a_cpu_are_warned_of_and_the_job_runs() -> None:
+    plan = jobs.plan([*TINY, "strategy.compile=true", "strategy.compile_mode=reduce-overhead"])
+    assert plan.ok
+    warned = [p for p in plan.problems if p.check == "compile-mode-accelerator"]
+    assert [p.key for p in warned] == ["strategy.compile_mode"]
+    assert "CUDA graphs" in warned[0].message
+
+
 def _without_cxx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """This process's machine, as the plan sees it, has no C++ compiler (``PATH`` holds none, ``CXX`` unset)."""
     empty = tmp_path / "bin"

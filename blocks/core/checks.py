@@ -151,6 +151,13 @@ CHECKS: tuple[Check, ...] = (
         ("trainer.devices=2",),
     ),
     Check(
+        "compile-mode-accelerator",
+        ("strategy", "trainer"),
+        "strategy.compile_mode",
+        "`reduce-overhead` (CUDA graphs) is for a GPU job (a warning on CPU)",
+        ("strategy.compile=true", "strategy.compile_mode=reduce-overhead"),
+    ),
+    Check(
         "compile-cxx",
         ("strategy", "trainer"),
         "strategy.compile",

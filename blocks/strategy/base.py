@@ -154,10 +154,18 @@ class StrategyBlock(Block):
         return []
 
     def check(self, ctx: CheckContext) -> None:
-        """World size within what this strategy runs; a known compile mode; a C++ compiler for compiling on a CPU."""
+        """World size within what this strategy runs; a known compile mode that fits the accelerator; a C++ compiler for compiling on a CPU."""
         ctx.choice("compile_mode", self.compile_mode, COMPILE_MODES)
         if self.compile and ctx.derived.accelerator == "cpu":
             self._check_cxx(ctx)
+            if self.compile_mode == "reduce-overhead":
+                ctx.warning(
+                    "compile_mode",
+                    "reduce-overhead replays CUDA graphs, but the job runs on CPU: it compiles as default does",
+                    "strategy.compile_mode=default (or trainer.accelerator=gpu)",
+                    check="compile-mode-accelerator",
+                    related=("trainer.accelerator",),
+                )
         limit = self.max_world_size
         world = ctx.derived.world_size
         if limit is not None and world > limit:
