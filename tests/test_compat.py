@@ -200,6 +200,31 @@ def test_activation_checkpointed_keeps_the_layer_output() -> None:
     assert torch.allclose(wrapped(x), layer(x))
 
 
+def test_compile_in_place_traces_a_torch_nn_forward_and_copies_drop_it() -> None:
+    """``nn.Sequential`` (forward in torch.nn, no hooks) compiles; names and copies stay the eager module's."""
+    import copy
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from blocks.compat import torch_private
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    names = list(model.state_dict())
+    torch_private.compile_in_place(model, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(2, 3)
+    assert torch.equal(model(x), model.forward(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert list(model.state_dict()) == names
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        clone[0].weight.zero_()
+    assert not torch.equal(clone(x), model(x)), "the copy computes with its own weights"
+
+
 def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     import signal
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 
+from blocks.core import jobs
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
+from blocks.strategy.base import has_inductor_cxx
 
 TINY = [
     "recipe=blobs",
@@ -31,30 +32,122 @@ def test_an_unknown_compile_mode_names_the_key_and_the_modes(tmp_path: Path) -> 
     assert "max-autotune" in problem.message + problem.fix
 
 
-def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], list[bool]]:
-    """The last metrics row of an in-process run, and whether each forward call ran under the compiler."""
+def test_cuda_graphs_on_a_cpu_are_warned_of_and_the_job_runs() -> None:
+    plan = jobs.plan([*TINY, "strategy.compile=true", "strategy.compile_mode=reduce-overhead"])
+    assert plan.ok
+    warned = [p for p in plan.problems if p.check == "compile-mode-accelerator"]
+    assert [p.key for p in warned] == ["strategy.compile_mode"]
+    assert "CUDA graphs" in warned[0].message
+
+
+def _without_cxx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """This process's machine, as the plan sees it, has no C++ compiler (``PATH`` holds none, ``CXX`` unset)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+
+
+def test_compiling_on_a_cpu_without_a_cxx_compiler_is_refused_before_the_job_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_cxx(monkeypatch, tmp_path)
+    with pytest.raises(BlocksError) as refused:
+        driver.prepare([*TINY, "strategy.compile=true"], tmp_path / "run")
+    problem = next(p for p in refused.value.problems if p.check == "compile-cxx")
+    assert problem.key == "strategy.compile"
+    assert "g++" in problem.message and "strategy.compile=false" in problem.fix
+    monkeypatch.setenv("CXX", str(tmp_path / "bin" / "g++"))  # a CXX that names no compiler
+    assert jobs.plan([*TINY, "strategy.compile=true"]).errors[0].check == "compile-cxx"
+    assert not [p for p in jobs.plan(TINY).problems if p.check == "compile-cxx"]
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [["trainer.launcher=ray"], ["hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]],
+    ids=["ray-workers", "slurm-sweep"],
+)
+def test_without_a_cxx_compiler_a_job_run_elsewhere_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, elsewhere: list[str]
+) -> None:
+    _without_cxx(monkeypatch, tmp_path)
+    plan = jobs.plan([*TINY, "strategy.compile=true", *elsewhere])
+    problems = [p for p in plan.problems if p.check == "compile-cxx"]
+    assert [p.severity for p in problems] == ["warning"]
+
+
+TINY_LM = [
+    "recipe=tiny_lm",
+    "model.d_model=16",
+    "model.n_layers=1",
+    "data.batch_size=4",
+    "trainer.max_steps=4",
+    "trainer.val_every=null",
+    "monitor.log_every_n_steps=4",
+    "monitor.progress=off",
+    "checkpoint.enabled=false",
+]
+
+
+def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
+    """The last metrics row of an in-process run, and how many graphs dynamo captured during it.
+
+    Nothing is registered on the model: a hook changes the path dynamo takes into the module.
+    """
     import torch
+    from torch._dynamo.utils import counters
 
     from blocks.runtime.trainer import build_run
 
-    plan = driver.prepare([*TINY, *overrides], run_dir)
+    plan = driver.prepare(overrides, run_dir)
     built = build_run(plan, run_dir, console=False)
-    compiling: list[bool] = []
-    built.module.model.register_forward_pre_hook(
-        lambda module, args: compiling.append(torch.compiler.is_compiling())
-    )
+    torch._dynamo.reset()
+    counters.clear()
     built.trainer.fit(built.module, datamodule=built.datamodule)
     built.recorder.close()
-    return dict(built.recorder.last), compiling
+    return dict(built.recorder.last), counters["stats"]["unique_graphs"]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("gcc") is None and shutil.which("cc") is None, reason="inductor needs a C compiler"
-)
-def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path) -> None:
-    eager, eager_compiling = _train(tmp_path / "eager", [])
-    compiled, compiled_compiling = _train(tmp_path / "compiled", ["strategy.compile=true"])
-    assert not any(eager_compiling)
-    assert any(compiled_compiling), "the model was not compiled"
+@pytest.mark.skipif(not has_inductor_cxx(), reason="inductor needs a C++ compiler ($CXX, else g++)")
+@pytest.mark.parametrize("recipe", [TINY, TINY_LM], ids=["mlp", "transformer"])
+def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path, recipe: list[str]) -> None:
+    """``model=mlp``'s forward is ``nn.Sequential``'s, in torch.nn: compiled all the same."""
+    eager, eager_graphs = _train(tmp_path / "eager", recipe)
+    compiled, compiled_graphs = _train(tmp_path / "compiled", [*recipe, "strategy.compile=true"])
+    assert eager_graphs == 0
+    assert compiled_graphs > 0, "the model was not compiled"
     assert math.isclose(compiled["train/loss"], eager["train/loss"], rel_tol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "wrappers, prefix",
+    [
+        (["compile"], "_orig_mod."),
+        (["data_parallel"], "module."),
+        (["compile", "data_parallel"], "module._orig_mod."),
+    ],
+)
+def test_weights_saved_from_a_wrapped_module_are_refused_naming_the_prefix(
+    wrappers: list[str], prefix: str
+) -> None:
+    """``init_from`` (eval, export, load) of weights a wrapper saved: the fix names the prefix to strip."""
+    import torch
+
+    from blocks.runtime.init import load_into
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    wrapped: torch.nn.Module = model
+    for wrapper in wrappers:
+        wrapped = torch.compile(wrapped) if wrapper == "compile" else torch.nn.DataParallel(wrapped)
+    saved = wrapped.state_dict()
+    with pytest.raises(BlocksError) as refused:
+        load_into(model, saved, key="model.init_from", source="w.safetensors")
+    problem = refused.value.problems[0]
+    assert problem.check == "weights-fit" and "unexpected" in problem.message
+    assert f"starts with '{prefix}'" in problem.fix and "model.init_from" in problem.fix
+    unfit = {f"{prefix}extra.weight": torch.zeros(1), **saved}
+    with pytest.raises(BlocksError) as other:
+        load_into(model, unfit, key="model.init_from", source="w.safetensors")
+    assert "starts with" not in other.value.problems[0].fix, "named only when stripping it fits"

@@ -26,6 +26,7 @@ EXEMPLIFIED = [c for c in CHECKS if c.example]
 # Checks made when a run starts (the driver's preflight, the import of a path) or on files:
 # each is tested where it fires (test_security, test_faults_checkpoints, test_faults_storage, ...).
 WITHOUT_PLAN_EXAMPLE = [
+    "compile-cxx",  # needs a machine without a C++ compiler: tests/test_compile.py
     "mesh-world-size",  # no built-in strategy declares another mesh: tests/test_mesh_ranks.py
     "data-extra",
     "weights-source",

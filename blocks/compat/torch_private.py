@@ -30,6 +30,7 @@ __all__ = [
     "DirectHookNameWrites",
     "activation_checkpointed",
     "cast_floating_tensors",
+    "compile_in_place",
     "dispatch_hook",
     "drop_inherited_step_hooks",
     "loader_worker_done_event",
@@ -52,6 +53,25 @@ __all__ = [
 def activation_checkpointed(layer: nn.Module) -> nn.Module:
     """*layer* recomputing its activations in backward (``torch.distributed.algorithms._checkpoint``)."""
     return checkpoint_wrapper(layer, preserve_rng_state=True)
+
+
+def compile_in_place(module: nn.Module, **options: Any) -> None:
+    """``module.compile(**options)`` that also compiles a module whose forward is torch.nn's own (``nn.Sequential``).
+
+    ``nn.Module.compile`` hands ``torch.compile`` the module's ``_call_impl``: dynamo skips that
+    torch.nn frame (and, for that name only, adds no frame of its own around it), so when the
+    forward is in torch.nn too, nothing is traced and the module silently runs eagerly. Here the
+    compiled function is a frame of ours that calls ``_call_impl``: dynamo traces it, inlining
+    the module's hooks and forward as ``torch.compile(module)`` does. It is kept where
+    ``compile`` keeps its own (``_compiled_call_impl``): parameter names do not change, and a
+    copy or pickle of the module drops it (an uncompiled copy, never one calling the original).
+    """
+    call = module._call_impl
+
+    def call_module(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    module._compiled_call_impl = torch.compile(call_module, **options)
 
 
 def cast_floating_tensors(dtype: torch.dtype, tree: Any) -> Any:

@@ -151,6 +151,21 @@ CHECKS: tuple[Check, ...] = (
         ("trainer.devices=2",),
     ),
     Check(
+        "compile-mode-accelerator",
+        ("strategy", "trainer"),
+        "strategy.compile_mode",
+        "`reduce-overhead` (CUDA graphs) is for a GPU job (a warning on CPU)",
+        ("strategy.compile=true", "strategy.compile_mode=reduce-overhead"),
+    ),
+    Check(
+        "compile-cxx",
+        ("strategy", "trainer"),
+        "strategy.compile",
+        "compiling on a CPU needs a C++ compiler (`$CXX`, else `g++`) where the job runs: an error "
+        "when it runs on the planning machine, a warning when a launcher runs it elsewhere",
+        (),  # needs a machine without a C++ compiler: tests/test_compile.py plans on one
+    ),
+    Check(
         "mesh-world-size",
         ("strategy", "trainer"),
         "strategy",

@@ -30,7 +30,7 @@ from blocks.core.compose import (
 )
 from blocks.core.environment import Environment
 from blocks.core.hydra_node import hydra_problems
-from blocks.core.launcher import launcher_problems
+from blocks.core.launcher import as_elsewhere, launcher_problems, launches_elsewhere
 from blocks.core.masking import hidden, hide_environment_values, hide_environment_values_in_overrides
 from blocks.core.overrides import check_overrides, keep_shipped_searchpath
 from blocks.core.plan import Plan, make_plan, preflight
@@ -494,7 +494,10 @@ def plan_job(
     if not problems:
         assert built is not None
         job, composed, blocks = built
-        return job, composed, plan_blocks(blocks, composed.choices, environment, config=composed.config)
+        planned = plan_blocks(blocks, composed.choices, environment, config=composed.config)
+        if launches_elsewhere(job.hydra_config):
+            planned = dataclasses.replace(planned, problems=as_elsewhere(planned.problems))
+        return job, composed, planned
     failed_groups = {p.key for p in problems if p.key and "." not in p.key}
 
     def independent(problem: Problem) -> bool:

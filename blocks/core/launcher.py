@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from omegaconf import DictConfig
@@ -16,6 +17,33 @@ RAY_LAUNCHER_NODE: dict[str, Any] = {
     "job_cpus": 0.0,
 }
 """``hydra/launcher=ray``: a sweep's jobs as Ray tasks (blocks' own launcher, see :mod:`blocks.launch.ray_sweep`)."""
+
+REMOTE_LAUNCHERS = (f"{SUBMITIT}.submitit_launcher.SlurmLauncher", RAY_LAUNCHER_NODE["_target_"])
+"""Hydra launchers whose jobs run on other machines (SLURM's nodes, a Ray cluster)."""
+
+MACHINE_CHECKS = frozenset({"compile-cxx"})
+"""Checks of the planning machine's own software: errors when the job runs here, warnings when it runs elsewhere."""
+
+
+def launches_elsewhere(cfg: DictConfig) -> bool:
+    """Whether a composed config (with its ``hydra`` node) sweeps with a launcher that runs its jobs on other machines."""
+    target = str(_get(cfg, "hydra", "launcher", "_target_") or "")
+    multirun = "MULTIRUN" in str(_get(cfg, "hydra", "mode"))
+    return multirun and any(target.endswith(remote) for remote in REMOTE_LAUNCHERS)
+
+
+def as_elsewhere(problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
+    """*problems* with the :data:`MACHINE_CHECKS` errors made warnings: this machine is not the one the job runs on.
+
+    The job plans itself again where it runs, and errors there.
+    """
+    note = " (a warning here: hydra.launcher runs the job on another machine, which plans it again)"
+    return tuple(
+        dataclasses.replace(p, severity="warning", message=p.message + note)
+        if p.check in MACHINE_CHECKS and p.is_error
+        else p
+        for p in problems
+    )
 
 
 def launcher_problems(cfg: DictConfig) -> list[Problem]:

@@ -29,15 +29,41 @@ def load_into(module: nn.Module, state: dict, *, key: str, source: str) -> None:
             for label, names in (("missing", missing), ("unexpected", unexpected), ("other shape", reshaped))
             if names
         )
+        fix = "start from a run of the same model block with the same sizes and data shape"
+        prefix = wrapper_prefix(set(state), set(own))
+        if prefix:
+            fix = (
+                f"every name in {source} starts with '{prefix}' ({_WRAPPERS[prefix.split('.')[0] + '.']}), "
+                f"and without it the names are this model's: save the weights with the names stripped "
+                f"({{name.removeprefix('{prefix}'): tensor, ...}}, or the unwrapped module's state_dict()) "
+                f"and point {key} at that file"
+            )
         raise BlocksError(
             Problem(
-                key,
-                f"the weights in {source} do not fit this model ({details})",
-                "start from a run of the same model block with the same sizes and data shape",
-                check="weights-fit",
+                key, f"the weights in {source} do not fit this model ({details})", fix, check="weights-fit"
             )
         )
     module.load_state_dict(state)
+
+
+_WRAPPERS = {
+    "_orig_mod.": "saved from a module torch.compile wrapped",
+    "module.": "saved from a module DDP or DataParallel wrapped",
+}
+"""Name prefixes a torch wrapper adds to the weights of the module it wraps, and which wrapper."""
+
+
+def wrapper_prefix(saved: set[str], own: set[str]) -> str:
+    """The wrapper prefix (``_orig_mod.``, ``module.``, nested) on every *saved* name whose removal gives *own*; "" if none."""
+    prefix = ""
+    names = saved
+    while names and names != own:
+        added = next((p for p in _WRAPPERS if all(name.startswith(p) for name in names)), None)
+        if added is None:
+            return ""
+        prefix += added
+        names = {name.removeprefix(added) for name in names}
+    return prefix if names == own else ""
 
 
 def freeze(module: nn.Module, prefixes: tuple[str, ...] | list[str]) -> list[str]:

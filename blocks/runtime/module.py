@@ -9,7 +9,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from blocks.compat.torch_private import DirectBatchTransfer, DirectHookNameWrites
+from blocks.compat.torch_private import DirectBatchTransfer, DirectHookNameWrites, compile_in_place
 from blocks.data.base import BatchSpec
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock
@@ -53,14 +53,15 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
     def configure_model(self) -> None:
         """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up, then compile.
 
-        ``nn.Module.compile`` compiles in place, so parameter names (checkpoints, weights) do not change.
+        The model is compiled in place (:func:`~blocks.compat.torch_private.compile_in_place`), so
+        parameter names (checkpoints, weights) do not change.
         """
         if self._parallelized:
             return
         if self.parallelize is not None:
             self.parallelize(self.model, self.device_mesh)
         if self.compile_mode is not None:
-            self.model.compile(mode=self.compile_mode)
+            compile_in_place(self.model, mode=self.compile_mode)
         self._parallelized = True
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -74,6 +77,16 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 """The modes of ``torch.compile``."""
 
 
+def inductor_cxx() -> str:
+    """The C++ compiler inductor builds CPU kernels with: ``$CXX``, else ``g++`` (``clang++`` on macOS)."""
+    return os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+
+
+def has_inductor_cxx() -> bool:
+    """Whether this machine has :func:`inductor_cxx` on ``PATH`` (or inductor may fetch g++ with conda itself)."""
+    return bool(shutil.which(inductor_cxx()) or os.environ.get("TORCH_INDUCTOR_INSTALL_GXX"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class StrategyBlock(Block):
     """Base of strategy blocks.
@@ -85,7 +98,8 @@ class StrategyBlock(Block):
     Attributes:
         compile: compile the model with ``torch.compile`` (in place: parameter names, checkpoints
             and exported weights stay those of the eager model). The first steps take longer
-            while graphs are compiled; on a CPU, inductor needs a C compiler.
+            while graphs are compiled; on a CPU, inductor needs a C++ compiler (``$CXX``, else
+            ``g++``).
         compile_mode: ``torch.compile`` mode: ``default``, ``reduce-overhead`` (CUDA graphs),
             ``max-autotune`` or ``max-autotune-no-cudagraphs``.
     """
@@ -140,8 +154,18 @@ class StrategyBlock(Block):
         return []
 
     def check(self, ctx: CheckContext) -> None:
-        """World size within what this strategy runs; a known compile mode."""
+        """World size within what this strategy runs; a known compile mode that fits the accelerator; a C++ compiler for compiling on a CPU."""
         ctx.choice("compile_mode", self.compile_mode, COMPILE_MODES)
+        if self.compile and ctx.derived.accelerator == "cpu":
+            self._check_cxx(ctx)
+            if self.compile_mode == "reduce-overhead":
+                ctx.warning(
+                    "compile_mode",
+                    "reduce-overhead replays CUDA graphs, but the job runs on CPU: it compiles as default does",
+                    "strategy.compile_mode=default (or trainer.accelerator=gpu)",
+                    check="compile-mode-accelerator",
+                    related=("trainer.accelerator",),
+                )
         limit = self.max_world_size
         world = ctx.derived.world_size
         if limit is not None and world > limit:
@@ -152,3 +176,22 @@ class StrategyBlock(Block):
                 check="strategy-world-size",
                 related=("trainer.devices", "trainer.nodes"),
             )
+
+    def _check_cxx(self, ctx: CheckContext) -> None:
+        """Inductor compiles CPU kernels with a C++ compiler: without one the job dies at its first forward.
+
+        An error when the job runs here; a warning when its workers run on a Ray cluster, whose
+        machines may have one (a sweep on a launcher that runs elsewhere warns too, see
+        :func:`blocks.core.jobs.plan_job`).
+        """
+        if has_inductor_cxx():
+            return
+        compiler = inductor_cxx()
+        fix = "strategy.compile=false, or install a C++ compiler (g++) or set CXX to one"
+        trainer = ctx.block("trainer")
+        if getattr(trainer, "launcher", None) == "ray":
+            message = f"compiles on CPU with a C++ compiler, but this machine has no {compiler!r} on PATH; the job fails unless the Ray workers' machines have one"
+            ctx.warning("compile", message, fix, check="compile-cxx", related=("trainer.launcher",))
+            return
+        message = f"compiles on CPU with a C++ compiler, but {compiler!r} is not on PATH; the job would fail at its first forward"
+        ctx.error("compile", message, fix, check="compile-cxx", related=("trainer.accelerator",))
