@@ -77,19 +77,6 @@ def test_without_a_cxx_compiler_a_job_run_elsewhere_is_warned_of(
     assert [p.severity for p in problems] == ["warning"]
 
 
-TINY_LM = [
-    "recipe=tiny_lm",
-    "model.d_model=16",
-    "model.n_layers=1",
-    "data.batch_size=4",
-    "trainer.max_steps=4",
-    "trainer.val_every=null",
-    "monitor.log_every_n_steps=4",
-    "monitor.progress=off",
-    "checkpoint.enabled=false",
-]
-
-
 def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
     """The last metrics row of an in-process run, and how many graphs dynamo captured during it.
 
@@ -111,11 +98,14 @@ def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not has_inductor_cxx(), reason="inductor needs a C++ compiler ($CXX, else g++)")
-@pytest.mark.parametrize("recipe", [TINY, TINY_LM], ids=["mlp", "transformer"])
-def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path, recipe: list[str]) -> None:
-    """``model=mlp``'s forward is ``nn.Sequential``'s, in torch.nn: compiled all the same."""
-    eager, eager_graphs = _train(tmp_path / "eager", recipe)
-    compiled, compiled_graphs = _train(tmp_path / "compiled", [*recipe, "strategy.compile=true"])
+def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path) -> None:
+    """``model=mlp``'s forward is ``nn.Sequential``'s, in torch.nn: compiled all the same.
+
+    (The transformer's forward is blocks' own code, which dynamo always traced; the GPU suite
+    compiles it at 125M and 1B parameters.)
+    """
+    eager, eager_graphs = _train(tmp_path / "eager", TINY)
+    compiled, compiled_graphs = _train(tmp_path / "compiled", [*TINY, "strategy.compile=true"])
     assert eager_graphs == 0
     assert compiled_graphs > 0, "the model was not compiled"
     assert math.isclose(compiled["train/loss"], eager["train/loss"], rel_tol=1e-3)
