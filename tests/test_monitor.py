@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from blocks.checkpoint import store
 from blocks.launch import driver
-from tests.conftest import read_summary, run_in_process
+from tests.conftest import mlflow_logger, mlflow_statuses, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -102,8 +102,16 @@ def test_a_resumed_run_continues_the_same_lightning_logger_run(tmp_path: Path) -
 
 
 def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli_in_process, tmp_path: Path) -> None:
-    result = cli_in_process("run", *HUGE_LR, "monitor.on_nonfinite=stop", f"hydra.run.dir={tmp_path / 'run'}")
+    """The run fails with its reason, and its MLflow run is FAILED (blocks finalized it FINISHED after Lightning's FAILED)."""
+    result = cli_in_process(
+        "run",
+        *HUGE_LR,
+        "monitor.on_nonfinite=stop",
+        mlflow_logger(tmp_path / "mlflow.db", "huge"),
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     assert result.returncode == 1
+    assert mlflow_statuses(tmp_path / "mlflow.db", "huge") == ["FAILED"]
     assert "Traceback" not in result.output
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "failed"

@@ -21,19 +21,22 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
+from pytorch_lightning.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from blocks.monitor.base import BUILTIN_LOGGERS, LOGGER_CLASS, MonitorBlock
 from blocks.monitor.sinks import Row
 from blocks.spec.errors import BlocksError, Problem
 from blocks.spec.imports import TARGET_KEY, instantiate, resolve
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "loggers.json"
 TENSORBOARD_DIR = "tensorboard"
@@ -104,9 +107,35 @@ class LoggerSink:
         self.logger.save()
 
     def close(self) -> None:
-        """Write out and finalize the logger's run."""
+        """Write out what the logger buffered; :func:`finalize_loggers` ends its run once the run's status is known."""
         self.logger.save()
-        self.logger.finalize("success")
+
+    def finalize(self, run_status: str) -> None:
+        """End the logger's run as *run_status* (``summary.json``'s: completed, failed or interrupted) ended."""
+        self.logger.finalize(lightning_status(run_status, self.logger))
+
+
+def lightning_status(run_status: str, logger: Logger) -> str:
+    """The status ``Logger.finalize`` takes for a run that ended *run_status*.
+
+    Lightning's statuses are ``success`` and ``failed``; an interrupted run is ``KILLED`` for
+    MLflow (whose ``finalize`` passes a status it does not know on to the tracking store), a
+    failed run for any other logger.
+    """
+    if run_status == "completed":
+        return "success"
+    if run_status == "interrupted" and isinstance(logger, MLFlowLogger):
+        return "KILLED"
+    return "failed"
+
+
+def finalize_loggers(sinks: list[LoggerSink], run_status: str) -> None:
+    """End every logger's run as the run ended; one that fails is logged and leaves the others to end."""
+    for sink in sinks:
+        try:
+            sink.finalize(run_status)
+        except Exception:
+            log.exception("could not finalize %s", sink.key)
 
 
 def build_loggers(

@@ -57,6 +57,8 @@ class BuiltRun:
     preemption: Preemption | None = None
     users: list[pl.Callback] = field(default_factory=list)
     """The callbacks of ``trainer.callbacks``, in its order."""
+    loggers: list[LoggerSink] = field(default_factory=list)
+    """The loggers of ``monitor.loggers``: :func:`~blocks.runtime.loggers.finalize_loggers` ends their runs."""
 
 
 def quiet_lightning() -> None:
@@ -224,7 +226,7 @@ def build_run(
     read_step_signature_once(trainer, module)
     preemption.install(trainer)
     return BuiltRun(
-        module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption, users
+        module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption, users, loggers
     )
 
 
