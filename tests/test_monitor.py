@@ -472,3 +472,4 @@ def test_a_stall_in_one_run_does_not_silence_the_next_run_in_the_process(
     summary = driver.run(["debug=fast", "trainer.max_steps=2", "monitor.progress=off"], tmp_path / "next")
     assert summary.status == "completed"
     assert read_summary(tmp_path / "next")["status"] == "completed"
+

@@ -33,7 +33,7 @@ from blocks.runtime.datamodule import BlocksDataModule
 from blocks.runtime.health import HealthGuard, StallWatchdog
 from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
 from blocks.runtime.metrics import MetricsRecorder
-from blocks.runtime.module import BlocksModule
+from blocks.runtime.module import VALIDATION_PREFIX, BlocksModule
 from blocks.runtime.preemption import Preemption
 from blocks.runtime.seeds import RankStreams
 
@@ -98,7 +98,8 @@ def build_run(
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     start = read_start(run_dir)
     resume_from = resolve_resume(plan, directory, start)
-    resumed_step = store.read_manifest(resume_from).step if resume_from else None
+    resumed = store.read_manifest(resume_from) if resume_from else None
+    resumed_step = resumed.step if resumed else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
     if getattr(optim, "fused", False) is None and _amp_clips(plan):
@@ -118,7 +119,11 @@ def build_run(
         run_dir,
         resumed_step=resumed_step,
         hyperparameters=run_hyperparameters(plan, run_dir, run_config),
+        resumed_row=resumed.metrics if resumed else None,
     )
+    if resumed and any(name.startswith(VALIDATION_PREFIX) for name in resumed.metrics):
+        # A rerun that trains nothing does not validate that step again (nor log it twice).
+        module.validated_at_step = resumed.step
     sinks = metric_sinks(run_dir, resumed_step, loggers)
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress))
