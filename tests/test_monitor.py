@@ -473,3 +473,31 @@ def test_a_stall_in_one_run_does_not_silence_the_next_run_in_the_process(
     assert summary.status == "completed"
     assert read_summary(tmp_path / "next")["status"] == "completed"
 
+
+def test_a_worker_of_rank_1_starts_no_logger_run_before_the_trainer_knows_its_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: Lightning reads the rank at import (``RANK``, ``SLURM_PROCID``... never mpirun's
+    ``OMPI_COMM_WORLD_RANK``) and only the Trainer sets it again, so a worker whose rank Lightning's
+    import missed (mpirun's, or one forked after the import, as here) started its own logger runs."""
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+    from blocks.runtime.trainer import build_run
+
+    monkeypatch.setattr(rank_zero_only, "rank", 0, raising=False)  # what the import found; put back after
+    for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_PROCID": "1"}
+    for name, value in {
+        **slurm,
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NAME": "train",
+    }.items():
+        monkeypatch.setenv(name, value)
+    database = tmp_path / "mlflow.db"
+    overrides = [*BLOBS, "strategy=ddp", "trainer.devices=2", mlflow_logger(database, "ranks")]
+    build_run(driver.prepare(overrides, tmp_path / "run"), tmp_path / "run", console=False)
+    assert rank_zero_only.rank == 1
+    assert mlflow_statuses(database, "ranks") == [], "only global rank 0 starts logger runs"
+    assert not (tmp_path / "run" / "loggers.json").exists()

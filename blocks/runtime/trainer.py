@@ -88,6 +88,7 @@ def build_run(
     callbacks that run before blocks' own (their ``setup`` refuses a run before it trains).
     """
     environment = cluster_environment(plan)  # refuses a worker no launcher started, before writing anything
+    claim_rank(environment)
     quiet_lightning()
     derived = plan.derived
     trainer_block = plan.trainer
@@ -233,6 +234,19 @@ def build_run(
     return BuiltRun(
         module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption, users, loggers
     )
+
+
+def claim_rank(environment: Any) -> None:
+    """Give Lightning's ``rank_zero_only`` this process's global rank, as its launcher says, before anything logs.
+
+    Lightning reads it at import from ``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID`` or
+    ``JSM_NAMESPACE_RANK`` only, and sets it again when the Trainer is built: until then a worker
+    mpirun started (or one forked from a process that imported Lightning) took itself for rank 0
+    and started its own logger runs.
+    """
+    from lightning_fabric.utilities.rank_zero import rank_zero_only
+
+    rank_zero_only.rank = environment.global_rank()  # type: ignore[attr-defined]
 
 
 def _amp_clips(plan: Plan) -> bool:
