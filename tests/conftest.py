@@ -196,6 +196,23 @@ def call_in_fresh_process(function: Callable[..., Any], *args: Any, timeout: flo
 _RESULT = "blocks-test-result: "
 
 
+def mlflow_logger(database: Path, experiment: str) -> str:
+    """The ``monitor.loggers`` override of ``metrics.csv`` and an MLflow logger tracking into the sqlite *database*."""
+    return (
+        "monitor.loggers=[csv,{_target_: pytorch_lightning.loggers.MLFlowLogger,"
+        f" tracking_uri: 'sqlite:///{database}', experiment_name: {experiment}}}]"
+    )
+
+
+def mlflow_statuses(database: Path, experiment: str) -> list[str]:
+    """The status of every MLflow run of *experiment* in the sqlite *database* (FINISHED, FAILED, KILLED...)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{database}")
+    found = client.get_experiment_by_name(experiment)
+    return [] if found is None else [run.info.status for run in client.search_runs([found.experiment_id])]
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -34,6 +34,8 @@ from tests.conftest import (
     describe_process,
     free_port,
     job_pids,
+    mlflow_logger,
+    mlflow_statuses,
     parent_of,
     read_summary,
     run_cli,
@@ -636,10 +638,13 @@ def stop_an_in_process_run_by_sigterm_in_setup(run_dir: str) -> dict[str, Any]:
 VAL_EVERY, STOPPED_AT, RESUMED_TO = 4, 5, 12
 
 
-def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumulate: int) -> dict[str, Any]:
+def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(
+    run_dir: str, accumulate: int, *, mlflow: bool = False
+) -> dict[str, Any]:
     """In a fresh process: a run SIGTERMed once step :data:`STOPPED_AT` is done, then the same command again.
 
-    What each said, and the steps of the ``metrics.csv`` rows with validation metrics.
+    What each said, and the steps of the ``metrics.csv`` rows with validation metrics; with
+    *mlflow*, the statuses of its MLflow runs after the stop and after the resume.
     """
     os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
     args = [
@@ -652,11 +657,15 @@ def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumul
         "monitor.progress=off",
         f"trainer.callbacks=[{{_target_: tests.lightning_habits.SignalAtStep, step: {STOPPED_AT}}}]",
     ]
+    database = Path(run_dir).parent / f"mlflow-{Path(run_dir).name}.db"
+    if mlflow:
+        args.append(mlflow_logger(database, "stopped"))
     try:
         driver.run(args, Path(run_dir))
         stopped = "not stopped"
     except driver.JobFailed as stop:
         stopped = str(stop)
+    status_when_stopped = mlflow_statuses(database, "stopped") if mlflow else None
     resumed = driver.run(args, Path(run_dir))
     with open(Path(run_dir) / "metrics.csv", newline="") as fh:
         validated = [int(row["step"]) for row in csv.DictReader(fh) if row.get("val/loss")]
@@ -665,6 +674,7 @@ def stop_an_in_process_run_by_sigterm_at_a_step_and_resume(run_dir: str, accumul
         "status": resumed.status,
         "resumed_from": read_summary(Path(run_dir))["resumed_from"],
         "validated": validated,
+        "mlflow": (status_when_stopped, mlflow_statuses(database, "stopped")) if mlflow else None,
     }
 
 
@@ -698,7 +708,7 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
         ),
         "resumed": {
             str(accumulate): stop_an_in_process_run_by_sigterm_at_a_step_and_resume(
-                str(Path(root) / f"resumed{accumulate}"), accumulate
+                str(Path(root) / f"resumed{accumulate}"), accumulate, mlflow=accumulate == 1
             )
             for accumulate in (1, 2)
         },
@@ -740,6 +750,15 @@ def test_a_run_resumed_from_its_signal_checkpoint_validates_at_the_uninterrupted
     assert said["status"] == "completed", said
     assert said["resumed_from"].endswith(store.step_dir_name(STOPPED_AT)), said
     assert said["validated"] == list(range(VAL_EVERY, RESUMED_TO + 1, VAL_EVERY)), said
+
+
+def test_an_interrupted_run_ends_its_mlflow_run_killed_and_its_resume_finished(
+    stopped_in_process: tuple[Path, dict[str, Any]],
+) -> None:
+    """Regression: blocks finalized every logger run as a success after Lightning had marked it failed, so
+    MLflow showed a SIGTERMed run FINISHED (and a failed one too, see test_monitor)."""
+    _, outcomes = stopped_in_process
+    assert outcomes["resumed"]["1"]["mlflow"] == [["KILLED"], ["FINISHED"]]
 
 
 def test_a_signal_while_the_run_sets_up_stops_it_with_a_summary(

@@ -360,7 +360,7 @@ def test_tensorboard_has_each_step_once_and_the_config_as_hparams(
 
 
 @pytest.mark.slow
-def test_mlflow_continues_one_run_with_each_step_once_and_the_config_as_params(
+def test_mlflow_continues_one_run_with_every_step_and_the_config_as_params(
     killed_and_resumed: dict[str, Path],
 ) -> None:
     import mlflow
@@ -370,9 +370,9 @@ def test_mlflow_continues_one_run_with_each_step_once_and_the_config_as_params(
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1, "the resumed run continued the killed one's MLflow run"
     run = runs[0]
-    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
-    assert steps == STEPS, "every step exactly once: the replayed steps were not logged twice"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/loss")) == [4, 8, 12]
+    steps = sorted({m.step for m in client.get_metric_history(run.info.run_id, "train/loss")})
+    assert steps == STEPS, "every step (the redone ones logged again: see test_faults_resume_metrics)"
+    assert sorted({m.step for m in client.get_metric_history(run.info.run_id, "val/loss")}) == [4, 8, 12]
     config = OmegaConf.load(killed_and_resumed["run"] / "config.yaml")
     assert float(run.data.params["optim.lr"]) == pytest.approx(config.optim.lr)
     assert int(run.data.params["derived.total_steps"]) == 12

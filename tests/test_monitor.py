@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from blocks.checkpoint import store
 from blocks.launch import driver
-from tests.conftest import read_summary, run_in_process
+from tests.conftest import mlflow_logger, mlflow_statuses, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -103,8 +103,16 @@ def test_a_resumed_run_continues_the_same_lightning_logger_run(tmp_path: Path) -
 
 
 def test_a_huge_lr_under_stop_fails_the_run_with_the_reason(cli_in_process, tmp_path: Path) -> None:
-    result = cli_in_process("run", *HUGE_LR, "monitor.on_nonfinite=stop", f"hydra.run.dir={tmp_path / 'run'}")
+    """The run fails with its reason, and its MLflow run is FAILED (blocks finalized it FINISHED after Lightning's FAILED)."""
+    result = cli_in_process(
+        "run",
+        *HUGE_LR,
+        "monitor.on_nonfinite=stop",
+        mlflow_logger(tmp_path / "mlflow.db", "huge"),
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     assert result.returncode == 1
+    assert mlflow_statuses(tmp_path / "mlflow.db", "huge") == ["FAILED"]
     assert "Traceback" not in result.output
     summary = read_summary(tmp_path / "run")
     assert summary["status"] == "failed"
@@ -483,3 +491,32 @@ def test_a_resumed_runs_console_eta_counts_only_the_steps_it_took(capsys: pytest
     sink.started = time.monotonic() - 10.0
     sink.write(95, {"train/loss": 1.0})
     assert re.search(r"step 95/100 .* eta=(10|11)s$", capsys.readouterr().out.strip())
+
+
+def test_a_worker_of_rank_1_starts_no_logger_run_before_the_trainer_knows_its_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: Lightning reads the rank at import (``RANK``, ``SLURM_PROCID``... never mpirun's
+    ``OMPI_COMM_WORLD_RANK``) and only the Trainer sets it again, so a worker whose rank Lightning's
+    import missed (mpirun's, or one forked after the import, as here) started its own logger runs."""
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+    from blocks.runtime.trainer import build_run
+
+    monkeypatch.setattr(rank_zero_only, "rank", 0, raising=False)  # what the import found; put back after
+    for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_PROCID": "1"}
+    for name, value in {
+        **slurm,
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NAME": "train",
+    }.items():
+        monkeypatch.setenv(name, value)
+    database = tmp_path / "mlflow.db"
+    overrides = [*BLOBS, "strategy=ddp", "trainer.devices=2", mlflow_logger(database, "ranks")]
+    build_run(driver.prepare(overrides, tmp_path / "run"), tmp_path / "run", console=False)
+    assert rank_zero_only.rank == 1
+    assert mlflow_statuses(database, "ranks") == [], "only global rank 0 starts logger runs"
+    assert not (tmp_path / "run" / "loggers.json").exists()

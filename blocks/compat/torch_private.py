@@ -46,6 +46,7 @@ __all__ = [
     "skip_automatic_hyperparameters",
     "start_programs_with_sigterm_unblocked",
     "tensor_norms_in_float32",
+    "tensorboard_hparams",
     "tensors_to_device",
 ]
 
@@ -181,6 +182,19 @@ def skip_automatic_hyperparameters(*objects: pl.LightningModule | pl.LightningDa
     """Stop Lightning logging *objects*' ``hparams`` at fit start (``_log_hyperparams``): blocks logs the whole config itself."""
     for obj in objects:
         obj._log_hyperparams = False
+
+
+def tensorboard_hparams(writer: Any, params: dict[str, Any], metric_names: Sequence[str]) -> None:
+    """Write *params* for TensorBoard's HParams tab into *writer* (a ``SummaryWriter``), showing *metric_names*.
+
+    What Lightning's ``TensorBoardLogger.log_hyperparams`` writes, without the placeholder
+    ``hp_metric`` scalar it logs unless given a metric value: the tab reads each metric's last value.
+    """
+    from torch.utils.tensorboard.summary import hparams
+
+    file_writer = writer._get_file_writer()
+    for summary in hparams(params, dict.fromkeys(metric_names, 0.0)):
+        file_writer.add_summary(summary)
 
 
 def save_without_zip_crc(obj: Any, fh: IO[bytes]) -> None:

@@ -58,6 +58,7 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
     from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
     from blocks.runtime.callbacks import early_stop_reason, refused_by_callback
     from blocks.runtime.health import end_stall_watch
+    from blocks.runtime.loggers import finalize_loggers
     from blocks.runtime.same_config import SameConfigOnEveryRank
     from blocks.runtime.trainer import build_run, record_progress
 
@@ -145,6 +146,8 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
             summary.wall_s = time.perf_counter() - started
             if summary.status == "completed" and not built.recorder.samples_seen:
                 keep_finished_figures(summary, completed_before(run_dir))
+            # after Lightning's own finalize("failed") of an interrupted run: the status is settled here
+            finalize_loggers(built.loggers, summary.status)
             # The job has ended: from here its stall watchdog stays quiet, unless it already took the
             # stall over (it records it). A peer that left after a stall breaks this rank's
             # collectives too; the stall is the reason.

@@ -11,29 +11,38 @@ Every logger is built and started (``logger.experiment``) before the first step,
 argument, a tracking URI that does not work or a missing package is an error before training.
 A new logger run gets the resolved config (flattened) and the plan's derived numbers as
 hyperparameters. ``<run dir>/loggers.json`` keeps each logger's run id and the last step it
-received; a resumed run (same run dir) continues the same logger run, and no step appears
-twice or goes missing: TensorBoard purges the events after the checkpoint's step,
-a ``CSVLogger`` keeps its rows up to it (Lightning's would delete the file), and any other
-logger (MLflow, W&B, ...), which cannot delete what it has, skips the replayed steps it already has.
+received; a resumed run (same run dir) continues the same logger run. The steps after the
+checkpoint that a killed attempt had logged are redone, and logged again: TensorBoard purges
+its events from the checkpoint's step on (Lightning numbers the step after it so) and gets
+that step's row back from the checkpoint, a ``CSVLogger`` keeps its rows before that step
+(Lightning's would delete the file) and gets it back too; a logger that cannot delete what it
+has (MLflow, W&B, ...) holds both attempts' values of those steps, the resumed run's newest,
+which is what ``metrics.csv`` holds (skipping them kept the dead attempt's, wrong after a
+changed setting). A resume that changed hyperparameters or logged steps again notes it under
+``resume.<n>.`` (MLflow refuses to change a param); a logger run ends with the run's status.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
+from pytorch_lightning.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from blocks.compat.torch_private import tensorboard_hparams
 from blocks.monitor.base import BUILTIN_LOGGERS, LOGGER_CLASS, MonitorBlock
 from blocks.monitor.sinks import Row
 from blocks.spec.errors import BlocksError, Problem
 from blocks.spec.imports import TARGET_KEY, instantiate, resolve
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "loggers.json"
 TENSORBOARD_DIR = "tensorboard"
@@ -49,17 +58,23 @@ RUN_ID_ARGUMENT = {
 
 @dataclass
 class LoggerState:
-    """``<run dir>/loggers.json``: per logger, its class, run id and the last step it received (global rank 0)."""
+    """``<run dir>/loggers.json``: each logger's run id, last step and resume count; the hyperparameters logged last.
+
+    Per logger: its class, run id, the last step it received and how many resumes it noted
+    (``resume.<n>.*``). Written by global rank 0.
+    """
 
     path: Path
     loggers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, run_dir: Path) -> LoggerState:
         """The run dir's state; empty when there is none (or it cannot be read)."""
         path = run_dir / STATE_FILE
         try:
-            return cls(path, json.loads(path.read_text()).get("loggers", {}))
+            data = json.loads(path.read_text())
+            return cls(path, data.get("loggers", {}), data.get("hyperparameters", {}))
         except (OSError, ValueError, AttributeError):
             return cls(path)
 
@@ -70,33 +85,23 @@ class LoggerState:
         # Loggers start before anything else writes to the run dir.
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"loggers": self.loggers}, indent=2) + "\n")
+        content = {"loggers": self.loggers, "hyperparameters": self.hyperparameters}
+        tmp.write_text(json.dumps(content, indent=2) + "\n")
         os.replace(tmp, self.path)
 
 
 class LoggerSink:
-    """Hands metric rows to one Lightning logger, skipping the steps an earlier attempt already gave it."""
+    """Hands metric rows to one Lightning logger and records the last step it received."""
 
-    def __init__(self, key: str, logger: Logger, state: LoggerState, *, replayed_until: int | None) -> None:
+    def __init__(self, key: str, logger: Logger, state: LoggerState) -> None:
         self.key = key
         self.logger = logger
         self.state = state
-        self.replayed_until = replayed_until
-        self._had_at_last_step = set(state.loggers.get(key, {}).get("names", ())) if replayed_until else set()
 
     def write(self, step: int, row: Row) -> None:
-        """Log *row* at *step*, but not what the logger run already has (replayed steps); record the step."""
-        if self.replayed_until is not None:
-            if step < self.replayed_until:
-                return
-            if step == self.replayed_until:  # a kill between the training and the validation row of a step
-                row = {name: value for name, value in row.items() if name not in self._had_at_last_step}
-                if not row:
-                    return
+        """Log *row* at *step* (a step a resumed run redoes too: see the module's docstring); record the step."""
         self.logger.log_metrics(dict(row), step=step)
-        entry = self.state.loggers[self.key]
-        names = entry.get("names", []) if entry.get("step") == step else []
-        entry.update(step=step, names=[*names, *row])
+        self.state.loggers[self.key]["step"] = step
         self.state.save()
 
     def flush(self) -> None:
@@ -104,16 +109,53 @@ class LoggerSink:
         self.logger.save()
 
     def close(self) -> None:
-        """Write out and finalize the logger's run."""
+        """Write out what the logger buffered; :func:`finalize_loggers` ends its run once the run's status is known."""
         self.logger.save()
-        self.logger.finalize("success")
+
+    def finalize(self, run_status: str) -> None:
+        """End the logger's run as *run_status* (``summary.json``'s: completed, failed or interrupted) ended."""
+        self.logger.finalize(lightning_status(run_status, self.logger))
+
+
+def lightning_status(run_status: str, logger: Logger) -> str:
+    """The status ``Logger.finalize`` takes for a run that ended *run_status*.
+
+    Lightning's statuses are ``success`` and ``failed``; an interrupted run is ``KILLED`` for
+    MLflow (whose ``finalize`` passes a status it does not know on to the tracking store), a
+    failed run for any other logger.
+    """
+    if run_status == "completed":
+        return "success"
+    if run_status == "interrupted" and isinstance(logger, MLFlowLogger):
+        return "KILLED"
+    return "failed"
+
+
+def finalize_loggers(sinks: list[LoggerSink], run_status: str) -> None:
+    """End every logger's run as the run ended; one that fails is logged and leaves the others to end."""
+    for sink in sinks:
+        try:
+            sink.finalize(run_status)
+        except Exception:
+            log.exception("could not finalize %s", sink.key)
 
 
 def build_loggers(
-    monitor: MonitorBlock, run_dir: Path, *, resumed_step: int | None, hyperparameters: dict[str, Any]
+    monitor: MonitorBlock,
+    run_dir: Path,
+    *,
+    resumed_step: int | None,
+    hyperparameters: dict[str, Any],
+    resumed_row: Row | None = None,
 ) -> list[LoggerSink]:
-    """One started logger per ``monitor.loggers`` entry but ``csv`` (``metrics.csv``, written always)."""
+    """One started logger per ``monitor.loggers`` entry but ``csv`` (``metrics.csv``, written always).
+
+    *resumed_row*: the metrics the checkpoint of *resumed_step* holds, those blocks logged at
+    that step; a TensorBoard or CSV logger that continues its run gets them again (it dropped
+    them with the steps the resumed run redoes).
+    """
     state = LoggerState.load(run_dir) if resumed_step is not None else LoggerState(run_dir / STATE_FILE)
+    changed = _changed(state.hyperparameters, hyperparameters)
     sinks = []
     for i, entry in enumerate(monitor.loggers):
         if entry == "csv":
@@ -125,36 +167,98 @@ def build_loggers(
             name, args = str(entry), dict(monitor.logger_args)
         key = f"{i}:{name}"
         saved = state.loggers.get(key) if resumed_step is not None else None
-        sink = _start(name, key, args, run_dir, resumed_step, saved, state)
-        if saved is None or isinstance(sink.logger, CSVLogger):  # a CSVLogger rewrites hparams.yaml
-            sink.logger.log_hyperparams(hyperparameters)
-        sink.logger.save()
-        state.loggers[key] = {
-            "class": name,
-            "run_id": _run_id(sink.logger),
-            "step": saved.get("step") if saved else None,
-            "names": saved.get("names", []) if saved else [],
-        }
-        sinks.append(sink)
+        logger = _start(name, args, run_dir, resumed_step, saved)
+        state.loggers[key] = {"class": name, "run_id": _run_id(logger), **_kept(saved)}
+        rewritable = _drops_redone_steps(logger)
+        notes = {}
+        if saved is not None and resumed_step is not None:
+            notes = _resume_notes(state.loggers[key], resumed_step, changed, relogs=not rewritable)
+            if rewritable and resumed_row:
+                logger.log_metrics(dict(resumed_row), step=resumed_step)
+        if saved is None or rewritable:  # TensorBoard and a CSVLogger rewrite their hparams.yaml
+            _log_hyperparams(logger, {**hyperparameters, **state.loggers[key]["notes"]}, new=saved is None)
+        elif notes:  # MLflow refuses to change a param: what changed goes under resume.<n>.
+            logger.log_hyperparams(notes)
+        logger.save()
+        sinks.append(LoggerSink(key, logger, state))
+    state.hyperparameters = hyperparameters
     state.save()
     return sinks
 
 
+def _log_hyperparams(logger: Logger, params: dict[str, Any], *, new: bool) -> None:
+    """Give *logger* all hyperparameters; a *new* TensorBoard run also gets them for its HParams tab.
+
+    TensorBoard shows the HParams of a run's first start only (later ones are ignored); its
+    ``hparams.yaml``, which its ``save`` never overwrites, is written again with *params*.
+    """
+    if isinstance(logger, TensorBoardLogger):
+        (Path(logger.log_dir) / logger.NAME_HPARAMS_FILE).unlink(missing_ok=True)
+        if new:  # the training loss beside them, not Lightning's placeholder hp_metric (see _start)
+            tensorboard_hparams(logger.experiment, params, ["train/loss"])
+    logger.log_hyperparams(params)
+
+
+def _kept(saved: dict[str, Any] | None) -> dict[str, Any]:
+    """What a continued logger's entry keeps: the last step it received, its resumes and what they noted."""
+    if saved is None:
+        return {"step": None, "notes": {}}
+    return {"step": saved.get("step"), "resumes": saved.get("resumes", 0), "notes": saved.get("notes", {})}
+
+
+def _drops_redone_steps(logger: Logger) -> bool:
+    """Whether the logger drops, on resume, what it has from the checkpoint's step on (TensorBoard, a CSVLogger)."""
+    return isinstance(logger, (TensorBoardLogger, CSVLogger))
+
+
+def _changed(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """The hyperparameters whose value differs from what the loggers got last (none when that is unknown)."""
+    if not before:
+        return {}
+    return {key: value for key, value in now.items() if before.get(key, _MISSING) != value}
+
+
+_MISSING = object()
+
+
+def _resume_notes(
+    entry: dict[str, Any], resumed_step: int, changed: dict[str, Any], *, relogs: bool
+) -> dict[str, Any]:
+    """The ``resume.<n>.*`` hyperparameters of a logger run's *n*-th resume that changed something, counted in *entry*.
+
+    The changed hyperparameters, ``from_step`` (the checkpoint's step) and, for a logger that
+    cannot drop what it has (*relogs*), ``relogged_steps``: the steps after the checkpoint an
+    earlier attempt had logged, which this one logs again.
+    """
+    notes: dict[str, Any] = {}
+    last = entry.get("step")
+    if relogs and isinstance(last, int) and last > resumed_step:
+        notes["relogged_steps"] = f"{resumed_step + 1}-{last}"
+    notes.update(changed)
+    if not notes:
+        return {}
+    entry["resumes"] = n = entry.get("resumes", 0) + 1
+    noted = {f"resume.{n}.{name}": value for name, value in {"from_step": resumed_step, **notes}.items()}
+    entry["notes"] = {**entry.get("notes", {}), **noted}
+    return noted
+
+
 def _start(
     name: str,
-    key: str,
     args: dict[str, Any],
     run_dir: Path,
     resumed_step: int | None,
     saved: dict[str, Any] | None,
-    state: LoggerState,
-) -> LoggerSink:
+) -> Logger:
     if name == "tensorboard":
         cls: type[Logger] = TensorBoardLogger
-        # A resumed run purges the events after its checkpoint's step, a fresh start (metrics.csv
-        # starts over too) every earlier run's events in the run dir: TensorBoard shows one run.
-        args = {"save_dir": str(run_dir), "name": TENSORBOARD_DIR, "version": ""}
-        args["purge_step"] = 0 if resumed_step is None else resumed_step + 1
+        # A resumed run purges the events from its checkpoint's step on: Lightning's own (a
+        # LearningRateMonitor's) of the step after it carry its number (Lightning counts the
+        # steps done before one). A fresh start (metrics.csv starts over too) purges every
+        # earlier run's events in the run dir: TensorBoard shows one run. No hp_metric: blocks
+        # logs no placeholder metric.
+        args = {"save_dir": str(run_dir), "name": TENSORBOARD_DIR, "version": "", "default_hp_metric": False}
+        args["purge_step"] = 0 if resumed_step is None else resumed_step
     else:
         assert name not in BUILTIN_LOGGERS
         cls = resolve(name, "monitor.loggers", kind=LOGGER_CLASS)  # checked before start too (refuse_objects)
@@ -171,7 +275,7 @@ def _start(
                 check="logger-start",
             )
         ) from None
-    kept = _csv_rows_until(logger, resumed_step) if isinstance(logger, CSVLogger) and saved else []
+    kept = _csv_rows_before(logger, resumed_step) if isinstance(logger, CSVLogger) and saved else []
     try:
         _ = logger.experiment  # type: ignore[attr-defined]  # start it now: a bad URI or a missing package stops the run before step 1
     except Exception as exc:
@@ -188,11 +292,7 @@ def _start(
         row,
     ) in kept:  # Lightning's CSVLogger deleted its file on start: put back what the checkpoint covers
         logger.log_metrics(row, step=step)
-    if name == "tensorboard" or isinstance(logger, CSVLogger):
-        replayed_until = None  # they drop the replayed steps themselves (purge_step, the kept rows)
-    else:
-        replayed_until = saved.get("step") if saved else None
-    return LoggerSink(key, logger, state, replayed_until=replayed_until)
+    return logger
 
 
 def _fix(exc: Exception, otherwise: str) -> str:
@@ -209,8 +309,8 @@ def _run_id(logger: Logger) -> int | str | None:
     return version if isinstance(version, (int, str)) else None
 
 
-def _csv_rows_until(logger: CSVLogger, step: int | None) -> list[tuple[int, dict[str, float]]]:
-    """The rows of the CSVLogger's ``metrics.csv`` up to *step* (all of them when None)."""
+def _csv_rows_before(logger: CSVLogger, step: int | None) -> list[tuple[int, dict[str, float]]]:
+    """The rows of the CSVLogger's ``metrics.csv`` before *step* (all of them when None)."""
     path = Path(logger.log_dir) / "metrics.csv"
     if not path.is_file():
         return []
@@ -218,7 +318,7 @@ def _csv_rows_until(logger: CSVLogger, step: int | None) -> list[tuple[int, dict
     with path.open(newline="") as fh:
         for record in csv.DictReader(fh):
             at = int(float(record["step"]))
-            if step is None or at <= step:
+            if step is None or at < step:
                 kept.append((at, {k: float(v) for k, v in record.items() if k != "step" and v}))
     return kept
 

@@ -19,6 +19,9 @@ from blocks.task.base import TaskBlock
 
 log = logging.getLogger(__name__)
 
+VALIDATION_PREFIX = "val/"
+"""What the names of validation metrics start with (``val/loss``, ``val/accuracy``...)."""
+
 
 class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule):
     """Trains ``model`` on ``task``'s loss with ``optim``; validation metrics come from the task.
@@ -92,7 +95,7 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
 
     def on_validation_epoch_end(self) -> None:
         """Compute the metrics (synced across processes) and expose them as ``val/<name>``."""
-        values = {f"val/{name}": value for name, value in self.objective.compute().items()}
+        values = {f"{VALIDATION_PREFIX}{name}": value for name, value in self.objective.compute().items()}
         # sync_dist: already synced by the metrics, keeps Lightning quiet; logger=False: the metrics
         # callback hands the loggers these values (with the training row of the same step).
         self.log_dict(values, sync_dist=True, logger=False)

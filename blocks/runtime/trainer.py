@@ -35,7 +35,7 @@ from blocks.runtime.datamodule import BlocksDataModule
 from blocks.runtime.health import HealthGuard, StallWatchdog
 from blocks.runtime.loggers import LoggerSink, build_loggers, hyperparameters
 from blocks.runtime.metrics import MetricsRecorder
-from blocks.runtime.module import BlocksModule
+from blocks.runtime.module import VALIDATION_PREFIX, BlocksModule
 from blocks.runtime.preemption import Preemption
 from blocks.runtime.seeds import RankStreams
 
@@ -59,6 +59,8 @@ class BuiltRun:
     preemption: Preemption | None = None
     users: list[pl.Callback] = field(default_factory=list)
     """The callbacks of ``trainer.callbacks``, in its order."""
+    loggers: list[LoggerSink] = field(default_factory=list)
+    """The loggers of ``monitor.loggers``: :func:`~blocks.runtime.loggers.finalize_loggers` ends their runs."""
 
 
 def quiet_lightning() -> None:
@@ -88,6 +90,7 @@ def build_run(
     callbacks that run before blocks' own (their ``setup`` refuses a run before it trains).
     """
     environment = cluster_environment(plan)  # refuses a worker no launcher started, before writing anything
+    claim_rank(environment)
     quiet_lightning()
     derived = plan.derived
     trainer_block = plan.trainer
@@ -98,7 +101,8 @@ def build_run(
     directory = checkpoint_dir(plan, default=str(run_dir / CHECKPOINTS_DIR))
     start = read_start(run_dir)
     resume_from = resolve_resume(plan, directory, start)
-    resumed_step = store.read_manifest(resume_from).step if resume_from else None
+    resumed = store.read_manifest(resume_from) if resume_from else None
+    resumed_step = resumed.step if resumed else None
     parallelize = plan.strategy.parallelizer(precision=plan.precision, units=plan.model.shard_units())
     optim = plan.optim.replace(lr=derived.effective_lr)  # optim.lr_scaling applied once, in the plan
     if getattr(optim, "fused", False) is None and _amp_clips(plan):
@@ -118,7 +122,11 @@ def build_run(
         run_dir,
         resumed_step=resumed_step,
         hyperparameters=run_hyperparameters(plan, run_dir, run_config),
+        resumed_row=resumed.metrics if resumed else None,
     )
+    if resumed and any(name.startswith(VALIDATION_PREFIX) for name in resumed.metrics):
+        # A rerun that trains nothing does not validate that step again (nor log it twice).
+        module.validated_at_step = resumed.step
     sinks = metric_sinks(run_dir, resumed_step, loggers)
     if console and monitor.progress != "off":
         sinks.append(ConsoleSink(derived.total_steps, monitor.progress, start_step=resumed_step or 0))
@@ -227,8 +235,21 @@ def build_run(
     read_step_signature_once(trainer, module)
     preemption.install(trainer)
     return BuiltRun(
-        module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption, users
+        module, datamodule, trainer, recorder, resume_from, checkpointer, health, preemption, users, loggers
     )
+
+
+def claim_rank(environment: Any) -> None:
+    """Give Lightning's ``rank_zero_only`` this process's global rank, as its launcher says, before anything logs.
+
+    Lightning reads it at import from ``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID`` or
+    ``JSM_NAMESPACE_RANK`` only, and sets it again when the Trainer is built: until then a worker
+    mpirun started (or one forked from a process that imported Lightning) took itself for rank 0
+    and started its own logger runs.
+    """
+    from lightning_fabric.utilities.rank_zero import rank_zero_only
+
+    rank_zero_only.rank = environment.global_rank()  # type: ignore[attr-defined]
 
 
 def _amp_clips(plan: Plan) -> bool:
