@@ -233,9 +233,10 @@ FSDP_LM = [
 def fsdp_sync_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run dir of :data:`FSDP_LM` trained 8 steps with synchronous saves (checkpoints at steps 4 and 8).
 
-    Shared by the FSDP async-save and save/resume/reshard tests and test_security's honest
-    sharded checkpoint, all in the ``torchrun`` group (so on one pytest-xdist worker): read it,
-    copy what a test would change.
+    Shared by the FSDP async-save and save/resume/reshard tests, test_security's honest
+    sharded checkpoint and test_faults_processes' SIGTERM'd FSDP job (whose rerun must reach
+    its digest), all in the ``torchrun`` group (so on one pytest-xdist worker): read it, copy
+    what a test would change.
     """
     run_dir = tmp_path_factory.mktemp("fsdp-sync") / "run"
     result = run_in_process(

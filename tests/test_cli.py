@@ -37,8 +37,10 @@ def assert_clean_failure(result, key: str, *fragments: str) -> None:
         (["debug.max_steps=5"], "debug.max_steps", ["'debug' chooses a preset", "trainer.max_steps=5"]),
     ],
 )
-def test_bad_input_exits_2_naming_the_key(cli, cli_in_process, tmp_path, args, key, fragments) -> None:
-    result = cli("run", *args)
+def test_bad_input_exits_2_naming_the_key(cli_in_process, tmp_path, args, key, fragments) -> None:
+    # In this process: a fresh `blocks run` refusing a bad config exits 2 with its message in
+    # test_a_sweep_without_multirun_says_to_add_m and test_a_bad_job_in_a_sweep_stops_the_whole_sweep.
+    result = cli_in_process("run", *args)
     assert_clean_failure(result, key, *fragments)
     assert list(tmp_path.iterdir()) == [], "nothing may be written for a bad config"
     planned = cli_in_process("plan", *args)

@@ -27,6 +27,7 @@ from blocks.runtime.datamodule import outlive_stop_signals
 from blocks.spec.errors import BlocksError
 from tests.conftest import (
     DDP_BLOBS,
+    FSDP_LM,
     REPO,
     alive,
     blocks_run_until_step,
@@ -155,32 +156,29 @@ def test_a_killed_peer_is_named_even_when_torchrun_sees_the_survivor_fail_first(
     assert "rank 0" not in summary["reason"].split(";")[0]
 
 
-def uninterrupted_digest(tmp_path: Path, args: list[str]) -> str:
-    summary = driver.run([*args, "monitor.progress=off"], tmp_path / "reference")
-    assert summary.status == "completed"
-    assert summary.state_digest
-    return summary.state_digest
-
-
 MULTI_PROCESS = {
-    "ddp": DDP_BLOBS,  # its uninterrupted run is conftest's ddp_blobs_run
-    "fsdp": [
-        "recipe=tiny_lm",
-        "strategy=fsdp",
-        "optim.warmup_steps=2",
-        "trainer.max_steps=30",
-        "trainer.devices=2",
-        "trainer.val_every=null",
-        "monitor.log_every_n_steps=1",
-        "monitor.stall_timeout_s=120",
-    ],
+    "ddp": (DDP_BLOBS, 30, "ddp_blobs_run"),
+    "fsdp": (
+        [
+            *(arg for arg in FSDP_LM if arg != "monitor.progress=off"),
+            "trainer.max_steps=8",
+            "monitor.log_every_n_steps=1",
+            "monitor.stall_timeout_s=120",
+        ],
+        8,
+        "fsdp_sync_run",
+    ),
 }
-"""The job each SIGTERM test stops: 30 steps on two processes, every step logged, the stall watchdog
-armed (it hosts the fault hook the test sets; no stall comes near its timeout)."""
+"""The job each SIGTERM test stops (its overrides, its steps) and the conftest fixture that trained it
+uninterrupted: on two processes, every step logged, the stall watchdog armed (it hosts the fault hook
+the test sets; no stall comes near its timeout). The fsdp job is :data:`FSDP_LM` for 8 steps, as
+``fsdp_sync_run`` trained it: logging and the watchdog change no weight, so their digests must agree."""
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchrun")  # with test_ray's local-instance test, which shares ddp_blobs_run
+@pytest.mark.xdist_group(
+    "torchrun"
+)  # shares ddp_blobs_run with test_ray, fsdp_sync_run with the FSDP checkpoint tests
 @pytest.mark.parametrize("strategy", sorted(MULTI_PROCESS))
 def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resumes_exactly(
     tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
@@ -190,11 +188,12 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     the ranks with it, and torchrun, signalled again by the driver, ended them mid-save: no checkpoint.
     With fsdp, only the driver gets it, and passes it on."""
     run_dir = tmp_path / "run"
-    steps = 30  # the workers stop within a step or two of the signal (the rerun resumes from step 6 or 7)
-    args = MULTI_PROCESS[strategy]
+    args, steps, uninterrupted = MULTI_PROCESS[strategy]
     assert f"trainer.max_steps={steps}" in args
-    # rank 0 pauses after step 8, so on a loaded machine the job cannot finish before the signal lands
-    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:8:5")
+    # The signal goes at step 5; the ranks stop at the first step boundary by which they all got
+    # it (they check every step: log_every_n_steps=1), 5 or 6. Should it reach a rank late on a
+    # loaded machine, rank 0 pauses after step 7, so the 8-step fsdp job cannot finish first.
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:7:10")
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
         signalled = [*job_pids(run_dir), proc.pid] if strategy == "ddp" else [proc.pid]
         assert strategy != "ddp" or torchrun_pid(run_dir) in signalled  # and its forkserver, the ranks
@@ -213,19 +212,15 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     assert "SIGTERM" in summary["reason"]
     assert 5 <= summary["global_step"] < steps
     committed, _ = store.scan(str(run_dir / "checkpoints"))
-    assert [c.manifest.step for c in committed] == [
-        summary["global_step"]
-    ]  # every_n_steps=0: the signal saved
+    periodic = [4] if "checkpoint.every_n_steps=4" in args else []  # FSDP_LM's; DDP_BLOBS' every_n_steps=0
+    assert [c.manifest.step for c in committed] == [*periodic, summary["global_step"]]  # the signal saved
     rerun = run_in_process(["run", *args, "monitor.progress=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert rerun.returncode == 0, rerun.output[-3000:]
     resumed = read_summary(run_dir)
     assert resumed["status"] == "completed" and resumed["global_step"] == steps
     assert resumed["resumed_from"].endswith(store.step_dir_name(summary["global_step"]))
-    if strategy == "ddp":
-        expected = read_summary(request.getfixturevalue("ddp_blobs_run"))["state_digest"]
-    else:
-        expected = uninterrupted_digest(tmp_path, args)
-    assert resumed["state_digest"] == expected
+    expected = read_summary(request.getfixturevalue(uninterrupted))["state_digest"]
+    assert expected and resumed["state_digest"] == expected
 
 
 def listening(port: int) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging import QUIET_LOCAL, build_wheel
+from tests.packaging import QUIET_LOCAL, VENV, build_wheel
 
 OUTSIDE_CHECKOUT = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 """The environment of every venv command: a PYTHONPATH naming a checkout would import it instead of the wheel."""
@@ -27,9 +27,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "blocks/_conf/recipe/tiny_lm.yaml" in names
     assert "hydra_plugins/blocks_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", *VENV, str(venv)], check=True)
     subprocess.run(
-        [venv / "bin" / "pip", "install", *QUIET_LOCAL, str(wheel)], check=True, env=OUTSIDE_CHECKOUT
+        [venv / "bin" / "python", "-m", "pip", "install", *QUIET_LOCAL, str(wheel)],
+        check=True,
+        env=OUTSIDE_CHECKOUT,
     )
     return venv
 

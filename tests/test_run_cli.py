@@ -45,9 +45,12 @@ def test_a_run_without_a_terminal_writes_one_run_dir_and_prints_plain_lines(cli,
     assert "run summary" in result.stdout and "completed" in result.stdout
 
 
-def test_sweep_gives_one_run_dir_per_job(cli, tmp_path: Path) -> None:
+def test_sweep_gives_one_run_dir_per_job(cli_in_process, tmp_path: Path) -> None:
+    """Through the console script's entry and Hydra's multirun, in this process: what a sweep writes
+    (a run dir per job, each job's own blocks) does not depend on a fresh process, and the test
+    above already starts one."""
     sweep = tmp_path / "sweep"
-    result = cli(
+    result = cli_in_process(
         "run",
         "-m",
         *FAST,
