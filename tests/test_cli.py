@@ -251,6 +251,19 @@ def test_plan_command_in_a_fresh_process(cli) -> None:
     assert "global batch" in result.stdout
 
 
+def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback() -> None:
+    """Regression: ``blocks list --json | head -1`` ended in a BrokenPipeError traceback (rich's tables did not)."""
+    for args in (["list", "--json"], ["list"]):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "blocks", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO
+        )
+        assert proc.stdout is not None
+        proc.stdout.close()  # before the command has written anything: every write meets a closed pipe
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stderr
+        assert b"Traceback" not in stderr and b"Exception ignored" not in stderr, stderr.decode()
+
+
 def test_list_shows_every_block_with_fields(cli) -> None:
     result = cli("list", "--json")
     assert result.returncode == 0, result.output

@@ -955,6 +955,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         print("blocks: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
         code = EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of the output left early (`blocks list --json | head`)
+        _discard_stdout()
+        code = 1  # as rich's console ends on its own broken pipe (and Python's docs advise)
     except SystemExit as exc:  # a job's command ends here too (blocks.launch.driver)
         code = exc.code
         raise
@@ -964,6 +967,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 signal.SIGINT, functools.partial(_exit_at_once, code if isinstance(code, int) else 1)
             )
     sys.exit(code)
+
+
+def _discard_stdout() -> None:
+    """Point the standard output at /dev/null: the interpreter's last flush would fail again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    os.close(devnull)
 
 
 def _command(argv: list[str]) -> int:
