@@ -241,6 +241,11 @@ def test_an_error_a_block_raises_on_purpose_keeps_its_key_and_fix(
         "error model.hidden: hidden must be even for refuses" in text and "fix: model.hidden=[8]" in text
     ), text
     assert "block-raised" not in text and "maintainers" not in text
+    # Regression: the refusal ended the plan, and the other block's problem, found first, was lost.
+    result = cli_in_process("plan", "--json", "recipe=blobs", "model=weird/refuses", "optim=weird/badoptim")
+    assert result.returncode == 2, result.output
+    problems = {(p["key"], p["check"]) for p in json.loads(result.stdout)["problems"]}
+    assert {("model.hidden", ""), ("optim", "block-raised")} <= problems, problems
 
 
 def test_a_project_block_that_raises_while_planning_is_the_projects_to_fix(

@@ -502,8 +502,11 @@ def _ran(state: _State, step: Callable[[_State], None]) -> bool:
 
 
 def _check_block(kind: str, state: _State) -> None:
-    """The block of *kind*'s own check."""
-    state.blocks[kind].check(CheckContext(state, kind))
+    """The block of *kind*'s own check; a :class:`BlocksError` it raises on purpose is a problem beside the others."""
+    try:
+        state.blocks[kind].check(CheckContext(state, kind))
+    except BlocksError as exc:  # its key and fix stand; another block's problems are not lost to it
+        state.problems.extend(exc.problems)
 
 
 def preflight(plan: Plan) -> Plan:

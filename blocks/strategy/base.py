@@ -7,13 +7,14 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from blocks.spec.block import Block
 
 if TYPE_CHECKING:
     from blocks.core.plan import CheckContext
     from blocks.precision.base import PrecisionBlock
+    from blocks.trainer.base import TrainerBlock
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,7 @@ class StrategyBlock(Block):
             return
         compiler = inductor_cxx()
         fix = "strategy.compile=false, or install a C++ compiler (g++) or set CXX to one"
-        trainer = ctx.block("trainer")
-        if getattr(trainer, "launcher", None) == "ray":
+        if cast("TrainerBlock", ctx.block("trainer")).launcher == "ray":
             message = f"compiles on CPU with a C++ compiler, but this machine has no {compiler!r} on PATH; the job fails unless the Ray workers' machines have one"
             ctx.warning("compile", message, fix, check="compile-cxx", related=("trainer.launcher",))
             return
