@@ -183,3 +183,18 @@ def test_a_logger_that_cannot_start_leaves_a_failed_summary(finished: Path, tmp_
     assert result.returncode == 2 and "could not start" in result.output, result.output[-3000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "failed" and "no_such_argument" in summary["reason"]
+
+
+def test_a_summary_a_later_version_wrote_is_read_by_this_one(tmp_path: Path) -> None:
+    """Regression: ``Summary.read`` took every key as a field, so a summary.json with a field this version
+    does not know (blocks only ever adds them) was a TypeError: a rerun deleted the completed summary it
+    should have set aside (its figures lost), and a pipeline ended in a traceback."""
+    from blocks.core.run_files import SUMMARY_FILE, Summary
+    from blocks.launch.run_dir import completed_before, retire_summary
+
+    written = {**Summary(status="completed", global_step=7, samples_per_s=12.5).shown(), "a_later_field": 1}
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(written))
+    assert Summary.read(tmp_path).global_step == 7
+    retire_summary(tmp_path)
+    kept = completed_before(tmp_path)
+    assert kept is not None and kept.samples_per_s == 12.5

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,6 +125,11 @@ class Summary:
 
     @classmethod
     def read(cls, run_dir: Path, name: str = SUMMARY_FILE) -> Summary:
-        """Read a run dir's ``summary.json`` (or another file of the same form, *name*)."""
+        """Read a run dir's ``summary.json`` (or another file of the same form, *name*).
+
+        Fields are only ever added to ``summary.json``: the keys a later version of blocks wrote
+        that this one does not know are left out, so a run dir outlives a downgrade.
+        """
         data: dict[str, Any] = json.loads((run_dir / name).read_text())
-        return cls(**data)
+        known = {field.name for field in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
