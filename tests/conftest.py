@@ -280,8 +280,10 @@ DDP_BLOBS = [
     "trainer.val_every=null",
     "monitor.log_every_n_steps=1",
     "monitor.stall_timeout_s=120",
+    "monitor.loggers=[csv,tensorboard]",
 ]
-"""blobs under DDP on two processes for 30 steps, every step logged, the stall watchdog armed (the DDP SIGTERM test)."""
+"""blobs under DDP on two processes for 30 steps, every step logged (TensorBoard too), the stall watchdog armed
+(the DDP SIGTERM test)."""
 
 
 @pytest.fixture(scope="session")
@@ -292,11 +294,19 @@ def ddp_blobs_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     test_ray's job on a local Ray instance reaches; both in the ``torchrun`` group (so on one
     pytest-xdist worker): read it, copy what a test would change.
     """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from blocks.launch.driver import run
 
     run_dir = tmp_path_factory.mktemp("ddp-blobs") / "run"
     summary = run([*DDP_BLOBS, "monitor.progress=off"], run_dir)
+    # Regression: every rank wrote TensorBoard's HParams, and rank 1 (no file writer) failed the job.
     assert summary.status == "completed" and summary.state_digest, summary
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 31))
+    assert (run_dir / "tensorboard" / "hparams.yaml").is_file()
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
     return run_dir
 
 

@@ -168,3 +168,22 @@ def test_mlflow_holds_the_resumed_runs_values_of_the_redone_steps_and_notes_the_
     assert float(params["resume.1.optim.lr"]) == pytest.approx(0.01)
     assert (params["resume.1.from_step"], params["resume.1.relogged_steps"]) == ("6", "7-8")
     assert not any(key.startswith("resume.2.") for key in params), "the unchanged rerun had nothing to note"
+
+
+def test_an_extension_keeps_the_validation_the_finished_run_ended_with_in_tensorboard(tmp_path: Path) -> None:
+    """Regression: a run's final checkpoint is saved before the validation it ends with (step 5 here, which
+    ``trainer.val_every=4`` does not divide); an extension purged TensorBoard from that step and gave back
+    only the checkpoint's metrics, so the finished run's last val/loss was gone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    short = ["recipe=blobs", "monitor.progress=off", "trainer.max_epochs=null", "trainer.val_every=4"]
+    short += ["monitor.loggers=[csv,tensorboard]"]
+    run_dir = tmp_path / "run"
+    assert driver.run([*short, "trainer.max_steps=5"], run_dir).status == "completed"
+    assert driver.run([*short, "trainer.max_steps=6"], run_dir).global_step == 6
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == [4, 5, 6]
+    assert {e.step: e.value for e in events.Scalars("val/loss")} == pytest.approx(
+        logged_values(run_dir)["val/loss"], rel=1e-5
+    )

@@ -44,14 +44,8 @@ class CsvSink:
 
     def _keep_rows_until(self, step: int) -> None:
         """On resume: keep the rows up to the checkpoint's step, drop those the resumed run will redo."""
-        with self.path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            self.columns = [c for c in (reader.fieldnames or []) if c != "step"]
-            for record in reader:
-                if int(record["step"]) <= step:
-                    self.rows.append(
-                        (int(record["step"]), {k: float(v) for k, v in record.items() if k != "step" and v})
-                    )
+        self.columns, rows = read_rows(self.path)
+        self.rows = [(at, row) for at, row in rows if at <= step]
         self._rewrite(upto=len(self.rows))
 
     def write(self, step: int, row: Row) -> None:
@@ -106,6 +100,23 @@ class CsvSink:
             for step, row in self.rows[self._written : upto]:
                 writer.writerow(self._format(step, row))
         self._written = upto
+
+
+def read_rows(path: Path) -> tuple[list[str], list[tuple[int, Row]]]:
+    """A ``metrics.csv``'s metric columns and its rows, each ``(step, {metric: value})`` with its empty cells left out."""
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns = [c for c in (reader.fieldnames or []) if c != "step"]
+        rows = [(int(r["step"]), {k: float(v) for k, v in r.items() if k != "step" and v}) for r in reader]
+    return columns, rows
+
+
+def row_at(path: Path, step: int) -> Row:
+    """What a ``metrics.csv`` holds of *step* (nothing when it has no such row or cannot be read)."""
+    try:
+        return next((row for at, row in read_rows(path)[1] if at == step), {})
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 def _fmt(value: float) -> str:

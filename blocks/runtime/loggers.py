@@ -150,9 +150,10 @@ def build_loggers(
 ) -> list[LoggerSink]:
     """One started logger per ``monitor.loggers`` entry but ``csv`` (``metrics.csv``, written always).
 
-    *resumed_row*: the metrics the checkpoint of *resumed_step* holds, those blocks logged at
-    that step; a TensorBoard or CSV logger that continues its run gets them again (it dropped
-    them with the steps the resumed run redoes).
+    *resumed_row*: what blocks logged at *resumed_step* (the checkpoint's metrics, and what
+    ``metrics.csv`` holds of that step beyond them: the validation a run makes after its final
+    checkpoint); a TensorBoard or CSV logger that continues its run gets it again (it dropped
+    it with the steps the resumed run redoes).
     """
     state = LoggerState.load(run_dir) if resumed_step is not None else LoggerState(run_dir / STATE_FILE)
     changed = _changed(state.hyperparameters, hyperparameters)
@@ -192,7 +193,8 @@ def _log_hyperparams(logger: Logger, params: dict[str, Any], *, new: bool) -> No
     TensorBoard shows the HParams of a run's first start only (later ones are ignored); its
     ``hparams.yaml``, which its ``save`` never overwrites, is written again with *params*.
     """
-    if isinstance(logger, TensorBoardLogger):
+    # On the other ranks a TensorBoard logger writes nothing (no file writer to give the summary to).
+    if isinstance(logger, TensorBoardLogger) and getattr(rank_zero_only, "rank", 0) == 0:
         (Path(logger.log_dir) / logger.NAME_HPARAMS_FILE).unlink(missing_ok=True)
         if new:  # the training loss beside them, not Lightning's placeholder hp_metric (see _start)
             tensorboard_hparams(logger.experiment, params, ["train/loss"])

@@ -25,9 +25,9 @@ from blocks.compat.torch_private import (
 from blocks.core.environment import restart_count
 from blocks.core.plan import Plan
 from blocks.core.provenance import SOURCES_KEY, block_sources
-from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, Summary
+from blocks.core.run_files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, Summary
 from blocks.data.base import TokenBatch
-from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink
+from blocks.monitor.sinks import ConsoleSink, CsvSink, MetricSink, row_at
 from blocks.runtime.callbacks import build_callbacks
 from blocks.runtime.checkpointing import CheckpointCallback
 from blocks.runtime.cluster import cluster_environment
@@ -122,7 +122,7 @@ def build_run(
         run_dir,
         resumed_step=resumed_step,
         hyperparameters=run_hyperparameters(plan, run_dir, run_config),
-        resumed_row=resumed.metrics if resumed else None,
+        resumed_row=_logged_at(resumed, run_dir, derived.total_steps) if resumed else None,
     )
     if resumed and any(name.startswith(VALIDATION_PREFIX) for name in resumed.metrics):
         # A rerun that trains nothing does not validate that step again (nor log it twice).
@@ -250,6 +250,19 @@ def claim_rank(environment: Any) -> None:
     from lightning_fabric.utilities.rank_zero import rank_zero_only
 
     rank_zero_only.rank = environment.global_rank()  # type: ignore[attr-defined]
+
+
+def _logged_at(resumed: store.Manifest, run_dir: Path, total_steps: int) -> dict[str, float]:
+    """What blocks logged at the checkpoint's step, for the loggers that drop it on resume to get back.
+
+    The checkpoint's metrics; and when the run trains on past that step, what ``metrics.csv``
+    holds of it beyond them: a run's final checkpoint is saved before the validation it ends
+    with (at a step ``trainer.val_every`` does not divide), which an extension does not repeat.
+    A rerun with nothing left to train validates that step again and logs it then.
+    """
+    if resumed.step >= total_steps:
+        return dict(resumed.metrics)
+    return {**row_at(run_dir / METRICS_FILE, resumed.step), **resumed.metrics}
 
 
 def _amp_clips(plan: Plan) -> bool:
