@@ -224,6 +224,17 @@ def test_compile_in_place_traces_a_torch_nn_forward_and_copies_drop_it() -> None
         clone[0].weight.zero_()
     assert not torch.equal(clone(x), model(x)), "the copy computes with its own weights"
 
+    # Regression: every model compiled in a process shared one function, so one recompile budget
+    # (torch._dynamo.config.recompile_limit): an in-process sweep over architectures ran eagerly from
+    # its fourth job on, without a word. Each model now has its own.
+    limit = torch._dynamo.config.recompile_limit
+    for width in range(1, limit + 3):
+        other = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+        torch_private.compile_in_place(other, backend="eager")
+        counters.clear()
+        other(x)
+        assert counters["stats"]["unique_graphs"] == 1, f"model {width} ran eagerly"
+
 
 def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     import signal

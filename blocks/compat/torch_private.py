@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import IO, Any
@@ -72,7 +73,16 @@ def compile_in_place(module: nn.Module, **options: Any) -> None:
     def call_module(*args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
 
-    module._compiled_call_impl = torch.compile(call_module, **options)
+    # Dynamo keeps its graphs and its recompile budget per code object: a code object of this
+    # module's own, or every model a process compiles (a sweep's jobs) would share one budget.
+    own = types.FunctionType(
+        call_module.__code__.replace(),
+        call_module.__globals__,
+        call_module.__name__,
+        None,
+        call_module.__closure__,
+    )
+    module._compiled_call_impl = torch.compile(own, **options)
 
 
 def cast_floating_tensors(dtype: torch.dtype, tree: Any) -> Any:
