@@ -237,22 +237,30 @@ def test_rollback_never_restores_an_earlier_runs_checkpoint(tmp_path: Path) -> N
     assert summary.metrics["health/skipped_steps"] >= 1
 
 
-def test_a_rerun_that_saves_the_same_bytes_keeps_its_own_checkpoints(tmp_path: Path) -> None:
-    """Reruns are bit-identical: a rerun under ``resume=never`` saves manifests equal to the earlier
-    run's, so only the id of the job that saved each one tells them apart; and the id of each
-    ``blocks run`` is its own, so a third identical run does not take the second one's either.
-    Another run's damaged checkpoint is no reason to refuse a restart."""
+def test_a_rerun_that_saves_the_same_checkpoints_keeps_its_own(tmp_path: Path) -> None:
+    """Reruns train bit-identically: a rerun under ``resume=never`` saves checkpoints of the same steps,
+    files and sizes as the earlier run's, with the same weights (only the seconds of training the
+    recorder carries in ``state.pt`` differ), so the id of the job that saved each one tells them
+    apart; and the id of each ``blocks run`` is its own, so a third identical run does not take the
+    second one's either. Another run's damaged checkpoint is no reason to refuse a restart."""
     from blocks.checkpoint.resume import read_start, record_start
 
     run_dir, checkpoints = tmp_path / "run", str(tmp_path / "run" / "checkpoints")
     args = [*BLOBS, "trainer.max_steps=4", "checkpoint.every_n_steps=2", "checkpoint.keep_last=5"]
-    assert driver.run(args, run_dir).status == "completed"
+    first = driver.run(args, run_dir)
+    assert first.status == "completed"
     earlier = {c.manifest.step: c.manifest for c in store.scan(checkpoints)[0]}
-    assert driver.run([*args, "checkpoint.resume=never"], run_dir).status == "completed"
+    again = driver.run([*args, "checkpoint.resume=never"], run_dir)
+    assert again.status == "completed" and again.state_digest == first.state_digest
     second = read_start(run_dir)
     assert second.resumed_from is None and second.lineage == [] and len(second.foreign) == len(earlier) == 2
     rerun = {c.manifest.step: c.manifest for c in store.scan(checkpoints)[0]}
-    assert {step: m.files for step, m in rerun.items()} == {step: m.files for step, m in earlier.items()}
+
+    def sized(manifests: dict[int, store.Manifest]) -> dict[int, dict[str, int]]:
+        return {step: {name: f["size"] for name, f in m.files.items()} for step, m in manifests.items()}
+
+    assert sized(rerun) == sized(earlier)
+    assert {s: m.block_digests for s, m in rerun.items()} == {s: m.block_digests for s, m in earlier.items()}
     assert all(m.job == second.job for m in rerun.values())
     found = store.newest_valid(checkpoints, second.candidates())
     assert found is not None and found.manifest.step == 4
