@@ -65,16 +65,26 @@ def test_compiling_on_a_cpu_without_a_cxx_compiler_is_refused_before_the_job_sta
 
 @pytest.mark.parametrize(
     "elsewhere",
-    [["trainer.launcher=ray"], ["hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]],
-    ids=["ray-workers", "slurm-sweep"],
+    [
+        ["trainer.launcher=ray"],
+        ["hydra/launcher=ray", "hydra.mode=MULTIRUN"],
+        ["hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"],
+    ],
+    ids=["ray-workers", "ray-sweep", "slurm-sweep"],
 )
 def test_without_a_cxx_compiler_a_job_run_elsewhere_is_warned_of(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, elsewhere: list[str]
 ) -> None:
     _without_cxx(monkeypatch, tmp_path)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     plan = jobs.plan([*TINY, "strategy.compile=true", *elsewhere])
     problems = [p for p in plan.problems if p.check == "compile-cxx"]
     assert [p.severity for p in problems] == ["warning"]
+    if "ray" in elsewhere[0]:
+        # Regression: without RAY_ADDRESS Ray starts a local instance, which runs the job here; only warned of.
+        monkeypatch.delenv("RAY_ADDRESS")
+        plan = jobs.plan([*TINY, "strategy.compile=true", *elsewhere])
+        assert [p.severity for p in plan.problems if p.check == "compile-cxx"] == ["error"]
 
 
 def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:

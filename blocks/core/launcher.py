@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from omegaconf import DictConfig
@@ -21,14 +22,23 @@ RAY_LAUNCHER_NODE: dict[str, Any] = {
 REMOTE_LAUNCHERS = (f"{SUBMITIT}.submitit_launcher.SlurmLauncher", RAY_LAUNCHER_NODE["_target_"])
 """Hydra launchers whose jobs run on other machines (SLURM's nodes, a Ray cluster)."""
 
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+"""The Ray cluster the Ray launchers connect to; without it they start a local Ray instance."""
+
 MACHINE_CHECKS = frozenset({"compile-cxx"})
 """Checks of the planning machine's own software: errors when the job runs here, warnings when it runs elsewhere."""
 
 
 def launches_elsewhere(cfg: DictConfig) -> bool:
-    """Whether a composed config (with its ``hydra`` node) sweeps with a launcher that runs its jobs on other machines."""
+    """Whether a composed config (with its ``hydra`` node) sweeps with a launcher that runs its jobs on other machines.
+
+    The Ray launcher does only when it connects to a cluster (``hydra.launcher.address`` or
+    ``$RAY_ADDRESS``): without one it starts a local Ray instance, on this machine.
+    """
     target = str(_get(cfg, "hydra", "launcher", "_target_") or "")
     multirun = "MULTIRUN" in str(_get(cfg, "hydra", "mode"))
+    if target == RAY_LAUNCHER_NODE["_target_"]:
+        return multirun and bool(_get(cfg, "hydra", "launcher", "address") or os.environ.get(RAY_ADDRESS_ENV))
     return multirun and any(target.endswith(remote) for remote in REMOTE_LAUNCHERS)
 
 

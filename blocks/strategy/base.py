@@ -181,15 +181,16 @@ class StrategyBlock(Block):
     def _check_cxx(self, ctx: CheckContext) -> None:
         """Inductor compiles CPU kernels with a C++ compiler: without one the job dies at its first forward.
 
-        An error when the job runs here; a warning when its workers run on a Ray cluster, whose
-        machines may have one (a sweep on a launcher that runs elsewhere warns too, see
+        An error when the job runs here; a warning when its workers run on the Ray cluster at
+        ``$RAY_ADDRESS``, whose machines may have one (a sweep on a launcher that runs elsewhere warns too, see
         :func:`blocks.core.jobs.plan_job`).
         """
         if has_inductor_cxx():
             return
         compiler = inductor_cxx()
         fix = "strategy.compile=false, or install a C++ compiler (g++) or set CXX to one"
-        if cast("TrainerBlock", ctx.block("trainer")).launcher == "ray":
+        # with RAY_ADDRESS the workers run on that cluster; without it, on a local Ray instance: here
+        if cast("TrainerBlock", ctx.block("trainer")).launcher == "ray" and os.environ.get("RAY_ADDRESS"):
             message = f"compiles on CPU with a C++ compiler, but this machine has no {compiler!r} on PATH; the job fails unless the Ray workers' machines have one"
             ctx.warning("compile", message, fix, check="compile-cxx", related=("trainer.launcher",))
             return
