@@ -38,7 +38,7 @@ from blocks.checkpoint.resume import (
     stopped_early_of,
 )
 from blocks.checkpoint.storage import preflight_storage
-from blocks.checkpoint.store import PACKAGES_FILE, read_beside, read_manifest
+from blocks.checkpoint.store import read_manifest
 from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
 from blocks.core.compose import Composed, config_to_blocks
@@ -46,13 +46,12 @@ from blocks.core.environment import Environment
 from blocks.core.jobs import Job, compose, plan_blocks, plan_job, refuse_interpolated_paths
 from blocks.core.masking import hiding_output
 from blocks.core.plan import Plan
-from blocks.core.provenance import recorded_sources, version_notes
+from blocks.core.provenance import version_notes
 from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
     CHECKPOINTS_DIR,
     METRICS_FILE,
-    PLAN_FILE,
     SUMMARY_FILE,
     FinishedRunKept,
     Summary,
@@ -340,7 +339,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
             )
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
-    upgraded = _upgraded_blocks(run_dir, plan, resume_from) if resume_from else []
+    upgraded = _upgraded_blocks(plan, resume_from) if resume_from else []
     retire_summary(run_dir)
     text = write_job_files(run_dir, frozen, plan)
     if plan.checkpoint.enabled:
@@ -354,18 +353,17 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     return Written(plan, text)
 
 
-def _upgraded_blocks(run_dir: Path, plan: Plan, resume_from: str) -> list[str]:
+def _upgraded_blocks(plan: Plan, resume_from: str) -> list[str]:
     """A line per kind whose block the checkpoint *resume_from* was trained with at another version than the installed one.
 
-    Its own record (``packages.json``) is read, also for a checkpoint of another run dir; one
-    an older blocks saved has none: then the run in *run_dir* recorded it (``plan.json``).
+    The checkpoint's own record, else its run's (:func:`~blocks.runtime.model_export.recorded_packages`).
     """
-    recorded = recorded_sources(read_beside(resume_from, PACKAGES_FILE) or "")
-    if recorded is None:
-        try:
-            recorded = recorded_sources((run_dir / PLAN_FILE).read_text())
-        except OSError:
-            return []
+    from blocks.runtime.model_export import recorded_packages
+
+    try:
+        recorded = recorded_packages(resume_from, resume_from)
+    except BlocksError:  # a checkpoint of an older blocks outside any run dir: nothing recorded
+        return []
     return version_notes(recorded, plan.blocks, what="the checkpoint resumed was trained with", lead="")
 
 
