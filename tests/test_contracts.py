@@ -32,6 +32,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "weights-source",
     "weights-fit",
     "eval-split",  # an eval override against the run's config: tests/test_eval_test_split.py
+    "eval-split-samples",  # a split against the run's config: tests/test_eval_test_split.py, tests/test_faults_pipeline.py
     "freeze-prefix",
     "recipe-load",
     "yaml-syntax",  # needs a broken preset file: tests/test_security_hydra.py

@@ -84,14 +84,33 @@ def test_a_rerun_skips_only_the_stages_that_would_run_the_same(tmp_path: Path, c
     metrics = json.loads((root / "evaluate" / "metrics.json").read_text())
     assert metrics["val/accuracy"] == pytest.approx(finetune["metrics"]["val/accuracy"], abs=1e-6)
 
-    # finetune retrains, then the evaluation fails at its stage (no test split): export is not reached.
+    # Regression: an evaluation of a split the data has no samples in failed at its stage, after
+    # finetune had trained again; it is refused before any stage starts.
     pipeline = digits_pipeline()
     test_split = Evaluate("evaluate", source="finetune", split="test")
     broken = Pipeline(stages=(*pipeline.stages[:2], test_split, *pipeline.stages[3:]))
     tuned = [*PRETRAIN, "finetune.trainer.max_steps=14", "finetune.optim.lr=1e-4"]
     moved = sorted(root.glob("*.previous-*"))
-    with pytest.raises(StageProblems, match="no test split") as failed:
+    with pytest.raises(StageProblems, match="no test split") as refused:
         run(root, tuned, broken)
+    (problem,) = refused.value.problems
+    assert refused.value.stage == "evaluate" and not refused.value.started
+    assert (problem.key, problem.check) == ("split", "eval-split-samples") and "split='val'" in problem.fix
+    assert read_summary(root / "finetune")["global_step"] == 12 and sorted(root.glob("*.previous-*")) == moved
+
+    # finetune retrains, then the evaluation fails at its stage (finetune's config.yaml turns
+    # unreadable in between, which only running the stage finds): export is not reached.
+    config = root / "finetune" / "config.yaml"
+    written: list[str] = []
+
+    def spoil_the_source(line: str) -> None:
+        if line.startswith("stage evaluate: running"):
+            written.append(config.read_text())
+            config.write_text("[not yaml")
+
+    with pytest.raises(StageProblems, match="is not a config blocks wrote") as failed:
+        run_pipeline(pipeline, root, tuned, say=spoil_the_source)
+    config.write_text(written[0])
     assert failed.value.stage == "evaluate" and failed.value.started
     assert sorted(root.glob("*.previous-*")) == [*moved, root / "finetune.previous-2"], (
         "no finished result moved"

@@ -305,6 +305,11 @@ def test_planning_a_pipeline_shows_every_stage_and_finds_an_evaluations_problem(
     assert result.returncode == 2, result.output
     text = " ".join(result.output.split())
     assert "stage 'evaluate' of recipe=digits_pipeline has problems" in text and "data.batch_size" in text
+    # Regression: a split the evaluated run has no samples in was found only at the stage, after training.
+    no_val = ["finetune.data.val_fraction=0", "finetune.trainer.val_every=null"]
+    result = run_in_process([*bad[:2], *no_val, *bad[3:]], cwd=tmp_path)
+    text = " ".join(result.output.split())
+    assert result.returncode == 2 and "error split: data=digits has no val split (0 samples)" in text, text
 
     listed = run_in_process([*bad, "--json"], cwd=tmp_path)
     assert listed.returncode == 2

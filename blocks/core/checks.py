@@ -524,6 +524,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "eval-split-samples",
+        ("data",),
+        "--split",
+        "the split blocks eval (or a pipeline's Evaluate stage, key split) scores has samples in the run's data block; a pipeline checks this before its first stage",
+        (),
+    ),
+    Check(
         "freeze-prefix",
         ("model",),
         "model.freeze",

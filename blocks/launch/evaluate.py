@@ -81,7 +81,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
 
     catalog.load()
     trained = run_config(source)
-    config, plan = eval_plan(trained, overrides, split)
+    _, plan = eval_plan(trained, overrides, split)
     run = run_plan(trained)
     spec = plan.data.batch_spec()
     model = plan.model.replace(init_from=None, freeze=()).build(spec)
@@ -97,9 +97,6 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     precision.convert_module(model.to(device)).eval()  # in place, like .to()
     precision.convert_module(objective.to(device))
     objective.keep_metrics_float32()
-    overfit = split == "val" and bool(plan.trainer.overfit_batches)
-    if plan.data.num_samples(split) == 0 and not overfit:
-        raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data))
     loader = DataLoader(
         scored_split(plan, split, run.derived), batch_size=plan.data.batch_size, shuffle=False
     )
@@ -194,14 +191,18 @@ def subset_note(plan: Plan, split: str, run: Derived) -> tuple[str, ...]:
     )
 
 
-def eval_plan(trained: DictConfig, overrides: Sequence[str], split: str) -> tuple[DictConfig, Plan]:
+def eval_plan(
+    trained: DictConfig, overrides: Sequence[str], split: str, split_key: str = "--split"
+) -> tuple[DictConfig, Plan]:
     """The config and checked plan of scoring *split* of a run whose config is *trained*, with *overrides*.
 
-    Raises :class:`BlocksError` for an unknown split, a bad override or a plan with errors. Needs
-    neither torch nor the run's weights, so a pipeline checks its evaluations before any stage runs.
+    Raises :class:`BlocksError` for an unknown split, a split with no samples, a bad override or
+    a plan with errors; *split_key* is where the split was chosen (``--split``, or a pipeline's
+    ``split`` of an ``Evaluate`` stage). Needs neither torch nor the run's weights, so a pipeline
+    checks its evaluations before any stage runs.
     """
     if split not in SPLITS:
-        raise BlocksError(Problem("--split", f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
+        raise BlocksError(Problem(split_key, f"'{split}' is not a split", f"one of: {', '.join(SPLITS)}"))
     config = eval_config(trained, overrides)
     plan = plan_blocks(
         config_to_blocks(config), None, check_storage=False, config=config
@@ -209,20 +210,34 @@ def eval_plan(trained: DictConfig, overrides: Sequence[str], split: str) -> tupl
     plan.raise_for_errors()
     if split in ("val", "test"):
         refuse_moved_split(trained, plan.data, split)
+    overfit = split == "val" and bool(plan.trainer.overfit_batches)  # scores the overfit batches instead
+    if plan.data.num_samples(split) == 0 and not overfit:
+        raise BlocksError(empty_split(split, str(config.data[BLOCK_KEY]), plan.data, split_key))
     return config, plan
 
 
-def empty_split(split: str, name: str, data: object) -> Problem:
-    """The problem of scoring a split *data* does not have, with the field that would give it one."""
+def empty_split(split: str, name: str, data: object, split_key: str = "--split") -> Problem:
+    """The problem of scoring a split *data* does not have, with the field that would give it one.
+
+    *split_key* is where the split was chosen: the fix names another split the same way.
+    """
+
+    def other(choice: str) -> str:
+        return f"--split {choice}" if split_key == "--split" else f"{split_key}='{choice}'"
+
     field = {"val": "val_fraction", "test": "test_fraction"}.get(split, "")
     if split == "test" and hasattr(data, "test_samples"):
         fix = "declare data.test_samples=<size of the datamodule's test set> (it needs a test_dataloader())"
-    elif field and hasattr(data, field):
-        when = " at train time, then train and evaluate again" if split == "test" else ""
-        fix = f"data.{field}=0.1{when} (or --split val)" if split == "test" else f"data.{field}=0.1"
+    elif field and hasattr(data, field):  # the run trained on every sample: any held-out split was trained on
+        fix = f"data.{field}=0.1 at train time, then train and evaluate again"
+        fix += f" (or {other('val')})" if split == "test" else ""
     else:
-        fix = "--split val, or data=<a data block with a test split>" if split == "test" else "--split train"
-    return Problem("--split", f"data={name} has no {split} split (0 samples)", fix)
+        fix = (
+            f"{other('val')}, or data=<a data block with a test split>" if split == "test" else other("train")
+        )
+    return Problem(
+        split_key, f"data={name} has no {split} split (0 samples)", fix, check="eval-split-samples"
+    )
 
 
 def refuse_moved_split(run: DictConfig, data: DataBlock, split: str) -> None:

@@ -179,7 +179,7 @@ def check_evaluations(pipeline: Pipeline, settings: Mapping[str, Mapping[str, An
         if isinstance(stage, Evaluate):
             trained = OmegaConf.create(dict(settings[stage.source]))
             try:
-                eval_plan(trained, settings[stage.name]["overrides"], stage.split)
+                eval_plan(trained, settings[stage.name]["overrides"], stage.split, split_key="split")
             except BlocksError as exc:
                 raise StageProblems(stage.name, exc, started=False) from None
 
