@@ -62,9 +62,16 @@ class RunData:
         """The run's status, ``unknown`` without a ``summary.json``."""
         return str(self.summary.get("status", "unknown"))
 
-    def final(self, name: str) -> float | None:
-        """The value of objective *name*: from ``summary.json`` (a throughput's steady figure, see :func:`objective_value`), else the last row that has it."""
-        value = objective_value(self.summary, name)
+    def final(self, name: str, *, steady_throughput: bool = True) -> float | None:
+        """The value of metric *name*: from ``summary.json``, else the last row of ``metrics.csv`` that has it.
+
+        With *steady_throughput* (an objective's value), a throughput is the whole run's steady
+        figure (see :func:`objective_value`); without, the last window's, as the run logged it.
+        """
+        if steady_throughput:
+            value = objective_value(self.summary, name)
+        else:
+            value = (self.summary.get("metrics") or {}).get(name)
         if value is None and self.columns.get(name):
             value = self.columns[name][-1][1]
         return None if value is None else float(value)
@@ -222,7 +229,7 @@ def _run_table(run: RunData) -> list[list[str]]:
         rows.append(["training time (whole run)", f"{summary['train_s']:.1f} s"])
     rows += [[label, _fmt(value)] for label, value in run_throughputs(summary)]
     for name in _shown_metrics(run):
-        value = _last_value(run, name)
+        value = run.final(name, steady_throughput=False)
         if value is not None:
             rows.append([metric_label(name), _fmt(value)])
     return rows
@@ -234,14 +241,6 @@ def _shown_metrics(run: RunData) -> list[str]:
     scores = sorted(n for n in names if n.startswith(("val/", "test/")))
     health = sorted(n for n in names if n.startswith("health/"))
     return ["train/loss", *scores, *LAST_WINDOW_SHOWN, *health]
-
-
-def _last_value(run: RunData, name: str) -> float | None:
-    """The last logged value of metric *name*: from ``summary.json``, else the last row that has it."""
-    value = run.summary.get("metrics", {}).get(name)
-    if value is None and run.columns.get(name):
-        value = run.columns[name][-1][1]
-    return None if value is None else float(value)
 
 
 # --- a pipeline ---------------------------------------------------------------------------------
