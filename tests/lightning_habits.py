@@ -183,3 +183,12 @@ class CtrlCWhileBuilt(pl.Callback):
 
     def __init__(self) -> None:
         raise KeyboardInterrupt
+
+
+class ValidatedSteps(pl.Callback):
+    """Appends the optimizer step of every validation to ``validated.txt`` in the run dir (one line each, every session)."""
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            with (Path(trainer.default_root_dir) / "validated.txt").open("a") as fh:
+                fh.write(f"{trainer.global_step}\n")

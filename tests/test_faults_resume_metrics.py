@@ -170,16 +170,30 @@ def test_mlflow_holds_the_resumed_runs_values_of_the_redone_steps_and_notes_the_
     assert not any(key.startswith("resume.2.") for key in params), "the unchanged rerun had nothing to note"
 
 
-def test_an_extension_keeps_the_validation_the_finished_run_ended_with_in_tensorboard(tmp_path: Path) -> None:
-    """Regression: a run's final checkpoint is saved before the validation it ends with (step 5 here, which
+def test_an_extension_keeps_the_validation_the_finished_run_ended_with_in_tensorboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a run's final checkpoint was saved before the validation it ends with (step 5 here, which
     ``trainer.val_every=4`` does not divide); an extension purged TensorBoard from that step and gave back
-    only the checkpoint's metrics, so the finished run's last val/loss was gone."""
+    only the checkpoint's metrics, so the finished run's last val/loss was gone.
+
+    Regression: a rerun of the completed run (nothing to train) validated step 5 again, a second point of
+    it in MLflow; the final checkpoint now records that validation, and the rerun validates nothing."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     short = ["recipe=blobs", "monitor.progress=off", "trainer.max_epochs=null", "trainer.val_every=4"]
-    short += ["monitor.loggers=[csv,tensorboard]"]
+    short += [
+        "monitor.loggers=[csv,tensorboard]",
+        "trainer.callbacks=[{_target_: tests.lightning_habits.ValidatedSteps}]",
+    ]
     run_dir = tmp_path / "run"
-    assert driver.run([*short, "trainer.max_steps=5"], run_dir).status == "completed"
+    finished = driver.run([*short, "trainer.max_steps=5"], run_dir)
+    assert finished.status == "completed"
+    assert "val/loss" in store.read_manifest(str(run_dir / "checkpoints" / store.step_dir_name(5))).metrics
+    rerun = driver.run([*short, "trainer.max_steps=5"], run_dir)
+    assert (rerun.status, rerun.global_step, rerun.metrics) == ("completed", 5, finished.metrics)
+    assert (run_dir / "validated.txt").read_text().split() == ["4", "5"], "the rerun validated nothing"
     assert driver.run([*short, "trainer.max_steps=6"], run_dir).global_step == 6
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()

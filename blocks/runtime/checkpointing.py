@@ -135,6 +135,17 @@ def restore_rank_streams(
         fresh(rank)
 
 
+def validate_before_the_end(trainer: pl.Trainer) -> None:
+    """Have Lightning validate the last step inside ``fit``, before :meth:`CheckpointCallback.on_train_end` saves.
+
+    Lightning validates a step it is asked to stop at (``trainer.should_stop``) and, at
+    ``max_steps``, none that ``val_check_interval`` does not divide; the worker then validated
+    after ``fit``, after the final save, whose manifest did not record it. Every rank sets it at
+    the same step. No validation runs without val batches (``limit_val_batches=0``).
+    """
+    trainer.should_stop = True
+
+
 class CheckpointCallback(pl.Callback):
     """Saves committed checkpoints at the configured triggers and applies retention after each commit.
 
@@ -145,6 +156,8 @@ class CheckpointCallback(pl.Callback):
     more ends at once, as a finished run's does. ``stall_s`` adds up the seconds training
     waited for saves. *metrics* gives the metrics logged at a step: a manifest holds those of
     its own step only, so ``keep_best`` never ranks a checkpoint by an earlier validation.
+    The last step is validated before the final save, so the final manifest records that
+    validation: a rerun with nothing left to train finds it there and validates nothing again.
     *fresh_streams* starts the streams of a rank the checkpoint it resumes has none of
     (:func:`restore_rank_streams`).
     """
@@ -220,10 +233,12 @@ class CheckpointCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Save on the step and time triggers, only at optimizer-step boundaries."""
+        """Save on the step and time triggers, only at optimizer-step boundaries; ask for the last step's validation."""
         if (batch_idx + 1) % self.accumulate:
             return
         step = trainer.global_step
+        if step >= trainer.max_steps:
+            validate_before_the_end(trainer)
         due = bool(self.block.every_n_steps) and step % self.block.every_n_steps == 0
         if self.block.every_seconds:
             elapsed = time.monotonic() - self._last_save_time

@@ -151,8 +151,8 @@ def build_loggers(
     """One started logger per ``monitor.loggers`` entry but ``csv`` (``metrics.csv``, written always).
 
     *resumed_row*: what blocks logged at *resumed_step* (the checkpoint's metrics, and what
-    ``metrics.csv`` holds of that step beyond them: the validation a run makes after its final
-    checkpoint); a TensorBoard or CSV logger that continues its run gets it again (it dropped
+    ``metrics.csv`` holds of that step beyond them: the validation an older blocks made after a
+    run's final checkpoint); a TensorBoard or CSV logger that continues its run gets it again (it dropped
     it with the steps the resumed run redoes).
     """
     state = LoggerState.load(run_dir) if resumed_step is not None else LoggerState(run_dir / STATE_FILE)

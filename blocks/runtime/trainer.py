@@ -256,9 +256,11 @@ def _logged_at(resumed: store.Manifest, run_dir: Path, total_steps: int) -> dict
     """What blocks logged at the checkpoint's step, for the loggers that drop it on resume to get back.
 
     The checkpoint's metrics; and when the run trains on past that step, what ``metrics.csv``
-    holds of it beyond them: a run's final checkpoint is saved before the validation it ends
-    with (at a step ``trainer.val_every`` does not divide), which an extension does not repeat.
-    A rerun with nothing left to train validates that step again and logs it then.
+    holds of it beyond them: the final checkpoint of an older blocks was saved before the
+    validation its run ended with (at a step ``trainer.val_every`` does not divide), which an
+    extension does not repeat. A final checkpoint records that validation now, and a rerun with
+    nothing left to train finds it there and validates nothing (one of an older checkpoint
+    validates that step again and logs it then).
     """
     if resumed.step >= total_steps:
         return dict(resumed.metrics)
