@@ -34,3 +34,28 @@ class OffsetDecoder(Decoder):
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm(x))
+
+
+class TorchNNLayersDecoder(Decoder):
+    """The ``recipe=tiny_lm`` decoder whose units are ``nn.Sequential`` MLP blocks: their forward is torch.nn's own code."""
+
+    def __init__(self, vocab_size: int, d_model: int = 32, n_layers: int = 2) -> None:
+        super().__init__(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=2,
+            context=32,
+            mlp_ratio=4,
+            dropout=0.0,
+            tie_weights=True,
+        )
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.LayerNorm(d_model),
+                torch.nn.Linear(d_model, 4 * d_model),
+                torch.nn.GELU(),
+                torch.nn.Linear(4 * d_model, d_model),
+            )
+            for _ in range(n_layers)
+        )

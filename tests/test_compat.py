@@ -236,6 +236,45 @@ def test_compile_in_place_traces_a_torch_nn_forward_and_copies_drop_it() -> None
         assert counters["stats"]["unique_graphs"] == 1, f"model {width} ran eagerly"
 
 
+def test_compile_forwards_in_place_leaves_later_hooks_outside_and_copies_keep_their_weights() -> None:
+    """Two ``nn.Sequential`` units share one graph; a dynamo-disabled hook added after (as FSDP2's) breaks nothing."""
+    import copy
+    import pickle
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from blocks.compat import torch_private
+
+    torch.manual_seed(0)
+    units = [torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()) for _ in range(2)]
+    names = [list(unit.state_dict()) for unit in units]
+    torch_private.compile_forwards_in_place(units, backend="eager")
+    assert pickle.loads(pickle.dumps(units[0])).forward.__func__ is torch.nn.Sequential.forward, "eager"
+    calls = []
+    for unit in units:
+        unit.register_forward_pre_hook(torch._dynamo.disable(lambda module, args: calls.append(module)))
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(2, 3)
+    for unit in units:
+        assert torch.equal(unit(x), torch.nn.Sequential.forward(unit, x))
+    assert calls == units, "the hooks ran, outside the graph"
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert [list(unit.state_dict()) for unit in units] == names
+    clone = copy.deepcopy(units[0])
+    with torch.no_grad():
+        clone[0].weight.zero_()
+    assert not torch.equal(clone(x), units[0](x)), "the copy computes with its own weights"
+    limit = torch._dynamo.config.recompile_limit
+    for width in range(1, limit + 3):  # each model its own recompile budget, as compile_in_place's
+        other = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+        torch_private.compile_forwards_in_place([other], backend="eager")
+        counters.clear()
+        other(x)
+        assert counters["stats"]["unique_graphs"] == 1, f"model {width} ran eagerly"
+
+
 def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     import signal
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,8 @@ def test_without_a_cxx_compiler_a_job_run_elsewhere_is_warned_of(
         assert [p.severity for p in plan.problems if p.check == "compile-cxx"] == ["error"]
 
 
-def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
-    """The last metrics row of an in-process run, and how many graphs dynamo captured during it.
+def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], Counter[str]]:
+    """The last metrics row of an in-process run (and the ``step`` it ended at), and dynamo's counts during it.
 
     Nothing is registered on the model: a hook changes the path dynamo takes into the module.
     """
@@ -103,7 +104,8 @@ def _train(run_dir: Path, overrides: list[str]) -> tuple[dict[str, float], int]:
     counters.clear()
     built.trainer.fit(built.module, datamodule=built.datamodule)
     built.recorder.close()
-    return dict(built.recorder.last), counters["stats"]["unique_graphs"]
+    compiled = Counter(counters["stats"]) + Counter({"graph_breaks": counters["graph_break"].total()})
+    return {**built.recorder.last, "step": built.trainer.global_step}, compiled
 
 
 @pytest.mark.slow
@@ -114,11 +116,64 @@ def test_a_compiled_model_trains_to_the_eager_loss(tmp_path: Path) -> None:
     (The transformer's forward is blocks' own code, which dynamo always traced; the GPU suite
     compiles it at 125M and 1B parameters.)
     """
-    eager, eager_graphs = _train(tmp_path / "eager", TINY)
-    compiled, compiled_graphs = _train(tmp_path / "compiled", [*TINY, "strategy.compile=true"])
-    assert eager_graphs == 0
-    assert compiled_graphs > 0, "the model was not compiled"
+    eager, eager_counts = _train(tmp_path / "eager", TINY)
+    compiled, compiled_counts = _train(tmp_path / "compiled", [*TINY, "strategy.compile=true"])
+    assert eager_counts["unique_graphs"] == 0
+    assert compiled_counts["unique_graphs"] > 0, "the model was not compiled"
     assert math.isclose(compiled["train/loss"], eager["train/loss"], rel_tol=1e-3)
+
+
+FSDP_TORCH_NN_UNITS = [
+    "data=text",
+    "task=lm",
+    "optim=adamw",
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "model=torch_module",
+    "model.target=tests.fsdp_nets.TorchNNLayersDecoder",
+    "model.spec_args.vocab_size=vocab_size",
+    "model.shard=layers",
+    "strategy=fsdp",
+    "trainer.devices=1",
+    "trainer.max_steps=4",
+    "trainer.max_epochs=null",
+    "trainer.val_every=null",
+    "checkpoint.every_n_steps=2",
+    "monitor.log_every_n_steps=2",
+    "monitor.progress=off",
+]
+"""A decoder whose two units are ``nn.Sequential`` under FSDP2 on this one process, 4 steps, a checkpoint every 2."""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_inductor_cxx(), reason="inductor needs a C++ compiler ($CXX, else g++)")
+def test_under_fsdp_each_unit_is_compiled_and_resumes_to_and_from_eager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each unit's forward is compiled before ``fully_shard``, FSDP2's hooks outside the graph (torchtitan's way).
+
+    Regression: the root was compiled after sharding. Dynamo broke the graph at FSDP2's root
+    hook (dynamo-disabled), gave up on the root's forward (a graph break in its loop over the
+    units), and compiled only the frames it met under it that are not torch.nn's: units whose
+    forward is torch.nn's own (``nn.Sequential``) ran eagerly, without a word. (The GPT's
+    layers, blocks' code, were caught so, behind a graph break at every step.)
+    """
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    eager, _ = _train(tmp_path / "eager", FSDP_TORCH_NN_UNITS)
+    from_eager = tmp_path / "eager" / "checkpoints" / "step-000000002"
+    compiled, counts = _train(
+        tmp_path / "compiled",
+        [*FSDP_TORCH_NN_UNITS, "strategy.compile=true", f"checkpoint.resume={from_eager}"],
+    )
+    assert counts["unique_graphs"] == 1, "the units were not compiled (one graph serves both)"
+    assert counts["graph_breaks"] == 0, "FSDP2's hooks stay outside the compiled graph"
+    assert math.isclose(compiled["train/loss"], eager["train/loss"], rel_tol=1e-3)
+    from_compiled = tmp_path / "compiled" / "checkpoints" / "step-000000004"
+    on, _ = _train(
+        tmp_path / "eager-on",
+        [*FSDP_TORCH_NN_UNITS, "trainer.max_steps=5", f"checkpoint.resume={from_compiled}"],
+    )
+    assert on["step"] == 5 and math.isfinite(on["train/loss"]), "an eager run goes on from the compiled one"
 
 
 @pytest.mark.parametrize(

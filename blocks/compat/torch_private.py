@@ -10,9 +10,9 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import pytorch_lightning as pl
 import torch
@@ -31,6 +31,7 @@ __all__ = [
     "DirectHookNameWrites",
     "activation_checkpointed",
     "cast_floating_tensors",
+    "compile_forwards_in_place",
     "compile_in_place",
     "dispatch_hook",
     "drop_inherited_step_hooks",
@@ -73,16 +74,44 @@ def compile_in_place(module: nn.Module, **options: Any) -> None:
     def call_module(*args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
 
-    # Dynamo keeps its graphs and its recompile budget per code object: a code object of this
-    # module's own, or every model a process compiles (a sweep's jobs) would share one budget.
-    own = types.FunctionType(
-        call_module.__code__.replace(),
-        call_module.__globals__,
-        call_module.__name__,
+    module._compiled_call_impl = torch.compile(_with_own_code(call_module), **options)
+
+
+def compile_forwards_in_place(modules: Iterable[nn.Module], **options: Any) -> None:
+    """Compile each of *modules*' forward, not its hooks: those registered later (FSDP2's) run outside the graph.
+
+    What torchtitan gets by compiling each transformer block before ``fully_shard``, without the
+    ``_orig_mod.`` wrapper that renames parameters. A :func:`compile_in_place` module runs its
+    hooks inside the compiled function, and FSDP2's are dynamo-disabled: the graph breaks at
+    them, and dynamo compiles only the frames it meets below that are not torch.nn's (a forward
+    that is torch.nn's own, ``nn.Sequential``'s, runs eagerly). Here one compiled function, with
+    a code object of its own, is bound to each module as its ``forward`` and calls its class's:
+    modules of one class share its graphs; a deep copy is bound to the copy, a pickle drops it.
+    """
+
+    def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return type(module).forward(module, *args, **kwargs)
+
+    compiled = torch.compile(_with_own_code(forward), **options)
+    for module in modules:
+        # An instance attribute named as the method: a pickle stores getattr(module, "forward").
+        module.forward = types.MethodType(compiled, module)
+
+
+def _with_own_code(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of *function* with a code object of its own.
+
+    Dynamo keeps its graphs and its recompile budget per code object: without one of each
+    model's own, every model a process compiles (a sweep's jobs) would share one budget.
+    """
+    plain = cast("types.FunctionType", function)
+    return types.FunctionType(
+        plain.__code__.replace(),
+        plain.__globals__,
+        plain.__name__,
         None,
-        call_module.__closure__,
+        plain.__closure__,
     )
-    module._compiled_call_impl = torch.compile(own, **options)
 
 
 def cast_floating_tensors(dtype: torch.dtype, tree: Any) -> Any:

@@ -54,16 +54,17 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         self.validated_at_step = -1
 
     def configure_model(self) -> None:
-        """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up, then compile.
+        """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up, compiling.
 
-        The model is compiled in place (:func:`~blocks.compat.torch_private.compile_in_place`), so
-        parameter names (checkpoints, weights) do not change.
+        A parallelization compiles what it parallelizes (FSDP2: each unit's forward, before
+        sharding it); otherwise the whole model is compiled. Both compile in place
+        (:mod:`blocks.compat.torch_private`), so parameter names (checkpoints, weights) do not change.
         """
         if self._parallelized:
             return
         if self.parallelize is not None:
-            self.parallelize(self.model, self.device_mesh)
-        if self.compile_mode is not None:
+            self.parallelize(self.model, self.device_mesh, compile_mode=self.compile_mode)
+        elif self.compile_mode is not None:
             compile_in_place(self.model, mode=self.compile_mode)
         self._parallelized = True
 

@@ -98,9 +98,9 @@ class StrategyBlock(Block):
 
     Attributes:
         compile: compile the model with ``torch.compile`` (in place: parameter names, checkpoints
-            and exported weights stay those of the eager model). The first steps take longer
-            while graphs are compiled; on a CPU, inductor needs a C++ compiler (``$CXX``, else
-            ``g++``).
+            and exported weights stay those of the eager model); under ``strategy=fsdp``, each of
+            the model's units, before it is sharded. The first steps take longer while graphs
+            are compiled; on a CPU, inductor needs a C++ compiler (``$CXX``, else ``g++``).
         compile_mode: ``torch.compile`` mode: ``default``, ``reduce-overhead`` (CUDA graphs),
             ``max-autotune`` or ``max-autotune-no-cudagraphs``.
     """

@@ -94,9 +94,15 @@ def _cast_output(dtype: torch.dtype, module: nn.Module, args: Any, output: Any) 
 def fsdp_parallelizer(
     strategy: FSDP, precision: PrecisionBlock, units: str
 ) -> Callable[[nn.Module, DeviceMesh], None]:
-    """A function that shards ``model.<units>`` one by one, then the root, on a data-parallel mesh."""
+    """A function that shards ``model.<units>`` one by one, then the root, on a data-parallel mesh.
 
-    def parallelize(model: nn.Module, mesh: DeviceMesh) -> None:
+    Its ``compile_mode`` (None: eager) compiles each unit's forward before sharding it, after
+    wrapping it for activation checkpointing (torchtitan's order: the recomputed forward is in
+    the graph, FSDP2's hooks stay outside it). The root is not compiled: its forward calls the
+    units, whose FSDP2 hooks dynamo cannot trace.
+    """
+
+    def parallelize(model: nn.Module, mesh: DeviceMesh, compile_mode: str | None = None) -> None:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         layers = shard_unit_list(model, units)
@@ -105,6 +111,10 @@ def fsdp_parallelizer(
 
             for index, layer in enumerate(layers):
                 layers[index] = activation_checkpointed(layer)
+        if compile_mode is not None:
+            from blocks.compat.torch_private import compile_forwards_in_place
+
+            compile_forwards_in_place(layers, mode=compile_mode)
         data_parallel = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
         policy = mixed_precision_policy(strategy, precision)
         offload = CPUOffloadPolicy() if strategy.cpu_offload else OffloadPolicy()
