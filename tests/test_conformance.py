@@ -53,11 +53,16 @@ ADAPTER_OVERRIDES = {
 }
 NEEDS_GPU = {("precision", "16-mixed")}
 DDP_JOBS = {
-    "model=mlp,optim=sgd,strategy=ddp": ("model", "mlp", ["optim=sgd"]),
-    "model=transformer,data=text,strategy=ddp": ("model", "transformer", ["data=text"]),
+    "model=transformer,data=text,optim=sgd,strategy=ddp": (
+        "model",
+        "transformer",
+        ["data=text", "optim=sgd"],
+    ),
 }
-"""Built-ins trained under DDP, several per 2-process job: a job's start costs ~10 s of CPU (a
-driver, torchrun and a forkserver importing Lightning), the two training steps almost nothing."""
+"""Built-ins trained under DDP, as many per 2-process job as fit in one: a job's start costs ~10 s
+of CPU (a driver, torchrun and a forkserver importing Lightning), the two training steps almost
+nothing. The MLP is the blobs recipe's model, which conftest's ``ddp_blobs_run`` and
+test_distributed's DDP jobs train on two processes."""
 
 
 @pytest.fixture(autouse=True)
