@@ -176,6 +176,26 @@ def test_under_fsdp_each_unit_is_compiled_and_resumes_to_and_from_eager(
     assert on["step"] == 5 and math.isfinite(on["train/loss"]), "an eager run goes on from the compiled one"
 
 
+def test_a_strategy_packages_parallelizer_without_compile_mode_is_parallelized_then_compiled(
+    tmp_path: Path,
+) -> None:
+    """A ``(model, device_mesh)`` parallelizer (the documented contract) gets no ``compile_mode``: blocks compiles after it.
+
+    Regression: FSDP's parallelizer took over compiling its units, and every parallelizer was
+    called with ``compile_mode=``; a strategy package's two-argument one failed with a TypeError.
+    """
+    from blocks.runtime.trainer import build_run
+
+    built = build_run(driver.prepare([*TINY, "strategy.compile=true"], tmp_path), tmp_path, console=False)
+    parallelized: list[object] = []
+    built.module.parallelize = lambda model, device_mesh: parallelized.append(model)
+    built.module.configure_model()
+    assert parallelized == [built.module.model]
+    assert built.module.model._compiled_call_impl is not None, (
+        "the model was not compiled after parallelizing"
+    )
+
+
 @pytest.mark.parametrize(
     "wrappers, prefix",
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -56,15 +57,17 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
     def configure_model(self) -> None:
         """Apply the strategy's parallelization (FSDP2) once, on the device mesh Lightning set up, compiling.
 
-        A parallelization compiles what it parallelizes (FSDP2: each unit's forward, before
-        sharding it); otherwise the whole model is compiled. Both compile in place
+        A parallelization that takes a ``compile_mode`` compiles what it parallelizes (FSDP2: each
+        unit's forward, before sharding it); otherwise the whole model is compiled after it. Both compile in place
         (:mod:`blocks.compat.torch_private`), so parameter names (checkpoints, weights) do not change.
         """
         if self._parallelized:
             return
+        compiles = self.parallelize is not None and _compiles_what_it_parallelizes(self.parallelize)
         if self.parallelize is not None:
-            self.parallelize(self.model, self.device_mesh, compile_mode=self.compile_mode)
-        elif self.compile_mode is not None:
+            options = {"compile_mode": self.compile_mode} if compiles else {}
+            self.parallelize(self.model, self.device_mesh, **options)
+        if self.compile_mode is not None and not compiles:
             compile_in_place(self.model, mode=self.compile_mode)
         self._parallelized = True
 
@@ -162,3 +165,8 @@ def _samples(value: Any, valid: torch.Tensor) -> Any:
         items = [_samples(item, valid) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
+
+
+def _compiles_what_it_parallelizes(parallelize: Callable[..., None]) -> bool:
+    """Whether *parallelize* takes ``compile_mode``: a strategy package's ``(model, device_mesh)`` one does not."""
+    return "compile_mode" in inspect.signature(parallelize).parameters

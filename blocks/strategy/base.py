@@ -147,7 +147,12 @@ class StrategyBlock(Block):
         return None
 
     def parallelizer(self, *, precision: PrecisionBlock, units: str | None) -> Callable[..., None] | None:
-        """A function ``(model, device_mesh)`` that parallelizes the model in place, or None."""
+        """A function ``(model, device_mesh)`` that parallelizes the model in place, or None.
+
+        With ``strategy.compile`` the whole model is compiled after it; a function that also takes
+        ``compile_mode`` (None: eager) compiles what it parallelizes itself, as FSDP's compiles each
+        unit before sharding it.
+        """
         return None
 
     def callbacks(self, *, accumulate: int) -> list[Any]:
