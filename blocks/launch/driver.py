@@ -77,6 +77,7 @@ from blocks.launch.torchrun import (
     run_torchrun,
 )
 from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
+from blocks.launch.worker_blocks import refuse_blocks_workers_cannot_load
 from blocks.monitor.figures import objective_value
 from blocks.spec.errors import BlocksError, TrainingError
 from blocks.spec.imports import refuse_objects
@@ -275,9 +276,11 @@ def check_run(job: Job, composed: Composed, plan: Plan) -> Checked:
 
 
 def preflight_job(plan: Plan) -> None:
-    """The checks after planning: no plan errors, no refused import, the data's storage (and Ray) reachable."""
+    """The checks after planning: no plan errors, no refused import, blocks the workers load, the data's storage (and Ray) reachable."""
     plan.raise_for_errors()
     refuse_objects(plan.blocks.values())
+    if uses_ray(plan) or needs_launcher(plan):
+        refuse_blocks_workers_cannot_load(plan.blocks)
     plan.data.preflight()  # I/O the pure plan does not do
     if uses_ray(plan):
         from blocks.launch.ray_workers import preflight
