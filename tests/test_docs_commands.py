@@ -3,7 +3,8 @@
 Which commands: the fenced ``bash`` and ``console`` blocks of README.md and docs/**/*.md. In a
 ``bash`` block every line is a shell command (comments and ``\\`` continuations as in bash);
 in a ``console`` block the lines starting with ``$ `` are commands and the lines after one
-are its output, whose first line must appear in the real output. ``text`` blocks are not run.
+are its output, whose first line must appear in the real output. ``text`` blocks are not run;
+``pycon`` blocks run as doctests beside the page's ``python title="x.py"`` files.
 
 How they run: each block is one test, in its own empty directory, its commands in order
 (so a block can train a run, then evaluate it). Commands of one process (``plan``, ``list``,
@@ -199,6 +200,41 @@ def _params() -> list:
         marks = [pytest.mark.slow]  # each command is a process; together they take minutes
         params.append(pytest.param(block, id=block.id, marks=marks))
     return params
+
+
+_PYCON = re.compile(r"^```pycon\n(?P<body>.*?)^```", re.M | re.S)
+_TITLED_PYTHON = re.compile(r'^```python title="(?P<file>[\w]+\.py)"\n(?P<body>.*?)^```', re.M | re.S)
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if "```pycon" in p.read_text()], ids=lambda p: p.name)
+def test_pycon_blocks_print_what_the_page_shows(
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each ``pycon`` block of a page runs as a doctest, beside the page's titled Python files.
+
+    Their blocks register into a throwaway registry: the process's own stays as it was.
+    """
+    import doctest
+
+    from blocks.spec.registry import Registry
+
+    text = page.read_text()
+    modules = []
+    for match in _TITLED_PYTHON.finditer(text):
+        (tmp_path / match["file"]).write_text(match["body"])
+        modules.append(match["file"].removesuffix(".py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    try:
+        with Registry.builtin().collecting():
+            for match in _PYCON.finditer(text):
+                line = text.count("\n", 0, match.start()) + 2
+                test = parser.get_doctest(match["body"], {}, f"{page.name}:{line}", str(page), line)
+                runner.run(test, out=print)
+    finally:
+        for module in modules:
+            sys.modules.pop(module, None)
+    assert runner.summarize(verbose=False).failed == 0, "a pycon block printed otherwise (above)"
 
 
 def test_the_pages_have_commands() -> None:

@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blocks.launch import driver
+from blocks.launch.run_dir import FinishedRunKept
 from tests.conftest import blocks_run_until_step, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
@@ -27,7 +28,6 @@ def test_early_stopping_on_val_loss_stops_the_run_and_the_summary_says_so(tmp_pa
 
     Regression: it "completed" at once with nothing trained (EarlyStopping's patience ignored too),
     and its config.yaml then recorded the changed settings over the weights of the old ones."""
-    from blocks.launch.run_dir import FinishedRunKept
 
     args = [*BLOBS, "trainer.max_steps=20", "trainer.val_every=2"]
     summary = driver.run([*args, EARLY_STOP], tmp_path)
@@ -75,6 +75,12 @@ def test_a_run_early_stopping_ended_is_finished_on_a_rerun_and_trains_on_when_ex
     assert (rerun.status, rerun.global_step, rerun.reason) == ("completed", 14, first.reason)
     assert rerun.state_digest == first.state_digest
     assert read_summary(tmp_path)["status"] == "completed"
+    # regression: the fix named trainer.max_steps, which max_epochs=5 goes on bounding
+    with pytest.raises(FinishedRunKept) as refused:
+        driver.run([*args, "trainer.max_epochs=5", "optim.lr=0.5"], tmp_path)
+    assert refused.value.problems[0].fix.endswith(
+        "or raise trainer.max_epochs to 6 to train on from the checkpoint with it"
+    ), refused.value.problems[0].fix
     extended = driver.run([*args, "trainer.max_epochs=6"], tmp_path)
     # val/loss never improves by 100: the restored patience is spent, one more epoch and it stops
     assert (extended.status, extended.global_step) == ("completed", 21)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from blocks.cli.main import run_captured
-from tests.conftest import Result, run_cli
+from tests.conftest import Result, run_cli, run_in_process
 
 PYPROJECT = """\
 [project]
@@ -162,6 +162,72 @@ def test_recipes_option_and_blocks_path_add_recipe_dirs(tmp_path: Path) -> None:
     assert by_env.returncode == 0, by_env.output
     without = run_cli(["plan", "recipe=mine"], cwd=elsewhere)
     assert without.returncode == 2
+
+
+TEAM_LINEAR = '''\
+"""A model block of the team's own."""
+
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+
+@register("team_linear")
+@dataclass(frozen=True, kw_only=True)
+class TeamLinear(MLP):
+    """An MLP without hidden layers."""
+
+    hidden: tuple[int, ...] = ()
+'''
+
+
+def test_a_run_of_a_project_block_read_outside_the_project_says_where_the_block_is(tmp_path: Path) -> None:
+    """plan.json records the project recipe file a block came from; eval, export and load_model
+    outside the project name it and how to load it.
+
+    Regression: "no model block named 'team_linear'" with the fix model=<one of mlp, ...>, and
+    plan.json's ``packages`` had no entry for the block."""
+    import blocks
+    from blocks.spec.errors import ConfigError
+
+    root = tmp_path / "team"
+    (root / "recipes").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PYPROJECT.replace('conf = ["conf/"]\n', ""))
+    (root / "recipes" / "linear.py").write_text(TEAM_LINEAR)
+    planned = blocks_in(root, "plan", "recipe=blobs", "model=team_linear", "--json")
+    assert planned.returncode == 0, planned.output
+    plan = json.loads(planned.stdout)
+    source = str((root / "recipes" / "linear.py").resolve())
+    assert plan["packages"]["model"] == {"block": "team_linear", "project": source}
+    assert plan["packages"]["data"]["distribution"] == "blocks", "the others' records are as before"
+
+    run = tmp_path / "run"  # the run's record, as a driver writes it (nothing is trained to show the refusal)
+    run.mkdir()
+    config = {kind: {"_block_": block["block"], **block["fields"]} for kind, block in plan["blocks"].items()}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "plan.json").write_text(planned.stdout)
+    fix = f"run from the project that defines it ({source}), or pass --recipes {root / 'recipes'}"
+    for command in (["eval", str(run)], ["export", str(run), str(tmp_path / "out")]):
+        result = run_in_process(command, cwd=tmp_path)
+        assert result.returncode == 2, result.output
+        text = " ".join(result.output.split())
+        assert "model block 'team_linear' is a project's own" in text and fix in text, result.output
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "model.json").write_text(
+        json.dumps(
+            {
+                "model": config["model"],
+                "batch_spec": {"type": "FeatureBatch", "num_features": 2, "num_classes": 3},
+                "packages": plan["packages"],
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match="is a project's own") as refused:
+        blocks.load_model(export)
+    assert refused.value.problems[0].fix.startswith(fix)
 
 
 def test_a_project_recipe_named_like_a_shipped_one_is_an_error_naming_both_files(tmp_path: Path) -> None:

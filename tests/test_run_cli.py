@@ -69,3 +69,7 @@ def test_sweep_gives_one_run_dir_per_job(cli_in_process, tmp_path: Path) -> None
         seen.add((optim["block"], optim["fields"]["lr"]))
     assert seen == {("adamw", 0.01), ("adamw", 0.003), ("sgd", 0.01), ("sgd", 0.003)}
     assert not (tmp_path / "outputs").exists(), "no stray run dirs outside the sweep dir"
+    # regression: a sweep printed no dir at all (a single run prints its `run dir:`)
+    lines = result.output.splitlines()
+    assert [line for line in lines if line.startswith("run dir: ")] == [f"run dir: {p}" for p in job_dirs]
+    assert f"sweep dir: {sweep}" in lines, result.output

@@ -205,3 +205,20 @@ def test_a_failing_run_writes_a_failed_summary(tmp_path: Path) -> None:
     assert data["status"] == "failed"
     assert "exploded on purpose" in data["reason"]
     assert data["global_step"] == 3
+
+
+def test_a_block_only_this_program_registers_is_refused_before_worker_processes_start(tmp_path: Path) -> None:
+    """Regression: the plan passed, torchrun started, and every worker failed with "no model block
+    named 'exploding'" and the fix "model=<one of ...>": workers load only blocks' own blocks,
+    packages and the project's recipes, not the module of the program that launched them."""
+    from blocks.core import catalog
+    from blocks.spec.errors import ConfigError
+
+    catalog.register_configs()
+    with pytest.raises(ConfigError) as refused:  # restarts go through torchrun, even for one process
+        driver.run([*TINY_BLOBS, "model=exploding", "trainer.max_failures=1"], tmp_path)
+    (problem,) = refused.value.problems
+    assert problem.key == "model" and "model block 'exploding' (" in problem.message
+    assert "test_train:Exploding) is registered by this program only" in problem.message
+    assert "put the block in a recipes dir ([tool.blocks] recipes, --recipes, BLOCKS_PATH)" in problem.fix
+    assert not (tmp_path / "config.yaml").exists(), "refused before the run dir was written"

@@ -713,17 +713,14 @@ def cmd_run_help() -> int:
 
 
 def run_and_say_where(cfg: DictConfig, checked: Checked | None = None) -> float | None:
-    """The Hydra task of ``blocks run``: print a single run's run dir, then run the driver (with the *checked* run)."""
+    """The Hydra task of ``blocks run``: print the job's run dir (a single run's, or a sweep job's), then run the driver (with the *checked* run)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     from blocks.launch.driver import run_job
 
-    hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.RUN:
-        stdout.print(
-            f"run dir: {hydra_cfg.runtime.output_dir}", highlight=False, markup=False, soft_wrap=True
-        )
+    stdout.print(
+        f"run dir: {HydraConfig.get().runtime.output_dir}", highlight=False, markup=False, soft_wrap=True
+    )
     return run_job(cfg, checked)
 
 

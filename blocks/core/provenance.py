@@ -11,20 +11,27 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from blocks.spec.block import Block
-from blocks.spec.errors import RegistryError
+from blocks.spec.errors import ConfigError, Problem, RegistryError
 from blocks.spec.manifest import BUILTIN_BLOCKS
-from blocks.spec.registry import active_registry
+from blocks.spec.registry import PROJECT_PACKAGE, active_registry
 
 SOURCES_KEY = "packages"
 """The key of ``plan.json`` and ``model.json`` that records each kind's block distribution and version."""
 
 
+PROJECT_KEY = "project"
+"""The key of a kind's ``packages`` record that names the project recipe file its block came from."""
+
+
 def block_sources(blocks: Mapping[str, Block]) -> dict[str, dict[str, str]]:
     """Each kind's ``{"block", "distribution", "version"}``: its package's, or blocks' own for a built-in.
 
-    A block of no versioned distribution (a project's own file) is left out.
+    A block of the project's own recipe files is ``{"block", "project": <its file>}``, so a
+    later eval elsewhere can say where it is (:func:`refuse_project_blocks_not_loaded`). Any
+    other block of no versioned distribution (one a Python program registers) is left out.
     """
     # the top-level package is imported with this module; importing its name would load its lazy exports
     own = sys.modules["blocks"].__version__
@@ -33,6 +40,9 @@ def block_sources(blocks: Mapping[str, Block]) -> dict[str, dict[str, str]]:
         try:
             entry = active_registry().get(kind, block.block_name)
         except RegistryError:
+            continue
+        if entry.package == PROJECT_PACKAGE:
+            sources[kind] = {"block": entry.name, PROJECT_KEY: _defining_file(type(block))}
             continue
         version = entry.version
         if entry.package == "blocks" and BUILTIN_BLOCKS.get(kind, {}).get(entry.name) == entry.target:
@@ -57,7 +67,7 @@ def version_notes(
     changed: dict[tuple[str, str, str, str], list[str]] = {}
     for kind, now in block_sources(blocks).items():
         was = recorded.get(kind)
-        if not isinstance(was, Mapping) or was.get("block") != now["block"]:
+        if not isinstance(was, Mapping) or was.get("block") != now["block"] or PROJECT_KEY in {*now, *was}:
             continue
         if was.get("distribution") != now["distribution"] or was.get("version") != now["version"]:
             versions = (
@@ -81,3 +91,40 @@ def recorded_sources(text: str) -> object:
     except ValueError:
         return None
     return found.get(SOURCES_KEY) if isinstance(found, dict) else None
+
+
+def _defining_file(cls: type) -> str:
+    """The file that defines *cls* (a project recipe file), else its module's name."""
+    module = sys.modules.get(cls.__module__)
+    return str(Path(module.__file__).resolve()) if module is not None and module.__file__ else cls.__module__
+
+
+def refuse_project_blocks_not_loaded(recorded: object, chosen: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigError` for each chosen block that *recorded* says came from a project's recipe file and that is not loaded here.
+
+    *recorded* is the ``packages`` value of a ``plan.json`` or ``model.json``; *chosen* maps
+    each kind to its block's name. Such a run, read from outside its project (``blocks eval``,
+    ``blocks export``, :func:`blocks.load_model`), would otherwise get "no model block named ..."
+    and the fix of choosing another block.
+    """
+    if not isinstance(recorded, Mapping):
+        return
+    problems = []
+    for kind, name in chosen.items():
+        was = recorded.get(kind)
+        if not isinstance(was, Mapping) or was.get("block") != name or PROJECT_KEY not in was:
+            continue
+        if name in active_registry().names(kind):
+            continue
+        path = Path(str(was[PROJECT_KEY]))
+        problems.append(
+            Problem(
+                kind,
+                f"{kind} block '{name}' is a project's own, from its recipe file {path}, which is not loaded here",
+                f"run from the project that defines it ({path}), or pass --recipes {path.parent} "
+                f"(or set BLOCKS_PATH={path.parent})",
+                check="unknown-option",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)

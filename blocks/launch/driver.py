@@ -57,6 +57,7 @@ from blocks.launch.run_dir import (
     Summary,
     finished_how,
     freeze_config,
+    how_to_train_further,
     load_plan,
     recorded_config,
     refuse_rewriting_finished,
@@ -76,6 +77,7 @@ from blocks.launch.torchrun import (
     run_torchrun,
 )
 from blocks.launch.worker import ATTEMPT_FILE, RANKS_DIR, vanished_ranks
+from blocks.launch.worker_blocks import refuse_blocks_workers_cannot_load
 from blocks.monitor.figures import objective_value
 from blocks.spec.errors import BlocksError, TrainingError
 from blocks.spec.imports import refuse_objects
@@ -274,9 +276,11 @@ def check_run(job: Job, composed: Composed, plan: Plan) -> Checked:
 
 
 def preflight_job(plan: Plan) -> None:
-    """The checks after planning: no plan errors, no refused import, the data's storage (and Ray) reachable."""
+    """The checks after planning: no plan errors, no refused import, blocks the workers load, the data's storage (and Ray) reachable."""
     plan.raise_for_errors()
     refuse_objects(plan.blocks.values())
+    if uses_ray(plan) or needs_launcher(plan):
+        refuse_blocks_workers_cannot_load(plan.blocks)
     plan.data.preflight()  # I/O the pure plan does not do
     if uses_ray(plan):
         from blocks.launch.ray_workers import preflight
@@ -328,13 +332,17 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
     finished = _finished_at(resume_from, plan.derived.total_steps) if resume_from else None
     if finished is not None:
         steps, at = finished
-        frozen, kept = refuse_rewriting_finished(run_dir, frozen, steps, stopped_at=at)
+        per_epoch = plan.derived.steps_per_epoch
+        frozen, kept = refuse_rewriting_finished(
+            run_dir, frozen, steps, stopped_at=at, steps_per_epoch=per_epoch
+        )
         if kept:
             plan = dataclasses.replace(plan, blocks=config_to_blocks(frozen))  # no derived number reads them
             print(
                 f"blocks: the run in {run_dir} {finished_how(steps, at)} and {', '.join(kept)} "
                 "change no weights: it runs again with the values its config.yaml records and trains "
-                f"nothing (a new hydra.run.dir, or trainer.max_steps above {steps}, takes the new values)",
+                f"nothing (give a new hydra.run.dir, or {how_to_train_further(frozen, steps, per_epoch)}, "
+                "to train with the new values)",
                 flush=True,
             )
     if plan.checkpoint.enabled:

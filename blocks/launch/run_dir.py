@@ -184,8 +184,24 @@ def finished_how(steps: int, stopped_at: int) -> str:
     return f"has trained all its {steps} steps"
 
 
+def how_to_train_further(config: DictConfig, steps: int, steps_per_epoch: int) -> str:
+    """The override that lets a run *config* bounds at *steps* train on: raise the limit(s) that bound it.
+
+    ``trainer.max_epochs`` bounds it when its epochs of *steps_per_epoch* steps end by *steps*,
+    ``trainer.max_steps`` when it is at most *steps*; both when both do.
+    """
+    max_steps = OmegaConf.select(config, "trainer.max_steps")
+    max_epochs = OmegaConf.select(config, "trainer.max_epochs")
+    raises = []
+    if max_epochs and steps_per_epoch and max_epochs * steps_per_epoch <= steps:
+        raises.append(f"trainer.max_epochs to {steps // steps_per_epoch + 1}")
+    if (max_steps and max_steps <= steps) or not raises:
+        raises.append(f"trainer.max_steps above {steps}")
+    return "raise " + " and ".join(raises)
+
+
 def refuse_rewriting_finished(
-    run_dir: Path, config: DictConfig, step: int, stopped_at: int | None = None
+    run_dir: Path, config: DictConfig, step: int, stopped_at: int | None = None, steps_per_epoch: int = 0
 ) -> tuple[DictConfig, list[str]]:
     """Refuse a rerun that would train nothing yet record a changed config over a finished run.
 
@@ -193,8 +209,9 @@ def refuse_rewriting_finished(
     *stopped_at* when a callback (``EarlyStopping``) stopped it early and it gets no more now:
     nothing would be trained, and the weights and metrics would stay those of the settings its ``config.yaml``
     holds now. A rerun that changes only :data:`DISPLAY_KEYS` is not refused: it runs with their
-    recorded values, so ``config.yaml`` goes on describing the run that trained. Returns the
-    config the rerun runs with and the display keys set back.
+    recorded values, so ``config.yaml`` goes on describing the run that trained. The fix names
+    the limit that bounds the run (:func:`how_to_train_further`; *steps_per_epoch* tells whether
+    ``trainer.max_epochs`` does). Returns the config the rerun runs with and the display keys set back.
     """
     changed = changed_keys(run_dir, config)
     trained = [key for key in changed if not _is_display(key)]
@@ -206,8 +223,8 @@ def refuse_rewriting_finished(
                 trained[0],
                 f"the run in {run_dir} {how}; with {shown} changed nothing would be "
                 "trained, and its config.yaml would no longer describe its weights and metrics",
-                f"give a new hydra.run.dir to train with the new setting, or raise trainer.max_steps above {step} "
-                "to train on from the checkpoint with it",
+                f"give a new hydra.run.dir to train with the new setting, or "
+                f"{how_to_train_further(config, step, steps_per_epoch)} to train on from the checkpoint with it",
                 related=tuple(trained[1:]),
             )
         )

@@ -417,6 +417,7 @@ class SweepOutcome(Callback):
                     outcomes.append(JobOutcome(int(data["num"]), str(data["run_dir"]), str(data["status"])))
             shutil.rmtree(records, ignore_errors=True)
         outcomes.sort(key=lambda o: o.num)
+        say_where_the_jobs_went(outcomes, str(config.hydra.sweep.dir))
         failed = [o for o in outcomes if o.status != "completed"]
         FAILED_JOBS[:] = [Path(o.run_dir) for o in failed]
         if FAILED_JOBS:
@@ -430,6 +431,22 @@ class SweepOutcome(Callback):
                 "(their summary.json says why; blocks report SWEEP_DIR ranks every job)",
                 file=sys.stderr,
             )
+
+
+def say_where_the_jobs_went(outcomes: list[JobOutcome], sweep_dir: str) -> None:
+    """Print the sweep dir(s) the jobs of *outcomes* ran in, and where ``multirun.yaml`` went when elsewhere.
+
+    Hydra writes ``multirun.yaml`` into *sweep_dir* as the sweep's own config resolves it; a
+    sweep over recipes under the default ``multirun/<recipe>/...`` puts each job under its own
+    recipe's dir instead.
+    """
+    dirs = list(dict.fromkeys(str(Path(o.run_dir).parent) for o in outcomes))
+    if not dirs:
+        return
+    line = f"sweep dir{'s' if len(dirs) > 1 else ''}: {', '.join(dirs)}"
+    if Path(sweep_dir).resolve() not in {Path(d).resolve() for d in dirs}:
+        line += f" (its multirun.yaml is in {Path(sweep_dir).resolve()})"
+    print(line, flush=True)
 
 
 def _summary_status(run_dir: Path) -> str:

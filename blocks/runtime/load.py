@@ -32,7 +32,7 @@ def load_model(path: str | Path) -> nn.Module:
     from safetensors.torch import load_file
 
     from blocks.core.compose import node_to_block
-    from blocks.core.provenance import SOURCES_KEY, version_notes
+    from blocks.core.provenance import SOURCES_KEY, refuse_project_blocks_not_loaded, version_notes
     from blocks.spec.registry import REGISTRY
 
     directory = Path(path)
@@ -45,10 +45,12 @@ def load_model(path: str | Path) -> nn.Module:
         )
     meta = json.loads(meta_file.read_text())
     node = OmegaConf.create(meta["model"])
-    if str(node["_block_"]) not in REGISTRY.names("model"):
+    name = str(node["_block_"])
+    if name not in REGISTRY.names("model"):
         from blocks.core import catalog
 
-        catalog.load()  # a block from an installed package
+        catalog.load()  # a block from an installed package, or the project's
+    refuse_project_blocks_not_loaded(meta.get(SOURCES_KEY), {"model": name})
     block = node_to_block("model", node)
     for note in version_notes(
         meta.get(SOURCES_KEY), {"model": block}, what="the exported model was trained with"

@@ -19,11 +19,18 @@ from omegaconf import DictConfig, OmegaConf
 from blocks.checkpoint.sources import find_run_config, find_weights, refuse_other_samples
 from blocks.checkpoint.store import PACKAGES_FILE, read_beside
 from blocks.core.compose import BLOCK_KEY, config_to_blocks
-from blocks.core.provenance import SOURCES_KEY, block_sources, recorded_sources, version_notes
+from blocks.core.provenance import (
+    SOURCES_KEY,
+    block_sources,
+    recorded_sources,
+    refuse_project_blocks_not_loaded,
+    version_notes,
+)
 from blocks.core.run_files import CONFIG_FILE, PLAN_FILE, WEIGHTS_FILE
 from blocks.data.base import BatchSpec
-from blocks.spec.block import Block
+from blocks.spec.block import KINDS, Block
 from blocks.spec.errors import BlocksError, Problem
+from blocks.spec.registry import active_registry
 
 FORMAT = "blocks-model/1"
 MODEL_FILE = "model.json"
@@ -56,7 +63,23 @@ def run_config(source: str) -> DictConfig:
                 "pass a run dir, checkpoint or export of blocks run",
             )
         )
+    unknown = {
+        kind: name
+        for kind, name in chosen_blocks(config).items()
+        if name not in active_registry().names(kind)
+    }
+    if unknown:
+        refuse_project_blocks_not_loaded(run_recorded_packages(path), unknown)
     return config
+
+
+def chosen_blocks(config: DictConfig) -> dict[str, str]:
+    """Each kind's block name in *config* (kinds without one left out)."""
+    return {
+        kind: str(node[BLOCK_KEY])
+        for kind in KINDS
+        if isinstance(node := config.get(kind), DictConfig) and BLOCK_KEY in node
+    }
 
 
 def recorded_packages(source: str, weights: str | None = None) -> object:
@@ -70,7 +93,11 @@ def recorded_packages(source: str, weights: str | None = None) -> object:
     saved = recorded_sources(read_beside(url, PACKAGES_FILE) or "")
     if saved is not None:
         return saved
-    config = find_run_config(source)
+    return run_recorded_packages(find_run_config(source))
+
+
+def run_recorded_packages(config: str) -> object:
+    """The block distributions the run whose ``config.yaml`` is at *config* recorded (its ``plan.json``, or an export's ``model.json``)."""
     fs, root = url_to_fs(config)
     directory = root.rsplit("/", 1)[0]
     for name in (PLAN_FILE, MODEL_FILE):
