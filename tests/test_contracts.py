@@ -38,6 +38,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "yaml-syntax",  # needs a broken preset file: tests/test_security_hydra.py
     "block-import",  # needs a block whose module cannot be imported: tests/test_catalog_value.py
     "block-raised",  # a package's block that raises: tests/test_package_discovery.py
+    "worker-blocks",  # a block only the launching program registers: tests/test_train.py
     "name-clash",
     "project-config",
     "import-kind",

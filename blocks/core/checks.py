@@ -581,6 +581,14 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "worker-blocks",
+        ("config",),
+        "model",
+        "a multi-process, restartable or Ray run chooses only blocks its worker processes load themselves (blocks' own, "
+        "a package's, the project's recipe files), not one only the launching program registered",
+        (),
+    ),
+    Check(
         "name-clash",
         ("config",),
         "project",
