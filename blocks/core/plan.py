@@ -702,12 +702,20 @@ def _device_memory(state: _State) -> tuple[int | None, str]:
 
 def _check_batch_arithmetic(state: _State) -> None:
     d = state.derived
-    if d.train_samples == 0 and state.batch_spec is not None:
+    if d.train_samples <= 0 and state.batch_spec is not None:
+        data = state.blocks["data"]
         state.problems.append(
             Problem(
                 key="data",
-                message=f"data={state.blocks['data'].block_name} has no training samples",
-                fix="give the data more samples (a larger corpus, or a shorter data.seq_len)",
+                message=f"data={data.block_name} has no training samples"
+                + (
+                    f": {type(data).__qualname__}.num_samples('train') is {d.train_samples}"
+                    if d.train_samples < 0
+                    else ""
+                ),
+                fix="give the data more samples (a larger corpus, or a shorter data.seq_len)"
+                if d.train_samples == 0
+                else f"make {type(data).__qualname__}.num_samples('train') count the training samples (≥ 1)",
                 check="training-split",
             )
         )

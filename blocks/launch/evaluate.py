@@ -76,6 +76,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
 
     from blocks.checkpoint.sources import find_run_config, find_weights, load_found, refuse_other_samples
     from blocks.core import catalog
+    from blocks.runtime.contract import BatchContract, check_split_size
     from blocks.runtime.init import load_into
     from blocks.runtime.model_export import package_notes, run_config
 
@@ -97,15 +98,22 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     precision.convert_module(model.to(device)).eval()  # in place, like .to()
     precision.convert_module(objective.to(device))
     objective.keep_metrics_float32()
-    loader = DataLoader(
-        scored_split(plan, split, run.derived), batch_size=plan.data.batch_size, shuffle=False
-    )
+    scored = scored_split(plan, split, run.derived)
+    if not (split == "val" and plan.trainer.overfit_batches):
+        check_split_size(plan.data, split, scored)
+    loader = DataLoader(scored, batch_size=plan.data.batch_size, shuffle=False)
+    contract = BatchContract(spec, plan.data, plan.model)
     objective.reset()
     with torch.no_grad(), strategy_casts(plan, model):
-        for batch in loader:
+        for index, batch in enumerate(loader):
+            if index == 0:
+                contract.check_batch(batch)
             batch = precision.convert_input({k: v.to(device) for k, v in batch.items()})
             with precision.val_step_context():
-                objective.update(model(batch["inputs"]), batch)
+                outputs = model(batch["inputs"])
+                if index == 0:
+                    contract.check_outputs(outputs, batch)
+                objective.update(outputs, batch)
     metrics = {f"{split}/{name}": float(value) for name, value in objective.compute().items()}
     notes = (
         subset_note(plan, split, run.derived)

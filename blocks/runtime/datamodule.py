@@ -19,6 +19,7 @@ from blocks.compat.torch_private import (
 from blocks.core.plan import Derived
 from blocks.data.base import DataBlock
 from blocks.runtime.checkpointing import ResumableLoader
+from blocks.runtime.contract import check_split_size
 from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
 from blocks.runtime.seeds import rank_seed
 from blocks.spec.errors import BlocksError, Problem
@@ -178,7 +179,11 @@ class BlocksDataModule(pl.LightningDataModule):
         self.val_set: Dataset | None = None
 
     def setup(self, stage: str) -> None:
-        """Build the datasets once per process (refused when the processes are not the ones the plan froze)."""
+        """Build the datasets once per process (refused when the processes are not the ones the plan froze).
+
+        A split whose length is not the block's ``num_samples`` (which the plan's epochs and schedule
+        count with) is refused; a dataset without a length is not checked.
+        """
         if self.trainer is not None and self.trainer.world_size != self.world_size:
             raise BlocksError(
                 Problem(
@@ -190,6 +195,7 @@ class BlocksDataModule(pl.LightningDataModule):
             )
         if self.train_set is None:
             self.train_set = self.data.build("train")
+            check_split_size(self.data, "train", self.train_set)
             if self.overfit_batches:
                 # The same few global batches for training and validation: can the model memorize them?
                 size = self.overfit_batches * self.global_batch
@@ -197,6 +203,7 @@ class BlocksDataModule(pl.LightningDataModule):
                 self.val_set = self.train_set
         if self.val_set is None and self.data.num_samples("val") > 0:
             self.val_set = self.data.build("val")
+            check_split_size(self.data, "val", self.val_set)
 
     def _loader_options(self) -> dict[str, Any]:
         """Options shared by the loaders.

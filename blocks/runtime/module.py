@@ -11,9 +11,10 @@ import pytorch_lightning as pl
 import torch
 
 from blocks.compat.torch_private import DirectBatchTransfer, DirectHookNameWrites, compile_in_place
-from blocks.data.base import BatchSpec
+from blocks.data.base import BatchSpec, DataBlock
 from blocks.model.base import ModelBlock
 from blocks.optim.base import OptimBlock
+from blocks.runtime.contract import BatchContract
 from blocks.runtime.datamodule import VALID
 from blocks.runtime.init import initialize
 from blocks.task.base import TaskBlock
@@ -28,7 +29,9 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
     """Trains ``model`` on ``task``'s loss with ``optim``; validation metrics come from the task.
 
     Training steps return the loss and log nothing: the metrics callback reads the loss from
-    the step outputs and syncs with the device only at its logging interval.
+    the step outputs and syncs with the device only at its logging interval. The first batch
+    (training or validation) and the model's outputs for it are checked against the data's
+    batch spec (:class:`~blocks.runtime.contract.BatchContract`), before any loss is computed.
     """
 
     def __init__(
@@ -40,8 +43,11 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         total_steps: int,
         parallelize: Callable[..., None] | None = None,
         compile_mode: str | None = None,
+        data: DataBlock | None = None,
     ) -> None:
         super().__init__()
+        self.contract = BatchContract(spec, data, model)
+        self._batch_checked = False
         self.parallelize = parallelize
         self._parallelized = False
         self.compile_mode = compile_mode
@@ -75,9 +81,22 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         """The model's outputs for *inputs*."""
         return self.model(inputs)
 
+    def model_outputs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's outputs for *batch*; the first batch and its outputs are checked against the batch spec.
+
+        The check reads shapes and dtypes only: it adds no device sync, and later batches skip it.
+        """
+        if self._batch_checked:
+            return self.model(batch["inputs"])
+        self.contract.check_batch(batch)
+        outputs = self.model(batch["inputs"])
+        self.contract.check_outputs(outputs, batch)
+        self._batch_checked = True
+        return outputs
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """The task's loss on one micro-batch."""
-        return self.objective.loss(self.model(batch["inputs"]), batch)
+        return self.objective.loss(self.model_outputs(batch), batch)
 
     def on_validation_epoch_start(self) -> None:
         """Start validation metrics from zero, accumulating in float32 whatever the precision converted the module to."""
@@ -90,8 +109,8 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         Every rank runs the forward on its whole batch (FSDP all-gathers in it); the samples the
         :data:`VALID` mask marks as padding are dropped before the metrics see them.
         """
-        valid = batch.pop(VALID, None)
-        outputs = self.model(batch["inputs"])
+        valid = batch.pop(VALID, None) if isinstance(batch, dict) else None
+        outputs = self.model_outputs(batch)
         if valid is None:
             self.objective.update(outputs, batch)
         elif valid.any():

@@ -108,7 +108,9 @@ def build_run(
     if getattr(optim, "fused", False) is None and _amp_clips(plan):
         optim = optim.replace(fused=False)  # Lightning's mixed-precision plugin cannot clip a fused optimizer
     compile_mode = plan.strategy.compile_mode if plan.strategy.compile else None
-    module = BlocksModule(plan.model, plan.task, optim, spec, derived.total_steps, parallelize, compile_mode)
+    module = BlocksModule(
+        plan.model, plan.task, optim, spec, derived.total_steps, parallelize, compile_mode, data=plan.data
+    )
     # Right after the model's draws: data-parallel index 0 trains on from here.
     streams = RankStreams(trainer_block.seed, derived.mesh.data_parallel_rank)
     datamodule = BlocksDataModule(

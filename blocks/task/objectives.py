@@ -8,6 +8,8 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MeanMetric, Metric, R2Score
 from torchmetrics.classification import MulticlassAccuracy
 
+from blocks.spec.errors import BlocksError, Problem
+
 Batch = dict[str, torch.Tensor]
 
 
@@ -117,13 +119,15 @@ class RegressionObjective(Objective):
         self.val_r2 = R2Score(multioutput="uniform_average") if num_targets > 1 else R2Score()
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """The mean error of one micro-batch."""
+        """The mean error of one micro-batch (outputs and targets of different shapes are refused, not broadcast)."""
+        refuse_other_shapes(outputs, batch["targets"])
         return self.loss_fn(outputs.float(), batch["targets"].float())
 
     def update(self, outputs: torch.Tensor, batch: Batch) -> None:
         """Add the batch's loss, absolute errors and predictions."""
+        refuse_other_shapes(outputs, batch["targets"])
         targets = batch["targets"].float()
-        outputs = outputs.float().reshape(targets.shape)
+        outputs = outputs.float()
         self.val_loss.update(self.loss_fn(outputs, targets), weight=targets.shape[0])
         flat = targets.shape[-1] == 1
         self.val_mae.update(
@@ -138,3 +142,22 @@ class RegressionObjective(Objective):
             "mae": self.val_mae.compute().mean(),
             "r2": self.val_r2.compute(),
         }
+
+
+def refuse_other_shapes(outputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """Raise a :class:`BlocksError` unless *outputs* and *targets* have the same shape.
+
+    An elementwise loss broadcasts ``[B, 1]`` against ``[B]`` to ``[B, B]``: every output is
+    scored against every target and the model learns their mean, without an error.
+    """
+    if outputs.shape != targets.shape:
+        raise BlocksError(
+            Problem(
+                "model",
+                f"regression outputs of shape {list(outputs.shape)} and targets of shape {list(targets.shape)} "
+                "differ (a loss would broadcast them, scoring every output against every target)",
+                "make the model return [batch, num_targets] and the data's targets [batch, num_targets], as "
+                "RegressionBatch declares",
+                related=("data",),
+            )
+        )

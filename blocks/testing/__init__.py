@@ -7,6 +7,7 @@ Each check takes a block by kind and registered name (``"model", "acme/resnet"``
   on the command line, give back the same block;
 * :func:`check_plan`: the block plans inside a minimal recipe (a built-in one, or one of its
   package's recipes) without errors;
+* :func:`check_split_sizes`: a data block's datasets are as long as its ``num_samples`` says;
 * :func:`check_training`: a few real optimizer steps on CPU (``blocks run`` in a subprocess,
   or in this process), with finite losses, and a checkpoint round trip (the run extended from
   its checkpoint);
@@ -31,7 +32,7 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from blocks.core.block_errors import raised_at
 from blocks.core.compose import block_node, config_to_blocks, node_to_block
 from blocks.core.plan import Plan
 from blocks.core.recipe import RECIPES
+from blocks.data.base import SPLITS
 from blocks.spec.block import Block, block_fields
 from blocks.spec.errors import BlocksError
 from blocks.spec.registry import REGISTRY, Entry
@@ -190,6 +192,33 @@ def check_plan(kind: str, name: str, overrides: Sequence[str] = (), recipe: str 
     if plan.derived.train_samples == 0 and kind == "data":
         raise ConformanceError(f"data={name} reports 0 train samples: num_samples('train') must count them")
     return plan
+
+
+def check_split_sizes(name: str, overrides: Sequence[str] = (), recipe: str | None = None) -> dict[str, int]:
+    """``data=name``'s ``build(split)`` has ``num_samples(split)`` samples, for every split it declares.
+
+    The plan counts epochs, steps and the LR schedule with ``num_samples``; the loaders read the
+    datasets. A run refuses a mismatch when it builds the data (a dataset without a length, an
+    iterable stream, is not checked). Returns the sizes by split.
+    """
+    data = host("data", name, overrides, recipe).plan.blocks["data"]
+    sizes = {}
+    for split in SPLITS:
+        declared = data.num_samples(split)  # type: ignore[attr-defined]
+        if declared < 0:
+            raise ConformanceError(
+                f"data={name}: num_samples({split!r}) is {declared}; count the samples (0: no such split)"
+            )
+        if declared == 0:
+            continue
+        dataset = data.build(split)  # type: ignore[attr-defined]
+        if isinstance(dataset, Sized) and len(dataset) != declared:
+            raise ConformanceError(
+                f"data={name}: num_samples({split!r}) is {declared} but build({split!r}) returns a dataset of "
+                f"{len(dataset)}; the plan's epochs and schedule count with num_samples, so they must agree"
+            )
+        sizes[split] = declared
+    return sizes
 
 
 def _run(args: Sequence[str], workdir: Path, timeout: float, in_process: bool = False) -> dict[str, Any]:
@@ -435,6 +464,8 @@ def check_block(
     """Every check of the kit for one block (*in_process*: see :func:`check_training`)."""
     check_config_round_trip(kind, name, overrides)
     check_plan(kind, name, overrides, recipe)
+    if kind == "data":
+        check_split_sizes(name, overrides, recipe)
     check_listing(kind, name)
     check_training(kind, name, workdir, overrides, recipe, in_process=in_process)
     if ddp:
@@ -480,6 +511,12 @@ class Kit:
         """See :func:`check_listing`."""
         return check_listing(kind, name)
 
+    def check_split_sizes(
+        self, name: str, overrides: Sequence[str] = (), recipe: str | None = None
+    ) -> dict[str, int]:
+        """See :func:`check_split_sizes`."""
+        return check_split_sizes(name, overrides, recipe)
+
     def check_block(
         self, kind: str, name: str, overrides: Sequence[str] = (), recipe: str | None = None, ddp: bool = True
     ) -> None:
@@ -495,6 +532,7 @@ __all__ = [
     "check_ddp",
     "check_listing",
     "check_plan",
+    "check_split_sizes",
     "check_training",
     "host",
 ]

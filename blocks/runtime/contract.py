@@ -1,0 +1,253 @@
+"""The batch contract, checked on real data: what a data block yields and a model returns, against the batch spec.
+
+The plan checks the blocks' declarations (the batch spec, the split sizes) without torch; only
+the built datasets and a real batch show whether they hold. A broken declaration need not
+fail: a regression loss broadcasts outputs ``[B, 1]`` against targets ``[B]`` to ``[B, B]``
+and trains a useless model, cross-entropy takes more logits than there are classes, and a
+split longer than declared trains more epochs than planned. So each split's length is
+compared with ``num_samples(split)`` when it is built, and the first batch and the model's
+outputs for it are checked once, from shapes and dtypes only (no device sync), before the
+first loss is computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sized
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, RegressionBatch, TokenBatch
+from blocks.model.base import ModelBlock
+from blocks.spec.errors import BlocksError, Problem
+
+FLOAT, INT64, INTEGER = "float", "int64", "integer"
+"""The dtype families a batch tensor may be required to have."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one tensor of a batch must be.
+
+    Attributes:
+        name: ``inputs``, ``targets`` or ``outputs``.
+        dtype: :data:`FLOAT` (any floating dtype: a precision may convert them), :data:`INT64` or :data:`INTEGER`.
+        shape: the shape of one sample (the batch's first dimension comes before it).
+        flat: only the number of elements per sample must match (feature vectors a model reshapes itself).
+        meaning: what the last dimension counts, with the spec field that sets it.
+        count: the spec field that sets the last dimension (``num_classes``...).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    flat: bool = False
+    meaning: str = ""
+    count: str = ""
+
+    def fits(self, tensor: torch.Tensor, batch_size: int) -> bool:
+        """Whether *tensor* has this dtype family and shape, for a batch of *batch_size* samples."""
+        return _dtype_fits(tensor.dtype, self.dtype) and self._shape_fits(tuple(tensor.shape), batch_size)
+
+    def _shape_fits(self, shape: tuple[int, ...], batch_size: int) -> bool:
+        if not shape or shape[0] != batch_size:
+            return False
+        if self.flat:
+            return len(shape) > 1 and _elements(shape[1:]) == _elements(self.shape)
+        return shape[1:] == self.shape
+
+    def describe(self, batch_size: int | str) -> str:
+        """``float[32, 1]`` (or ``float[batch, 1]``): the dtype family and the whole batch's shape."""
+        return f"{self.dtype}[{', '.join(str(n) for n in (batch_size, *self.shape))}]"
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _dtype_fits(dtype: torch.dtype, family: str) -> bool:
+    if family == FLOAT:
+        return dtype.is_floating_point
+    if family == INT64:
+        return dtype == torch.int64
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+
+
+def described(tensor: torch.Tensor) -> str:
+    """``float32[32]``: a tensor's dtype and shape as the messages show them."""
+    return f"{str(tensor.dtype).removeprefix('torch.')}[{', '.join(str(n) for n in tensor.shape)}]"
+
+
+def expected_layout(spec: BatchSpec) -> tuple[Expected, Expected, Expected]:
+    """The inputs, targets and model outputs a batch of *spec* must have (per sample)."""
+    if isinstance(spec, TokenBatch):
+        return (
+            Expected("inputs", INTEGER, (spec.seq_len,)),
+            Expected("targets", INT64, (spec.seq_len,)),
+            Expected(
+                "outputs",
+                FLOAT,
+                (spec.seq_len, spec.vocab_size),
+                meaning=f"one logit per token id (vocab_size={spec.vocab_size})",
+                count="vocab_size",
+            ),
+        )
+    if isinstance(spec, FeatureBatch):
+        return (
+            Expected("inputs", FLOAT, (spec.num_features,), flat=True),
+            Expected("targets", INT64, ()),
+            Expected(
+                "outputs",
+                FLOAT,
+                (spec.num_classes,),
+                meaning=f"one logit per class (num_classes={spec.num_classes})",
+                count="num_classes",
+            ),
+        )
+    assert isinstance(spec, RegressionBatch)
+    return (
+        Expected("inputs", FLOAT, (spec.num_features,), flat=True),
+        Expected("targets", FLOAT, (spec.num_targets,)),
+        Expected(
+            "outputs",
+            FLOAT,
+            (spec.num_targets,),
+            meaning=f"one value per target (num_targets={spec.num_targets})",
+            count="num_targets",
+        ),
+    )
+
+
+def _block_label(block: DataBlock | ModelBlock | None, kind: str) -> str:
+    """``data=blobs (Blobs)``, or the adapter's target: how a message names the block."""
+    if block is None:
+        return kind
+    target = getattr(block, "target", None)
+    name = f"{kind}={block.block_name}" if block.block_name else kind
+    return f"{name} ({target})" if target else f"{name} ({type(block).__qualname__})"
+
+
+def _block_key(block: DataBlock | ModelBlock | None, kind: str) -> str:
+    """``model.target`` for an adapter (the class it names is what to fix), else the kind."""
+    fields = {f.name for f in dataclasses.fields(block)} if block is not None else set()
+    return f"{kind}.target" if "target" in fields else kind
+
+
+@dataclass(frozen=True)
+class BatchContract:
+    """The batch spec of a run with the blocks that must keep it: checks a batch and the model's outputs for it.
+
+    Attributes:
+        spec: the data block's declared batch spec.
+        data: the data block (named in the messages; None: just ``data``).
+        model: the model block (named in the messages; None: just ``model``).
+    """
+
+    spec: BatchSpec
+    data: DataBlock | None = None
+    model: ModelBlock | None = None
+
+    def check_batch(self, batch: Any) -> None:
+        """Raise a :class:`BlocksError` on ``data`` unless *batch* is a mapping of ``inputs`` and ``targets`` as the spec says."""
+        self._refuse_other_than_a_mapping(batch)
+        inputs, targets, _ = expected_layout(self.spec)
+        for expected in (inputs, targets):
+            self._refuse_missing_or_not_a_tensor(batch, expected.name)
+        size = batch["inputs"].shape[0] if batch["inputs"].dim() else 0
+        for expected in (inputs, targets):
+            tensor = batch[expected.name]
+            if not expected.fits(tensor, size):
+                raise self._data_error(
+                    f"yields {expected.name} {described(tensor)}, but its batch_spec() {self.spec} needs "
+                    f"{expected.describe(size)} for a batch of {size}",
+                    f"make each item's {expected.name!r} a {expected.dtype} tensor of shape "
+                    f"{list(expected.shape)}{_scalar_hint(expected, tensor, size)}, or make batch_spec() "
+                    "declare what the items hold",
+                )
+
+    def check_outputs(self, outputs: Any, batch: Mapping[str, Any]) -> None:
+        """Raise a :class:`BlocksError` on ``model`` unless *outputs* have the shape the spec's task needs."""
+        expected = expected_layout(self.spec)[2]
+        size = batch["inputs"].shape[0]
+        if isinstance(outputs, torch.Tensor) and expected.fits(outputs, size):
+            return
+        got = described(outputs) if isinstance(outputs, torch.Tensor) else f"a {type(outputs).__name__}"
+        label, key = _block_label(self.model, "model"), _block_key(self.model, "model")
+        target = getattr(self.model, "target", None)
+        where = f"{target}'s forward" if target else "the module its build(spec) returns"
+        raise BlocksError(
+            Problem(
+                key,
+                f"{label} returns {got} for inputs {described(batch['inputs'])}, but the data's {self.spec} "
+                f"needs outputs {expected.describe(size)}: {expected.meaning}",
+                f"make {where} return a {expected.describe('batch')} tensor"
+                + (
+                    f" (model.spec_args={{<its argument>:{expected.count}}} passes the data's {expected.count} "
+                    "to its constructor)"
+                    if target
+                    else ""
+                ),
+                related=("data",),
+            )
+        )
+
+    def _refuse_other_than_a_mapping(self, batch: Any) -> None:
+        if isinstance(batch, Mapping):
+            return
+        pair = isinstance(batch, (list, tuple)) and len(batch) == 2
+        raise self._data_error(
+            f"yields batches of {type(batch).__name__}"
+            + (" (its items are (inputs, targets) pairs)" if pair else "")
+            + ", but blocks reads batch['inputs'] and batch['targets']",
+            "return {'inputs': x, 'targets': y} from the dataset's __getitem__ (data=lightning_data adapts "
+            "(x, y) pairs of an existing LightningDataModule)",
+        )
+
+    def _refuse_missing_or_not_a_tensor(self, batch: Mapping[str, Any], name: str) -> None:
+        if name not in batch:
+            raise self._data_error(
+                f"yields batches with the keys {sorted(map(str, batch))}, without {name!r}",
+                "make each item a dict with 'inputs' and 'targets' tensors",
+            )
+        if not isinstance(batch[name], torch.Tensor):
+            raise self._data_error(
+                f"yields {name} as {type(batch[name]).__name__}, not a tensor",
+                f"make each item's {name!r} a tensor (torch.as_tensor(...)) of the batch spec's shape",
+            )
+
+    def _data_error(self, message: str, fix: str) -> BlocksError:
+        return BlocksError(
+            Problem(_block_key(self.data, "data"), f"{_block_label(self.data, 'data')} {message}", fix)
+        )
+
+
+def _scalar_hint(expected: Expected, tensor: torch.Tensor, size: int) -> str:
+    """How to turn a scalar per sample into the one-element vector the spec declares."""
+    if expected.shape == (1,) and tuple(tensor.shape) == (size,):
+        return " (torch.tensor([y]) rather than torch.tensor(y))"
+    return ""
+
+
+def check_split_size(data: DataBlock, split: str, dataset: Any) -> None:
+    """Raise a :class:`BlocksError` on ``data`` when *dataset*'s length is not ``num_samples(split)``.
+
+    The plan derived the steps per epoch, the epochs and the schedule from ``num_samples``; the
+    loaders read the dataset. A dataset without a length (an iterable stream) is not checked.
+    """
+    if not isinstance(dataset, Sized):
+        return
+    declared, built = data.num_samples(split), len(dataset)
+    if declared != built:
+        raise BlocksError(
+            Problem(
+                _block_key(data, "data"),
+                f"{_block_label(data, 'data')} declares {declared} {split} samples (num_samples({split!r})) but "
+                f"build({split!r}) returns a dataset of {built}: the plan's steps per epoch and epochs would be wrong",
+                f"make {type(data).__qualname__}.num_samples({split!r}) return the length of build({split!r})",
+            )
+        )

@@ -1,0 +1,164 @@
+"""A user's data and model blocks are held to what they declare: the batch spec and the split sizes.
+
+A broken declaration need not fail on its own: a regression loss broadcasts ``[B, 1]`` against
+``[B]`` and trains a useless model, cross-entropy takes more logits than classes, a split longer
+than declared trains more epochs than planned. Each is an error naming the block and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from blocks import register
+from blocks.core import catalog, jobs
+from blocks.data.base import BatchSpec, DataBlock, RegressionBatch
+from blocks.launch import driver
+from blocks.spec.errors import BlocksError
+from blocks.spec.registry import REGISTRY
+from blocks.testing import ConformanceError, check_split_sizes
+
+LINE = ["recipe=diabetes_mlp", "data=contract/line", "monitor.progress=off", "checkpoint.enabled=false"]
+TINY_NET = [
+    "recipe=blobs",
+    "data.num_classes=2",
+    "model=torch_module",
+    "model.target=tests.legacy_team.TinyNet",
+    "model.spec_args={in_features:num_features}",
+]
+
+
+class Points(Dataset):
+    """Points of y = 2x + 1, as dicts of tensors, or in the shapes a new user gets wrong."""
+
+    def __init__(self, size: int, items: str) -> None:
+        self.x = torch.linspace(-1, 1, size).unsqueeze(1)
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> Any:
+        x = self.x[index]
+        y = 2 * x + 1
+        if self.items == "pairs":
+            return x, y
+        return {"inputs": x, "targets": y[0] if self.items == "scalar_targets" else y}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Line(DataBlock):
+    """A user's regression data block: points of y = 2x + 1.
+
+    Attributes:
+        samples: training samples built.
+        declared: training samples ``num_samples('train')`` reports (0: ``samples``).
+        items: ``dicts``, ``scalar_targets`` (targets of shape [] rather than [1]) or ``pairs`` ((x, y) tuples).
+    """
+
+    samples: int = 64
+    declared: int = 0
+    items: str = "dicts"
+
+    def batch_spec(self) -> BatchSpec:
+        """One feature, one target."""
+        return RegressionBatch(num_features=1, num_targets=1)
+
+    def num_samples(self, split: str) -> int:
+        """The declared sizes."""
+        return {"train": self.declared or self.samples, "val": 16}.get(split, 0)
+
+    def build(self, split: str) -> Dataset:
+        """The points of *split*."""
+        return Points(self.samples if split == "train" else 16, self.items)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def line_block() -> None:
+    with REGISTRY.namespace("contract", "contract-test-blocks", "0.0.1"):
+        register("line")(Line)
+    catalog.register_configs()
+
+
+@pytest.fixture(autouse=True)
+def allow_legacy_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests.legacy_team")
+
+
+def test_targets_that_would_broadcast_fail_the_run_before_its_first_step(tmp_path: Path) -> None:
+    """Targets [B] for RegressionBatch(num_targets=1) trained a useless model and the run said completed."""
+    with pytest.raises(BlocksError) as info:
+        driver.run([*LINE, "data.items=scalar_targets", "trainer.max_steps=2"], tmp_path)
+    (problem,) = info.value.problems
+    assert problem.key == "data"
+    assert "data=contract/line (Line) yields targets float32[32]" in problem.message
+    assert "needs float[32, 1]" in problem.message
+    assert "torch.tensor([y]) rather than torch.tensor(y)" in problem.fix
+    assert '"global_step": 0' in (tmp_path / "summary.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "said"),
+    [
+        (
+            [*LINE, "data.items=pairs"],
+            "data",
+            "yields batches of list (its items are (inputs, targets) pairs)",
+        ),
+        ([*TINY_NET, "model.kwargs={num_classes:3}"], "model.target", "one logit per class (num_classes=2)"),
+        ([*TINY_NET, "model.kwargs={num_classes:1}"], "model.target", "needs outputs float[32, 2]"),
+    ],
+    ids=["pairs", "more-logits", "fewer-logits"],
+)
+def test_the_first_batch_and_the_models_outputs_are_checked_against_the_spec(
+    args: list[str], key: str, said: str
+) -> None:
+    """What failed mid-training with a TypeError, at the first validation, or with 'Target out of bounds'."""
+    from blocks.runtime.datamodule import collate
+    from blocks.runtime.module import BlocksModule
+
+    plan = jobs.plan(args)
+    module = BlocksModule(
+        plan.model, plan.task, plan.optim, plan.data.batch_spec(), total_steps=1, data=plan.data
+    )
+    batch = next(iter(DataLoader(plan.data.build("train"), batch_size=32, collate_fn=collate)))
+    with pytest.raises(BlocksError) as info:
+        module.training_step(batch, 0)
+    (problem,) = info.value.problems
+    assert problem.key == key and said in problem.message, problem
+    assert problem.fix
+
+
+def test_a_split_of_another_length_than_declared_is_refused() -> None:
+    from blocks.runtime.datamodule import BlocksDataModule
+
+    plan = jobs.plan([*LINE, "data.declared=128"])
+    with pytest.raises(BlocksError, match=r"declares 128 train samples .* a dataset of 64") as info:
+        BlocksDataModule(plan.data, derived=plan.derived, seed=0).setup("fit")
+    assert "Line.num_samples('train')" in info.value.problems[0].fix
+    with pytest.raises(
+        ConformanceError, match=r"num_samples\('train'\) is 128 but build\('train'\) returns a dataset of 64"
+    ):
+        check_split_sizes("contract/line", ["data.declared=128"])
+    assert check_split_sizes("contract/line") == {"train": 64, "val": 16}
+
+
+def test_negative_training_samples_are_a_plan_error() -> None:
+    plan = jobs.plan([*LINE, "data.declared=-5"])
+    (problem,) = [p for p in plan.errors if p.check == "training-split"]
+    assert problem.key == "data" and "num_samples('train') is -5" in problem.message
+
+
+def test_regression_refuses_outputs_and_targets_of_other_shapes() -> None:
+    from blocks.task.objectives import RegressionObjective
+
+    objective = RegressionObjective(num_targets=1)
+    with pytest.raises(BlocksError, match=r"shape \[4, 1\] and targets of shape \[4\] differ"):
+        objective.loss(torch.zeros(4, 1), {"targets": torch.zeros(4)})
+    with pytest.raises(BlocksError, match="differ"):
+        objective.update(torch.zeros(4, 1), {"targets": torch.zeros(4)})
