@@ -127,15 +127,20 @@ def _block_label(block: DataBlock | ModelBlock | None, kind: str) -> str:
     """``data=blobs (Blobs)``, or the adapter's target: how a message names the block."""
     if block is None:
         return kind
-    target = getattr(block, "target", None)
+    target = _adapter_target(block)
     name = f"{kind}={block.block_name}" if block.block_name else kind
     return f"{name} ({target})" if target else f"{name} ({type(block).__qualname__})"
 
 
 def _block_key(block: DataBlock | ModelBlock | None, kind: str) -> str:
     """``model.target`` for an adapter (the class it names is what to fix), else the kind."""
-    fields = {f.name for f in dataclasses.fields(block)} if block is not None else set()
-    return f"{kind}.target" if "target" in fields else kind
+    return f"{kind}.target" if block is not None and _adapter_target(block) else kind
+
+
+def _adapter_target(block: DataBlock | ModelBlock) -> str | None:
+    """The import path an adapter block (``model=torch_module``) names in its ``target`` field; None for others."""
+    values = {f.name: getattr(block, f.name) for f in dataclasses.fields(block)}
+    return str(values["target"]) if values.get("target") else None
 
 
 @dataclass(frozen=True)
