@@ -162,3 +162,109 @@ def test_regression_refuses_outputs_and_targets_of_other_shapes() -> None:
         objective.loss(torch.zeros(4, 1), {"targets": torch.zeros(4)})
     with pytest.raises(BlocksError, match="differ"):
         objective.update(torch.zeros(4, 1), {"targets": torch.zeros(4)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table(Line):
+    """A data block with a field named like an adapter's, which is no import path: the column to predict."""
+
+    target: str = "price"
+
+
+class MeanAndVariance(torch.nn.Module):
+    """A package's objective that reads outputs of a layout of its own (a mean and a log-variance per target)."""
+
+
+def _batch(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"inputs": inputs, "targets": targets}
+
+
+@pytest.mark.parametrize(
+    ("spec", "batch", "outputs", "objective"),
+    [
+        (
+            {"seq_len": 8, "vocab_size": 256},
+            _batch(torch.zeros(2, 8, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.int64)),
+            torch.zeros(2, 8, 320),
+            "lm",
+        ),
+        (
+            {"num_features": 16, "num_classes": 2},
+            _batch(torch.zeros(2, 16, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)),
+            torch.zeros(2, 2),
+            "classify",
+        ),
+        (
+            {"num_features": 16, "num_classes": 2},
+            _batch(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8)),
+            torch.zeros(2, 2),
+            "classify",
+        ),
+        (
+            {"num_features": 16, "num_classes": 4},
+            _batch(torch.zeros(2, 16), torch.full((2, 4), 0.25)),
+            torch.zeros(2, 4),
+            "classify",
+        ),
+        (
+            {"num_features": 1, "num_targets": 1},
+            _batch(torch.zeros(2, 1), torch.zeros(2, 1)),
+            torch.zeros(2, 2),
+            "own",
+        ),
+    ],
+    ids=[
+        "padded-vocab",
+        "integer-features",
+        "uint8-images-and-labels",
+        "class-probabilities",
+        "own-output-layout",
+    ],
+)
+def test_what_the_spec_and_the_task_allow_is_not_refused(
+    spec: dict[str, int], batch: dict[str, torch.Tensor], outputs: torch.Tensor, objective: str
+) -> None:
+    """Review of the contract: each of these trained before it and was refused by its first version.
+
+    A language model over a padded vocabulary, token ids or uint8 pixels a model embeds or
+    normalizes itself, class probabilities (mixup, soft labels: cross-entropy takes them), and a
+    package's task scoring outputs of its own layout.
+    """
+    from blocks.data.base import FeatureBatch, TokenBatch
+    from blocks.runtime.contract import BatchContract
+    from blocks.task.objectives import ClassificationObjective, NextTokenObjective, RegressionObjective
+
+    batch_spec: BatchSpec = (
+        TokenBatch(**spec)
+        if "vocab_size" in spec
+        else FeatureBatch(**spec)
+        if "num_classes" in spec
+        else RegressionBatch(**spec)
+    )
+    scorer = {
+        "lm": NextTokenObjective(),
+        "classify": ClassificationObjective(num_classes=spec.get("num_classes", 2)),
+        "own": MeanAndVariance(),
+    }[objective]
+    contract = BatchContract.of_run(batch_spec, None, None, scorer)
+    contract.check_batch(batch)
+    contract.check_outputs(outputs, batch)
+    if objective == "own":  # the built-in regression task scores one value per target: refused there
+        with pytest.raises(BlocksError, match=r"needs outputs float\[2, 1\]"):
+            BatchContract.of_run(batch_spec, None, None, RegressionObjective(num_targets=1)).check_outputs(
+                outputs, batch
+            )
+    if objective == "lm":  # fewer logits than the data's vocabulary: refused
+        with pytest.raises(BlocksError, match=r"needs outputs float\[2, 8, >=256\]"):
+            contract.check_outputs(torch.zeros(2, 8, 200), batch)
+
+
+def test_a_field_named_target_outside_an_adapter_is_no_import_path() -> None:
+    """A block's ``target`` column was taken for an adapter's import path: the key read ``data.target``."""
+    from blocks.runtime.contract import BatchContract
+
+    contract = BatchContract(RegressionBatch(num_features=1, num_targets=1), Table(), None)
+    with pytest.raises(BlocksError) as info:
+        contract.check_batch(_batch(torch.zeros(2, 1), torch.zeros(2)))
+    (problem,) = info.value.problems
+    assert problem.key == "data" and "(Table)" in problem.message and "price" not in problem.message

@@ -102,7 +102,7 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     if not (split == "val" and plan.trainer.overfit_batches):
         check_split_size(plan.data, split, scored)
     loader = DataLoader(scored, batch_size=plan.data.batch_size, shuffle=False)
-    contract = BatchContract(spec, plan.data, plan.model)
+    contract = BatchContract.of_run(spec, plan.data, plan.model, objective)
     objective.reset()
     with torch.no_grad(), strategy_casts(plan, model):
         for index, batch in enumerate(loader):

@@ -8,23 +8,32 @@ split longer than declared trains more epochs than planned. So each split's leng
 compared with ``num_samples(split)`` when it is built, and the first batch and the model's
 outputs for it are checked once, from shapes and dtypes only (no device sync), before the
 first loss is computed.
+
+Only what the spec and the task leave no doubt about is checked: the inputs' size per sample
+(not their dtype: a model may embed integer ids or normalize uint8 pixels itself), targets of
+a layout the spec's built-in task reads (class ids or class probabilities for features), and
+the outputs only when the run's objective scores the spec's layout (a package's task with
+outputs of its own layout is not second-guessed); a language model may have more logits than
+the data's vocabulary (a padded or shared vocabulary), never fewer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from blocks.data.adapter import LightningData
 from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, RegressionBatch, TokenBatch
+from blocks.model.adapter import TorchModule
 from blocks.model.base import ModelBlock
 from blocks.spec.errors import BlocksError, Problem
+from blocks.task.objectives import Objective
 
-FLOAT, INT64, INTEGER = "float", "int64", "integer"
-"""The dtype families a batch tensor may be required to have."""
+FLOAT, INTEGER, ANY = "float", "int", "any"
+"""The dtype families a batch tensor may be required to have (:data:`ANY`: not checked)."""
 
 
 @dataclass(frozen=True)
@@ -33,9 +42,10 @@ class Expected:
 
     Attributes:
         name: ``inputs``, ``targets`` or ``outputs``.
-        dtype: :data:`FLOAT` (any floating dtype: a precision may convert them), :data:`INT64` or :data:`INTEGER`.
+        dtype: :data:`FLOAT` (any floating dtype: a precision may convert them), :data:`INTEGER` or :data:`ANY`.
         shape: the shape of one sample (the batch's first dimension comes before it).
         flat: only the number of elements per sample must match (feature vectors a model reshapes itself).
+        at_least: the last dimension may be larger (logits over a padded vocabulary).
         meaning: what the last dimension counts, with the spec field that sets it.
         count: the spec field that sets the last dimension (``num_classes``...).
     """
@@ -44,6 +54,7 @@ class Expected:
     dtype: str
     shape: tuple[int, ...]
     flat: bool = False
+    at_least: bool = False
     meaning: str = ""
     count: str = ""
 
@@ -56,11 +67,21 @@ class Expected:
             return False
         if self.flat:
             return len(shape) > 1 and _elements(shape[1:]) == _elements(self.shape)
+        if self.at_least:
+            return (
+                shape[1:-1] == self.shape[:-1]
+                and len(shape) == len(self.shape) + 1
+                and shape[-1] >= self.shape[-1]
+            )
         return shape[1:] == self.shape
 
     def describe(self, batch_size: int | str) -> str:
         """``float[32, 1]`` (or ``float[batch, 1]``): the dtype family and the whole batch's shape."""
-        return f"{self.dtype}[{', '.join(str(n) for n in (batch_size, *self.shape))}]"
+        sizes = [str(n) for n in (batch_size, *self.shape)]
+        if self.at_least:
+            sizes[-1] = f">={sizes[-1]}"
+        family = "tensor" if self.dtype == ANY else self.dtype
+        return f"{family}[{', '.join(sizes)}]"
 
 
 def _elements(shape: tuple[int, ...]) -> int:
@@ -71,10 +92,10 @@ def _elements(shape: tuple[int, ...]) -> int:
 
 
 def _dtype_fits(dtype: torch.dtype, family: str) -> bool:
+    if family == ANY:
+        return True
     if family == FLOAT:
         return dtype.is_floating_point
-    if family == INT64:
-        return dtype == torch.int64
     return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
 
 
@@ -83,24 +104,40 @@ def described(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')}[{', '.join(str(n) for n in tensor.shape)}]"
 
 
-def expected_layout(spec: BatchSpec) -> tuple[Expected, Expected, Expected]:
+@dataclass(frozen=True)
+class Layout:
+    """What a batch of one spec holds, and what a model's outputs for it must be.
+
+    Attributes:
+        inputs: the inputs (their size per sample; any dtype).
+        targets: the target layouts the spec's built-in task reads (any one of them).
+        outputs: the outputs that task scores.
+    """
+
+    inputs: Expected
+    targets: tuple[Expected, ...]
+    outputs: Expected
+
+
+def expected_layout(spec: BatchSpec) -> Layout:
     """The inputs, targets and model outputs a batch of *spec* must have (per sample)."""
     if isinstance(spec, TokenBatch):
-        return (
-            Expected("inputs", INTEGER, (spec.seq_len,)),
-            Expected("targets", INT64, (spec.seq_len,)),
+        return Layout(
+            Expected("inputs", ANY, (spec.seq_len,)),
+            (Expected("targets", INTEGER, (spec.seq_len,)),),
             Expected(
                 "outputs",
                 FLOAT,
                 (spec.seq_len, spec.vocab_size),
-                meaning=f"one logit per token id (vocab_size={spec.vocab_size})",
+                at_least=True,
+                meaning=f"one logit per token id (vocab_size={spec.vocab_size}, or more)",
                 count="vocab_size",
             ),
         )
     if isinstance(spec, FeatureBatch):
-        return (
-            Expected("inputs", FLOAT, (spec.num_features,), flat=True),
-            Expected("targets", INT64, ()),
+        return Layout(
+            Expected("inputs", ANY, (spec.num_features,), flat=True),
+            (Expected("targets", INTEGER, ()), Expected("targets", FLOAT, (spec.num_classes,))),
             Expected(
                 "outputs",
                 FLOAT,
@@ -110,9 +147,9 @@ def expected_layout(spec: BatchSpec) -> tuple[Expected, Expected, Expected]:
             ),
         )
     assert isinstance(spec, RegressionBatch)
-    return (
-        Expected("inputs", FLOAT, (spec.num_features,), flat=True),
-        Expected("targets", FLOAT, (spec.num_targets,)),
+    return Layout(
+        Expected("inputs", ANY, (spec.num_features,), flat=True),
+        (Expected("targets", FLOAT, (spec.num_targets,)),),
         Expected(
             "outputs",
             FLOAT,
@@ -134,13 +171,17 @@ def _block_label(block: DataBlock | ModelBlock | None, kind: str) -> str:
 
 def _block_key(block: DataBlock | ModelBlock | None, kind: str) -> str:
     """``model.target`` for an adapter (the class it names is what to fix), else the kind."""
-    return f"{kind}.target" if block is not None and _adapter_target(block) else kind
+    return f"{kind}.target" if _adapter_target(block) else kind
 
 
-def _adapter_target(block: DataBlock | ModelBlock) -> str | None:
-    """The import path an adapter block (``model=torch_module``) names in its ``target`` field; None for others."""
-    values = {f.name: getattr(block, f.name) for f in dataclasses.fields(block)}
-    return str(values["target"]) if values.get("target") else None
+def _adapter_target(block: DataBlock | ModelBlock | None) -> str | None:
+    """The import path an adapter block (``model=torch_module``, ``data=lightning_data``) names; None for others.
+
+    Another block's field named ``target`` (a column to predict, say) is no import path.
+    """
+    if isinstance(block, (TorchModule, LightningData)):
+        return block.target
+    return None
 
 
 @dataclass(frozen=True)
@@ -151,52 +192,64 @@ class BatchContract:
         spec: the data block's declared batch spec.
         data: the data block (named in the messages; None: just ``data``).
         model: the model block (named in the messages; None: just ``model``).
+        scored_layout: whether the run's objective scores outputs of the spec's layout
+            (:attr:`blocks.task.objectives.Objective.scores_spec_layout`); False: outputs unchecked.
     """
 
     spec: BatchSpec
     data: DataBlock | None = None
     model: ModelBlock | None = None
+    scored_layout: bool = True
+
+    @classmethod
+    def of_run(
+        cls, spec: BatchSpec, data: DataBlock | None, model: ModelBlock, objective: Any
+    ) -> BatchContract:
+        """The contract of a run scoring with *objective* (outputs checked when it scores the spec's layout)."""
+        scored = isinstance(objective, Objective) and objective.scores_spec_layout
+        return cls(spec, data, model, scored_layout=scored)
 
     def check_batch(self, batch: Any) -> None:
         """Raise a :class:`BlocksError` on ``data`` unless *batch* is a mapping of ``inputs`` and ``targets`` as the spec says."""
         self._refuse_other_than_a_mapping(batch)
-        inputs, targets, _ = expected_layout(self.spec)
-        for expected in (inputs, targets):
-            self._refuse_missing_or_not_a_tensor(batch, expected.name)
+        layout = expected_layout(self.spec)
+        for name in ("inputs", "targets"):
+            self._refuse_missing_or_not_a_tensor(batch, name)
         size = batch["inputs"].shape[0] if batch["inputs"].dim() else 0
-        for expected in (inputs, targets):
-            tensor = batch[expected.name]
-            if not expected.fits(tensor, size):
+        for alternatives in ((layout.inputs,), layout.targets):
+            tensor = batch[alternatives[0].name]
+            if not any(expected.fits(tensor, size) for expected in alternatives):
                 raise self._data_error(
-                    f"yields {expected.name} {described(tensor)}, but its batch_spec() {self.spec} needs "
-                    f"{expected.describe(size)} for a batch of {size}",
-                    f"make each item's {expected.name!r} a {expected.dtype} tensor of shape "
-                    f"{list(expected.shape)}{_scalar_hint(expected, tensor, size)}, or make batch_spec() "
-                    "declare what the items hold",
+                    f"yields {alternatives[0].name} {described(tensor)}, but its batch_spec() {self.spec} needs "
+                    f"{' or '.join(expected.describe(size) for expected in alternatives)} for a batch of {size}",
+                    _fix_for(alternatives, tensor, size),
                 )
 
     def check_outputs(self, outputs: Any, batch: Mapping[str, Any]) -> None:
-        """Raise a :class:`BlocksError` on ``model`` unless *outputs* have the shape the spec's task needs."""
-        expected = expected_layout(self.spec)[2]
+        """Raise a :class:`BlocksError` on ``model`` unless *outputs* have the shape the spec's task needs.
+
+        Nothing is checked when the run's objective scores outputs of a layout of its own
+        (:attr:`scored_layout` False).
+        """
+        if not self.scored_layout:
+            return
+        expected = expected_layout(self.spec).outputs
         size = batch["inputs"].shape[0]
         if isinstance(outputs, torch.Tensor) and expected.fits(outputs, size):
             return
         got = described(outputs) if isinstance(outputs, torch.Tensor) else f"a {type(outputs).__name__}"
-        label, key = _block_label(self.model, "model"), _block_key(self.model, "model")
-        target = getattr(self.model, "target", None)
-        where = f"{target}'s forward" if target else "the module its build(spec) returns"
+        label, target = _block_label(self.model, "model"), _adapter_target(self.model)
         raise BlocksError(
             Problem(
-                key,
+                "model.target" if target else "model",
                 f"{label} returns {got} for inputs {described(batch['inputs'])}, but the data's {self.spec} "
                 f"needs outputs {expected.describe(size)}: {expected.meaning}",
-                f"make {where} return a {expected.describe('batch')} tensor"
-                + (
-                    f" (model.spec_args={{<its argument>:{expected.count}}} passes the data's {expected.count} "
-                    "to its constructor)"
-                    if target
-                    else ""
-                ),
+                f"make {target}'s forward return a {expected.describe('batch')} tensor "
+                f"(model.spec_args={{<its argument>:{expected.count}}} passes the data's {expected.count} to "
+                "its constructor)"
+                if target
+                else f"choose a model whose outputs have the data's {expected.count}, or a task that scores "
+                f"{got} outputs",
                 related=("data",),
             )
         )
@@ -231,11 +284,19 @@ class BatchContract:
         )
 
 
-def _scalar_hint(expected: Expected, tensor: torch.Tensor, size: int) -> str:
-    """How to turn a scalar per sample into the one-element vector the spec declares."""
-    if expected.shape == (1,) and tuple(tensor.shape) == (size,):
-        return " (torch.tensor([y]) rather than torch.tensor(y))"
-    return ""
+def _fix_for(alternatives: tuple[Expected, ...], tensor: torch.Tensor, size: int) -> str:
+    """How to make each item's tensor one of *alternatives*."""
+    first = alternatives[0]
+    shapes = " or ".join(
+        f"{'' if expected.dtype == ANY else expected.dtype + ' '}tensor of shape {list(expected.shape)}"
+        for expected in alternatives
+    )
+    hint = ""
+    if first.shape == (1,) and tuple(tensor.shape) == (size,):
+        hint = " (torch.tensor([y]) rather than torch.tensor(y))"
+    return (
+        f"make each item's {first.name!r} a {shapes}{hint}, or make batch_spec() declare what the items hold"
+    )
 
 
 def check_split_size(data: DataBlock, split: str, dataset: Any) -> None:

@@ -46,7 +46,6 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         data: DataBlock | None = None,
     ) -> None:
         super().__init__()
-        self.contract = BatchContract(spec, data, model)
         self._batch_checked = False
         self.parallelize = parallelize
         self._parallelized = False
@@ -54,6 +53,7 @@ class BlocksModule(DirectBatchTransfer, DirectHookNameWrites, pl.LightningModule
         self.model = model.build(spec)
         initialize(self.model, model)
         self.objective = task.build(spec)
+        self.contract = BatchContract.of_run(spec, data, model, self.objective)
         self.optim_block = optim
         self.total_steps = total_steps
         self.val_metrics: dict[str, float] = {}

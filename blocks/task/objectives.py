@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,7 +16,15 @@ Batch = dict[str, torch.Tensor]
 
 
 class Objective(nn.Module):
-    """Loss for training and metrics for validation; metrics sync across processes on ``compute``."""
+    """Loss for training and metrics for validation; metrics sync across processes on ``compute``.
+
+    ``scores_spec_layout``: whether the model's outputs must have the layout the batch spec
+    implies (logits per class or token, one value per target); the run checks the first batch's
+    outputs against it (:mod:`blocks.runtime.contract`). An objective reading outputs of a layout
+    of its own (a mean and a variance per target, say) leaves it False.
+    """
+
+    scores_spec_layout: ClassVar[bool] = False
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         """The mean training loss of one micro-batch."""
@@ -58,6 +68,8 @@ def _is_half(state: torch.Tensor | list[torch.Tensor]) -> bool:
 class NextTokenObjective(Objective):
     """Cross-entropy over every position; validation loss is weighted by tokens."""
 
+    scores_spec_layout = True
+
     def __init__(self, label_smoothing: float = 0.0) -> None:
         super().__init__()
         self.label_smoothing = label_smoothing
@@ -86,6 +98,8 @@ class NextTokenObjective(Objective):
 class ClassificationObjective(Objective):
     """Cross-entropy over class logits; accuracy for validation."""
 
+    scores_spec_layout = True
+
     def __init__(self, num_classes: int, label_smoothing: float = 0.0) -> None:
         super().__init__()
         self.label_smoothing = label_smoothing
@@ -110,6 +124,8 @@ class ClassificationObjective(Objective):
 
 class RegressionObjective(Objective):
     """Mean squared (or Huber) error; validation adds mean absolute error and R²."""
+
+    scores_spec_layout = True
 
     def __init__(self, num_targets: int, loss: str = "mse") -> None:
         super().__init__()
