@@ -539,13 +539,24 @@ def test_a_sweep_whose_jobs_land_in_several_sweep_dirs_counts_each_of_them(
     cli_in_process, tmp_path: Path
 ) -> None:
     """The default sweep dir names the recipe, so a sweep over recipes puts its jobs in several
-    dirs: the failed jobs were looked for in one of them only, and the sweep exited 0."""
+    dirs: the failed jobs were looked for in one of them only, and the sweep exited 0. Each job
+    names its own sweep dir, not its run dir's parent (the subdir here has two levels)."""
     result = cli_in_process(
-        "run", "-m", "recipe=blobs,digits_mlp", "trainer.max_steps=3", "optim.lr=1e30", "monitor.progress=off"
+        "run",
+        "-m",
+        "recipe=blobs,digits_mlp",
+        "trainer.max_steps=3",
+        "optim.lr=1e30",
+        "monitor.progress=off",
+        "hydra.sweep.subdir=job/${hydra.job.num}",
     )
     assert result.returncode == 1, result.output[-3000:]
     blobs, digits = (next((tmp_path / "multirun" / recipe).iterdir()) for recipe in ("blobs", "digits_mlp"))
-    assert f"2 job(s) of the sweep did not complete: {blobs / '0'}, {digits / '1'}" in result.output
+    assert f"2 job(s) of the sweep did not complete: {blobs / 'job/0'}, {digits / 'job/1'}" in result.output
+    (said,) = [line for line in result.output.splitlines() if line.startswith("sweep dir")]
+    assert said.startswith(
+        f"sweep dirs: {blobs}, {digits} (its multirun.yaml is in {tmp_path / 'multirun'}/"
+    ), said
 
 
 @pytest.mark.slow

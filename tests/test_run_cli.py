@@ -48,7 +48,7 @@ def test_a_run_without_a_terminal_writes_one_run_dir_and_prints_plain_lines(cli,
 def test_sweep_gives_one_run_dir_per_job(cli_in_process, tmp_path: Path) -> None:
     """Through the console script's entry and Hydra's multirun, in this process: what a sweep writes
     (a run dir per job, each job's own blocks) does not depend on a fresh process, and the test
-    above already starts one."""
+    above already starts one. Its ``hydra.sweep.subdir`` has two levels (``<optim>/<lr>``)."""
     sweep = tmp_path / "sweep"
     result = cli_in_process(
         "run",
@@ -58,10 +58,12 @@ def test_sweep_gives_one_run_dir_per_job(cli_in_process, tmp_path: Path) -> None
         "optim.lr=0.01,0.003",
         "monitor.progress=off",
         f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=${hydra.runtime.choices.optim}/${optim.lr}",
     )
     assert result.returncode == 0, result.output
-    job_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
-    assert [p.name for p in job_dirs] == ["0", "1", "2", "3"]
+    names = ["adamw/0.01", "adamw/0.003", "sgd/0.01", "sgd/0.003"]  # in job order
+    job_dirs = [sweep / name for name in names]
+    assert sorted(f"{p.parent.name}/{p.name}" for p in sweep.glob("*/*") if p.is_dir()) == sorted(names)
     seen = set()
     for job_dir in job_dirs:
         assert read_summary(job_dir)["status"] == "completed"
@@ -72,4 +74,12 @@ def test_sweep_gives_one_run_dir_per_job(cli_in_process, tmp_path: Path) -> None
     # regression: a sweep printed no dir at all (a single run prints its `run dir:`)
     lines = result.output.splitlines()
     assert [line for line in lines if line.startswith("run dir: ")] == [f"run dir: {p}" for p in job_dirs]
-    assert f"sweep dir: {sweep}" in lines, result.output
+    # regression: each job's run dir's parent was taken for its sweep dir (`sweep dirs: .../adamw,
+    # .../sgd (its multirun.yaml is in ...)`), wrong for a subdir of several levels
+    assert [line for line in lines if line.startswith("sweep dir")] == [f"sweep dir: {sweep}"], result.output
+    # regression: `blocks report` of that sweep dir looked for job dirs one level below it only
+    result = cli_in_process("report", str(sweep))
+    assert result.returncode == 0, result.output
+    rows = (sweep / "report" / "report.md").read_text().splitlines()
+    jobs = sorted(row.split("|")[2].strip() for row in rows if row.startswith("| ") and "completed" in row)
+    assert jobs == sorted(names), rows

@@ -186,7 +186,7 @@ class RayLauncher(Launcher):
         log.error(f"job #{idx} ({' '.join(filter_overrides(overrides))}) crashed: {reason}")
         run_dir.mkdir(parents=True, exist_ok=True)
         record_failed_start(run_dir, reason, started)
-        job_lost(idx, run_dir)
+        job_lost(idx, run_dir, str(sweep_config.hydra.sweep.dir))
         task_cfg = OmegaConf.masked_copy(sweep_config, [str(k) for k in sweep_config if k != "hydra"])
         return JobReturn(
             overrides=overrides,

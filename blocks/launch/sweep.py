@@ -10,7 +10,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -315,11 +315,18 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """How one job of a sweep ended: its number, run dir, and status (``completed``, ``failed``, ``interrupted``, :data:`REFUSED`)."""
+    """How one job of a sweep ended: its number, run dir, and status (``completed``, ``failed``, ``interrupted``, :data:`REFUSED`).
+
+    ``sweep_dir`` is the job's own ``hydra.sweep.dir`` as its job resolved it (absolute; empty
+    when unknown): a sweep dir that names the recipe differs between the jobs of a sweep over
+    recipes, and a nested ``hydra.sweep.subdir`` (``lr/${optim.lr}``) puts the run dir deeper
+    than one level below it.
+    """
 
     num: int
     run_dir: str
     status: str
+    sweep_dir: str = ""
 
 
 REFUSED = "refused"
@@ -341,9 +348,9 @@ _LOST: list[JobOutcome] = []
 """Jobs whose process died before Hydra's ``on_job_end`` could run there, as the sweep's launcher reported them."""
 
 
-def job_lost(num: int, run_dir: Path) -> None:
+def job_lost(num: int, run_dir: Path, sweep_dir: str = "") -> None:
     """A launcher's word, in the sweep's process, on job *num* whose process died before it could report (a Ray task killed)."""
-    _LOST.append(JobOutcome(num, str(run_dir), "failed"))
+    _LOST.append(JobOutcome(num, str(run_dir), "failed", os.path.abspath(sweep_dir) if sweep_dir else ""))
 
 
 def job_ended(run_dir: Path, status: str) -> None:
@@ -398,6 +405,7 @@ class SweepOutcome(Callback):
             return
         run_dir = Path(str(config.hydra.runtime.output_dir))
         outcome = _ENDED.pop() if _ENDED else JobOutcome(job.num, str(run_dir), _summary_status(run_dir))
+        outcome = replace(outcome, sweep_dir=_job_sweep_dir(config))
         if os.getpid() == self.pid:
             self.outcomes.append(outcome)
             return
@@ -414,7 +422,14 @@ class SweepOutcome(Callback):
             for path in records.glob("*.json"):
                 data = _read_json(path)
                 if {"num", "run_dir", "status"} <= data.keys():
-                    outcomes.append(JobOutcome(int(data["num"]), str(data["run_dir"]), str(data["status"])))
+                    outcomes.append(
+                        JobOutcome(
+                            int(data["num"]),
+                            str(data["run_dir"]),
+                            str(data["status"]),
+                            str(data.get("sweep_dir") or ""),
+                        )
+                    )
             shutil.rmtree(records, ignore_errors=True)
         outcomes.sort(key=lambda o: o.num)
         say_where_the_jobs_went(outcomes, str(config.hydra.sweep.dir))
@@ -438,15 +453,38 @@ def say_where_the_jobs_went(outcomes: list[JobOutcome], sweep_dir: str) -> None:
 
     Hydra writes ``multirun.yaml`` into *sweep_dir* as the sweep's own config resolves it; a
     sweep over recipes under the default ``multirun/<recipe>/...`` puts each job under its own
-    recipe's dir instead.
+    recipe's dir instead. A job's sweep dir is the one it resolved itself (``JobOutcome.sweep_dir``),
+    else *sweep_dir*, each when its run dir lies inside (a ``hydra.sweep.subdir`` of several
+    levels puts it deeper than one), else its run dir's parent.
     """
-    dirs = list(dict.fromkeys(str(Path(o.run_dir).parent) for o in outcomes))
+    dirs = list(dict.fromkeys(_outcome_sweep_dir(o, sweep_dir) for o in outcomes))
     if not dirs:
         return
     line = f"sweep dir{'s' if len(dirs) > 1 else ''}: {', '.join(dirs)}"
     if Path(sweep_dir).resolve() not in {Path(d).resolve() for d in dirs}:
         line += f" (its multirun.yaml is in {Path(sweep_dir).resolve()})"
     print(line, flush=True)
+
+
+def _outcome_sweep_dir(outcome: JobOutcome, sweep_dir: str) -> str:
+    """The sweep dir job *outcome* ran in (see :func:`say_where_the_jobs_went`)."""
+    run_dir = Path(outcome.run_dir).resolve()
+    for candidate in (outcome.sweep_dir, sweep_dir):
+        if candidate and run_dir.is_relative_to(Path(candidate).resolve()):
+            return os.path.abspath(candidate)
+    return str(Path(outcome.run_dir).parent)
+
+
+def _job_sweep_dir(config: DictConfig) -> str:
+    """The absolute ``hydra.sweep.dir`` of the job whose Hydra config is *config* (empty when unresolvable).
+
+    Resolved as Hydra's launcher resolved it to make the job's run dir (the job's own config:
+    a ``${recipe}`` or ``${now:...}`` in it has the job's value), relative to where the job runs.
+    """
+    try:
+        return os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir")))
+    except Exception:  # an interpolation only the launcher could resolve: the run dir's parent stands in
+        return ""
 
 
 def _summary_status(run_dir: Path) -> str:

@@ -15,6 +15,7 @@ import csv
 import html
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +147,7 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
         return _run_report(read_run(path))
     if (path / PIPELINE_FILE).is_file():
         return _pipeline_report(path, read_stages(path))
-    jobs = sorted((p for p in path.iterdir() if p.is_dir() and is_run_dir(p)), key=_job_order)
+    jobs = _sweep_jobs(path)
     if not jobs:
         raise BlocksError(
             Problem(
@@ -155,7 +156,7 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
                 "pass the directory `blocks run` printed, or a sweep's hydra.sweep.dir",
             )
         )
-    staged = [p.name for p in jobs if (p / STAGE_FILE).is_file() or (p / UPSTREAM_FILE).is_file()]
+    staged = [_job_name(path, p) for p in jobs if (p / STAGE_FILE).is_file() or (p / UPSTREAM_FILE).is_file()]
     if staged:  # a pipeline's dir from before it recorded its stages: its stages are no sweep's jobs
         raise BlocksError(
             Problem(
@@ -163,14 +164,36 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
                 f"{path} is a pipeline's dir (its {', '.join(staged)} are stages), written before blocks "
                 f"recorded its stages ({PIPELINE_FILE})",
                 f"run the pipeline again (it skips its finished stages and records them), or report one stage: "
-                f"blocks report {path / jobs[0].name}",
+                f"blocks report {jobs[0]}",
             )
         )
     return _sweep_report(path, [read_run(p) for p in jobs], objective=objective, mode=mode)
 
 
-def _job_order(path: Path) -> tuple[int, str]:
-    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+def _sweep_jobs(root: Path) -> list[Path]:
+    """The job dirs of the sweep dir *root*, in job order: its run dirs at any depth, none inside another.
+
+    A ``hydra.sweep.subdir`` of several levels (``lr/${optim.lr}``) puts them deeper than one
+    level below the sweep dir. A run dir's own subdirs (checkpoints, ``.hydra``) are not
+    searched; a link to a dir is not followed (a link to a run dir is a job).
+    """
+    jobs = []
+    for top, dirs, _ in os.walk(root):
+        for name in list(dirs):
+            if is_run_dir(Path(top, name)):
+                jobs.append(Path(top, name))
+                dirs.remove(name)
+    return sorted(jobs, key=lambda job: _job_order(job.relative_to(root)))
+
+
+def _job_name(root: Path, job: Path) -> str:
+    """How a report names the job dir *job* of the sweep dir *root*: its path below *root* (``3``, ``lr/0.01``)."""
+    return job.relative_to(root).as_posix()
+
+
+def _job_order(relative: Path) -> tuple[tuple[int, int, str], ...]:
+    """Numbered job dirs by number, before the others by name, at each level."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in relative.parts)
 
 
 # --- one run ------------------------------------------------------------------------------------
@@ -344,7 +367,7 @@ def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mod
         table.append(
             [
                 str(position) if _usable(value) else "-",
-                run.path.name,
+                _job_name(root, run.path),
                 run.status,
                 *[values.get(p, "") for p in params],
                 _fmt(value) if value is not None else "-",
@@ -360,7 +383,9 @@ def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mod
             plots.append(
                 (title, _objective_plot(out / f"objective_vs_{safe}.png", title, param, objective, points))
             )
-    curves = {run.path.name: run.columns["train/loss"] for run in runs if run.columns.get("train/loss")}
+    curves = {
+        _job_name(root, run.path): run.columns["train/loss"] for run in runs if run.columns.get("train/loss")
+    }
     if curves:
         plots.append(("Training loss of every job", _line_plot(out / "train_loss.png", "train/loss", curves)))
     title = f"Sweep report: {root.name} ({len(runs)} jobs, {objective}, {mode})"
