@@ -39,4 +39,6 @@ def load_split(block: Orchids, split: str) -> Rows:
     cut = len(rows) - block.val_rows
     if split == "train":
         return Rows(features[:cut], labels[:cut])
-    return Rows(features[cut:], labels[cut:])
+    if split == "val":
+        return Rows(features[cut:], labels[cut:])
+    raise ValueError(f"acme/orchids has no {split!r} split (num_samples({split!r}) is 0)")
