@@ -176,6 +176,7 @@ def test_hydra_logging_writes_only_to_the_run_dir_and_the_sweeper_imports_no_fun
         ["hydra.output_subdir=null"],
         ["hydra.job.name=job_${hydra.job.num}"],  # Hydra's launcher sets the number after the check
         ["hydra.output_subdir=.hydra_${hydra.job.num}"],
+        ["hydra.job.name=${hydra.runtime.choices.optim}_${hydra.job.num}"],  # the rest resolves as Hydra will
     ]
     for overrides in fine:
         assert jobs.plan(["recipe=blobs", *overrides]).ok, overrides

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import Container, DictConfig, ListConfig, OmegaConf
+from omegaconf import Container, DictConfig, ListConfig, OmegaConf, read_write
 
 from blocks.compat.hydra_private import config_child, is_whole_interpolation, unresolved
 from blocks.core.env_set import env_set_problems
@@ -228,12 +228,33 @@ def _settled(hydra: DictConfig, path: str, plain: Mapping[Any, Any]) -> tuple[An
         value = OmegaConf.select(hydra, path, throw_on_missing=False)
     except Exception as exc:  # resolving may fail in any of OmegaConf's or a resolver's ways
         raw = _at(plain, path)
-        if path in PER_JOB_NAMES and isinstance(raw, str) and "${" not in PER_JOB.sub("0", raw):
-            return PER_JOB.sub("0", raw), None
+        if path in PER_JOB_NAMES and isinstance(raw, str) and PER_JOB.search(raw):
+            judged = _with_a_job_number(hydra, path, raw)
+            if judged is not None:
+                return judged, None
         if path in DIRS:
             return None, _unresolvable_dir(f"hydra.{path}", raw, exc)
         return None, _unresolvable(f"hydra.{path}", "its value", exc)
     return value, None
+
+
+def _with_a_job_number(hydra: DictConfig, path: str, raw: str) -> Any:
+    """*raw* (the value at *path*) resolved with ``0`` for what Hydra's launcher sets per job; None if it still fails.
+
+    The rest of it resolves as Hydra will (``${hydra.runtime.choices.optim}/${hydra.job.num}``).
+    """
+    stand_in = PER_JOB.sub("0", raw)
+    if "${" not in stand_in:
+        return stand_in
+    try:
+        with read_write(hydra):
+            OmegaConf.update(hydra, path, stand_in)
+            return OmegaConf.select(hydra, path, throw_on_missing=False)
+    except Exception:  # resolving may fail in any of OmegaConf's or a resolver's ways
+        return None
+    finally:
+        with read_write(hydra):
+            OmegaConf.update(hydra, path, raw)
 
 
 DIRS = {"run.dir": "RUN", "sweep.dir": "MULTIRUN", "sweep.subdir": "MULTIRUN"}
