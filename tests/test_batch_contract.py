@@ -212,6 +212,24 @@ def _batch(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tenso
             torch.zeros(2, 2),
             "own",
         ),
+        (
+            {"seq_len": 8, "vocab_size": 256},
+            _batch(torch.zeros(2, 8, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.int64)),
+            torch.zeros(16, 256),
+            "lm",
+        ),
+        (
+            {"num_features": 1, "num_targets": 1},
+            _batch(torch.zeros(2, 1), torch.zeros(2, 1, dtype=torch.int64)),
+            torch.zeros(2, 1),
+            "regress",
+        ),
+        (
+            {"num_features": 1, "num_targets": 1},
+            _batch(torch.zeros(2, 1), torch.zeros(2, 3, dtype=torch.int64)),
+            torch.zeros(2, 2),
+            "own",
+        ),
     ],
     ids=[
         "padded-vocab",
@@ -219,6 +237,9 @@ def _batch(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tenso
         "uint8-images-and-labels",
         "class-probabilities",
         "own-output-layout",
+        "flattened-logits",
+        "integer-regression-targets",
+        "own-target-layout",
     ],
 )
 def test_what_the_spec_and_the_task_allow_is_not_refused(
@@ -244,12 +265,13 @@ def test_what_the_spec_and_the_task_allow_is_not_refused(
     scorer = {
         "lm": NextTokenObjective(),
         "classify": ClassificationObjective(num_classes=spec.get("num_classes", 2)),
+        "regress": RegressionObjective(num_targets=1),
         "own": MeanAndVariance(),
     }[objective]
     contract = BatchContract.of_run(batch_spec, None, None, scorer)
     contract.check_batch(batch)
     contract.check_outputs(outputs, batch)
-    if objective == "own":  # the built-in regression task scores one value per target: refused there
+    if objective == "own" and batch["targets"].shape == (2, 1):  # the built-in regression task: refused there
         with pytest.raises(BlocksError, match=r"needs outputs float\[2, 1\]"):
             BatchContract.of_run(batch_spec, None, None, RegressionObjective(num_targets=1)).check_outputs(
                 outputs, batch
@@ -268,3 +290,25 @@ def test_a_field_named_target_outside_an_adapter_is_no_import_path() -> None:
         contract.check_batch(_batch(torch.zeros(2, 1), torch.zeros(2)))
     (problem,) = info.value.problems
     assert problem.key == "data" and "(Table)" in problem.message and "price" not in problem.message
+
+
+def test_the_classification_and_lm_tasks_take_what_the_contract_lets_through() -> None:
+    """Class probabilities were scored as labels (accuracy 0.67 for perfect logits); int32 ids failed in cross-entropy.
+
+    The contract accepts class labels of any integer dtype and class probabilities, so the
+    built-in objectives must score them: labels as int64, probabilities against their argmax.
+    """
+    from blocks.task.objectives import ClassificationObjective, NextTokenObjective
+
+    labels = torch.tensor([0, 1, 2])
+    perfect = torch.nn.functional.one_hot(labels, 3).float() * 10
+    for targets in (labels, labels.to(torch.int32), torch.nn.functional.one_hot(labels, 3).float()):
+        objective = ClassificationObjective(num_classes=3)
+        assert objective.loss(perfect, {"targets": targets}).item() < 1e-3
+        objective.update(perfect, {"targets": targets})
+        assert objective.compute()["accuracy"].item() == 1.0, targets.dtype
+    tokens = torch.zeros(2, 4, dtype=torch.int32)
+    lm = NextTokenObjective()
+    assert lm.loss(torch.zeros(2, 4, 5), {"targets": tokens}).item() > 0
+    lm.update(torch.zeros(2, 4, 5), {"targets": tokens})
+    assert lm.compute()["loss"].item() > 0

@@ -32,8 +32,8 @@ from blocks.model.base import ModelBlock
 from blocks.spec.errors import BlocksError, Problem
 from blocks.task.objectives import Objective
 
-FLOAT, INTEGER, ANY = "float", "int", "any"
-"""The dtype families a batch tensor may be required to have (:data:`ANY`: not checked)."""
+FLOAT, INTEGER, REAL, ANY = "float", "int", "real", "any"
+"""The dtype families a batch tensor may be required to have (:data:`REAL`: integer or float; :data:`ANY`: not checked)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Expected:
         shape: the shape of one sample (the batch's first dimension comes before it).
         flat: only the number of elements per sample must match (feature vectors a model reshapes itself).
         at_least: the last dimension may be larger (logits over a padded vocabulary).
+        rows_per_sample: rows of the tensor per sample (a language model's logits flattened over
+            the sequence: ``seq_len``); the first dimension is the batch's size times it.
         meaning: what the last dimension counts, with the spec field that sets it.
         count: the spec field that sets the last dimension (``num_classes``...).
     """
@@ -55,6 +57,7 @@ class Expected:
     shape: tuple[int, ...]
     flat: bool = False
     at_least: bool = False
+    rows_per_sample: int = 1
     meaning: str = ""
     count: str = ""
 
@@ -63,7 +66,7 @@ class Expected:
         return _dtype_fits(tensor.dtype, self.dtype) and self._shape_fits(tuple(tensor.shape), batch_size)
 
     def _shape_fits(self, shape: tuple[int, ...], batch_size: int) -> bool:
-        if not shape or shape[0] != batch_size:
+        if not shape or shape[0] != batch_size * self.rows_per_sample:
             return False
         if self.flat:
             return len(shape) > 1 and _elements(shape[1:]) == _elements(self.shape)
@@ -77,11 +80,16 @@ class Expected:
 
     def describe(self, batch_size: int | str) -> str:
         """``float[32, 1]`` (or ``float[batch, 1]``): the dtype family and the whole batch's shape."""
-        sizes = [str(n) for n in (batch_size, *self.shape)]
+        rows = f"{batch_size}*{self.rows_per_sample}" if self.rows_per_sample > 1 else str(batch_size)
+        sizes = [rows, *(str(n) for n in self.shape)]
         if self.at_least:
             sizes[-1] = f">={sizes[-1]}"
-        family = "tensor" if self.dtype == ANY else self.dtype
-        return f"{family}[{', '.join(sizes)}]"
+        return f"{self.family or 'tensor'}[{', '.join(sizes)}]"
+
+    @property
+    def family(self) -> str:
+        """The dtype family as messages name it: ``float`` for :data:`REAL` (what data usually holds), "" for :data:`ANY`."""
+        return {ANY: "", REAL: FLOAT}.get(self.dtype, self.dtype)
 
 
 def _elements(shape: tuple[int, ...]) -> int:
@@ -94,6 +102,8 @@ def _elements(shape: tuple[int, ...]) -> int:
 def _dtype_fits(dtype: torch.dtype, family: str) -> bool:
     if family == ANY:
         return True
+    if family == REAL:
+        return not dtype.is_complex and dtype != torch.bool
     if family == FLOAT:
         return dtype.is_floating_point
     return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
@@ -111,51 +121,67 @@ class Layout:
     Attributes:
         inputs: the inputs (their size per sample; any dtype).
         targets: the target layouts the spec's built-in task reads (any one of them).
-        outputs: the outputs that task scores.
+        outputs: the output layouts that task scores (any one of them).
     """
 
     inputs: Expected
     targets: tuple[Expected, ...]
-    outputs: Expected
+    outputs: tuple[Expected, ...]
 
 
 def expected_layout(spec: BatchSpec) -> Layout:
     """The inputs, targets and model outputs a batch of *spec* must have (per sample)."""
     if isinstance(spec, TokenBatch):
+        logits = f"one logit per token id (vocab_size={spec.vocab_size}, or more)"
         return Layout(
             Expected("inputs", ANY, (spec.seq_len,)),
             (Expected("targets", INTEGER, (spec.seq_len,)),),
-            Expected(
-                "outputs",
-                FLOAT,
-                (spec.seq_len, spec.vocab_size),
-                at_least=True,
-                meaning=f"one logit per token id (vocab_size={spec.vocab_size}, or more)",
-                count="vocab_size",
+            (
+                Expected(
+                    "outputs",
+                    FLOAT,
+                    (spec.seq_len, spec.vocab_size),
+                    at_least=True,
+                    meaning=logits,
+                    count="vocab_size",
+                ),
+                Expected(
+                    "outputs",
+                    FLOAT,
+                    (spec.vocab_size,),
+                    at_least=True,
+                    rows_per_sample=spec.seq_len,
+                    meaning=logits,
+                    count="vocab_size",
+                ),
             ),
         )
     if isinstance(spec, FeatureBatch):
         return Layout(
             Expected("inputs", ANY, (spec.num_features,), flat=True),
             (Expected("targets", INTEGER, ()), Expected("targets", FLOAT, (spec.num_classes,))),
-            Expected(
-                "outputs",
-                FLOAT,
-                (spec.num_classes,),
-                meaning=f"one logit per class (num_classes={spec.num_classes})",
-                count="num_classes",
+            (
+                Expected(
+                    "outputs",
+                    FLOAT,
+                    (spec.num_classes,),
+                    meaning=f"one logit per class (num_classes={spec.num_classes})",
+                    count="num_classes",
+                ),
             ),
         )
     assert isinstance(spec, RegressionBatch)
     return Layout(
         Expected("inputs", ANY, (spec.num_features,), flat=True),
-        (Expected("targets", FLOAT, (spec.num_targets,)),),
-        Expected(
-            "outputs",
-            FLOAT,
-            (spec.num_targets,),
-            meaning=f"one value per target (num_targets={spec.num_targets})",
-            count="num_targets",
+        (Expected("targets", REAL, (spec.num_targets,)),),
+        (
+            Expected(
+                "outputs",
+                FLOAT,
+                (spec.num_targets,),
+                meaning=f"one value per target (num_targets={spec.num_targets})",
+                count="num_targets",
+            ),
         ),
     )
 
@@ -216,7 +242,8 @@ class BatchContract:
         for name in ("inputs", "targets"):
             self._refuse_missing_or_not_a_tensor(batch, name)
         size = batch["inputs"].shape[0] if batch["inputs"].dim() else 0
-        for alternatives in ((layout.inputs,), layout.targets):
+        # a task scoring a layout of its own reads its own targets: only the inputs are the spec's
+        for alternatives in ((layout.inputs,), layout.targets) if self.scored_layout else ((layout.inputs,),):
             tensor = batch[alternatives[0].name]
             if not any(expected.fits(tensor, size) for expected in alternatives):
                 raise self._data_error(
@@ -233,10 +260,13 @@ class BatchContract:
         """
         if not self.scored_layout:
             return
-        expected = expected_layout(self.spec).outputs
+        alternatives = expected_layout(self.spec).outputs
         size = batch["inputs"].shape[0]
-        if isinstance(outputs, torch.Tensor) and expected.fits(outputs, size):
+        if isinstance(outputs, torch.Tensor) and any(
+            expected.fits(outputs, size) for expected in alternatives
+        ):
             return
+        expected = alternatives[0]
         got = described(outputs) if isinstance(outputs, torch.Tensor) else f"a {type(outputs).__name__}"
         label, target = _block_label(self.model, "model"), _adapter_target(self.model)
         raise BlocksError(
@@ -288,7 +318,7 @@ def _fix_for(alternatives: tuple[Expected, ...], tensor: torch.Tensor, size: int
     """How to make each item's tensor one of *alternatives*."""
     first = alternatives[0]
     shapes = " or ".join(
-        f"{'' if expected.dtype == ANY else expected.dtype + ' '}tensor of shape {list(expected.shape)}"
+        f"{expected.family + ' ' if expected.family else ''}tensor of shape {list(expected.shape)}"
         for expected in alternatives
     )
     hint = ""

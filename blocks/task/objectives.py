@@ -77,7 +77,9 @@ class NextTokenObjective(Objective):
 
     def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor, smoothing: float) -> torch.Tensor:
         return F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), label_smoothing=smoothing
+            logits.reshape(-1, logits.shape[-1]).float(),
+            targets.reshape(-1).long(),
+            label_smoothing=smoothing,
         )
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -107,19 +109,26 @@ class ClassificationObjective(Objective):
         self.val_accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Mean cross-entropy."""
-        return F.cross_entropy(outputs.float(), batch["targets"], label_smoothing=self.label_smoothing)
+        """Mean cross-entropy against class ids or class probabilities."""
+        return F.cross_entropy(
+            outputs.float(), _cross_entropy_targets(batch["targets"]), label_smoothing=self.label_smoothing
+        )
 
     def update(self, outputs: torch.Tensor, batch: Batch) -> None:
-        """Add the batch's loss and predictions."""
-        targets = batch["targets"]
+        """Add the batch's loss and predictions (scored against the most probable class of probability targets)."""
+        targets = _cross_entropy_targets(batch["targets"])
         outputs = outputs.float()
-        self.val_loss.update(F.cross_entropy(outputs, targets), weight=targets.numel())
-        self.val_accuracy.update(outputs, targets)
+        self.val_loss.update(F.cross_entropy(outputs, targets), weight=targets.shape[0])
+        self.val_accuracy.update(outputs, targets.argmax(-1) if targets.is_floating_point() else targets)
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Loss and accuracy."""
         return {"loss": self.val_loss.compute(), "accuracy": self.val_accuracy.compute()}
+
+
+def _cross_entropy_targets(targets: torch.Tensor) -> torch.Tensor:
+    """Class ids as int64 (cross-entropy takes no other integer dtype), class probabilities as they are."""
+    return targets if targets.is_floating_point() else targets.long()
 
 
 class RegressionObjective(Objective):
