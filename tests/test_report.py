@@ -292,3 +292,68 @@ def test_a_damaged_pipeline_record_is_a_clear_error_and_a_truncated_evaluation_a
     rows = {row[0]: row for row in table_rows((root / "report" / "report.md").read_text())}
     assert rows["evaluate"][2] == "completed", rows
     assert rows["evaluate"][4].startswith(f"unreadable: {root / 'evaluate' / 'metrics.json'}"), rows
+
+
+def small_pipeline_dir(root: Path) -> Path:
+    """A pipeline's dir as ``blocks report`` reads it: its record and a train and an evaluate stage."""
+    root.mkdir(parents=True)
+    small_run_dir(root / "train")
+    (root / "train" / "stage.json").write_text('{"stage": "train"}')
+    (root / "evaluate").mkdir()
+    (root / "evaluate" / "summary.json").write_text('{"status": "completed", "metrics": {}}')
+    (root / "evaluate" / "upstream.json").write_text('{"stage": "train", "global_step": 2}')
+    stages = [
+        {"name": "train", "does": "train", "from": None},
+        {"name": "evaluate", "does": "evaluate", "from": "train"},
+    ]
+    (root / "pipeline.json").write_text(json.dumps({"stages": stages}))
+    return root
+
+
+def test_a_pipeline_below_a_sweep_dir_is_left_out_not_taken_for_an_old_pipeline(
+    cli_in_process, tmp_path: Path
+) -> None:
+    """``blocks report outputs`` with ``outputs/digits_pipeline/`` walked into the pipeline and refused
+    ``outputs`` as a pipeline's dir written before pipeline.json, its fix naming an unrelated run dir."""
+    outputs = tmp_path / "outputs"
+    pipeline = small_pipeline_dir(outputs / "digits_pipeline")
+    result = cli_in_process("report", str(outputs))
+    assert result.returncode == 2 and "Traceback" not in result.output, result.output
+    said = " ".join(result.output.split())
+    assert "written before" not in said and f"blocks report {pipeline}" in said, said
+
+    small_run_dir(outputs / "run1")
+    result = cli_in_process("report", str(outputs))
+    assert result.returncode == 0, result.output
+    rows = table_rows((outputs / "report" / "report.md").read_text())
+    assert rows[1][1] == "run1" and ["digits_pipeline", f"blocks report {pipeline}"] in rows, rows
+    assert len([row for row in rows if row[0] == "1"]) == 1, "the pipeline's stages are no jobs"
+
+
+def test_only_files_blocks_writes_make_a_job_below_a_sweep_dirs_children(
+    cli_in_process, tmp_path: Path
+) -> None:
+    """Hydra's ``conf/config.yaml`` below a run's dir was a job ``conf`` (status unknown), and the
+    ``.hydra`` of a sweep job killed before it wrote its run files was a job ``1/.hydra``."""
+    proj = tmp_path / "proj"
+    (proj / "rep").mkdir(parents=True)
+    small_run_dir(proj / "rep" / "0")
+    (proj / "rep" / "conf").mkdir()
+    (proj / "rep" / "conf" / "config.yaml").write_text("defaults: [_self_]\n")
+    (proj / "rep" / "1" / ".hydra").mkdir(parents=True)
+    (proj / "rep" / "1" / ".hydra" / "config.yaml").write_text("optim: {lr: 0.1}\n")
+    (proj / "2").mkdir()
+    (proj / "2" / "config.yaml").write_text("optim: {lr: 0.1}\n")  # one level down, as before: a job
+    result = cli_in_process("report", str(proj))
+    assert result.returncode == 0, result.output
+    jobs = [row[1] for row in table_rows((proj / "report" / "report.md").read_text())[1:]]
+    assert sorted(jobs) == ["2", "rep/0"], jobs
+
+
+def test_the_report_of_the_current_dir_is_titled_by_its_name(cli_in_process, tmp_path: Path) -> None:
+    """``blocks report .`` titled its report ``# Sweep report:  (...)``: Path('.').name is empty."""
+    small_run_dir(tmp_path / "0")
+    small_run_dir(tmp_path / "1")
+    assert cli_in_process("report", ".").returncode == 0
+    title = (tmp_path / "report" / "report.md").read_text().splitlines()[0]
+    assert title.startswith(f"# Sweep report: {tmp_path.name} (2 jobs"), title

@@ -83,6 +83,15 @@ def is_run_dir(path: Path) -> bool:
     return (path / "config.yaml").exists() or (path / "summary.json").exists()
 
 
+def _written_run_dir(path: Path) -> bool:
+    """A run dir by the files only blocks writes (``summary.json``, ``plan.json``), not a ``config.yaml`` alone.
+
+    Below a sweep dir's direct children a ``config.yaml`` is no sign of a job: Hydra's own
+    ``conf/config.yaml``, a config dir beside the runs, has one too.
+    """
+    return (path / "summary.json").exists() or (path / "plan.json").exists()
+
+
 def read_run(path: Path) -> RunData:
     """Read ``summary.json``, ``metrics.csv``, ``config.yaml`` and Hydra's ``overrides.yaml`` of a run dir."""
     summary: dict[str, Any] = {}
@@ -147,7 +156,16 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
         return _run_report(read_run(path))
     if (path / PIPELINE_FILE).is_file():
         return _pipeline_report(path, read_stages(path))
-    jobs = _sweep_jobs(path)
+    jobs, pipelines = _sweep_jobs(path)
+    if not jobs and pipelines:
+        raise BlocksError(
+            Problem(
+                "RUN_DIR",
+                f"{path} holds no run dirs but the dirs of pipelines ({', '.join(_job_name(path, p) for p in pipelines)}),"
+                " each reported on its own",
+                f"report a pipeline: blocks report {pipelines[0]}",
+            )
+        )
     if not jobs:
         raise BlocksError(
             Problem(
@@ -156,7 +174,12 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
                 "pass the directory `blocks run` printed, or a sweep's hydra.sweep.dir",
             )
         )
-    staged = [_job_name(path, p) for p in jobs if (p / STAGE_FILE).is_file() or (p / UPSTREAM_FILE).is_file()]
+    # Only stages right below *path* make it a pipeline's dir; a stage deeper down is some other pipeline's.
+    staged = [
+        _job_name(path, p)
+        for p in jobs
+        if p.parent == path and ((p / STAGE_FILE).is_file() or (p / UPSTREAM_FILE).is_file())
+    ]
     if staged:  # a pipeline's dir from before it recorded its stages: its stages are no sweep's jobs
         raise BlocksError(
             Problem(
@@ -167,23 +190,39 @@ def write_report(path: Path, *, objective: str | None = None, mode: str | None =
                 f"blocks report {jobs[0]}",
             )
         )
-    return _sweep_report(path, [read_run(p) for p in jobs], objective=objective, mode=mode)
+    return _sweep_report(path, [read_run(p) for p in jobs], pipelines, objective=objective, mode=mode)
 
 
-def _sweep_jobs(root: Path) -> list[Path]:
-    """The job dirs of the sweep dir *root*, in job order: its run dirs at any depth, none inside another.
+def _sweep_jobs(root: Path) -> tuple[list[Path], list[Path]]:
+    """The job dirs of the sweep dir *root*, in job order: its run dirs at any depth, none inside another; and the pipelines' dirs found.
 
     A ``hydra.sweep.subdir`` of several levels (``lr/${optim.lr}``) puts them deeper than one
     level below the sweep dir. A run dir's own subdirs (checkpoints, ``.hydra``) are not
-    searched; a link to a dir is not followed (a link to a run dir is a job).
+    searched; a link to a dir is not followed (a link to a run dir is a job). Dot-dirs
+    (``.hydra`` of a job killed before it wrote its run files) are not searched. A direct child
+    of *root* is a run dir as :func:`is_run_dir` says; deeper down only by the files blocks
+    alone writes (:func:`_written_run_dir`), so a ``conf/config.yaml`` is no job. A pipeline's
+    dir (its ``pipeline.json``) is not searched either: its stages are no sweep's jobs, and it
+    is listed apart (its own report is ``blocks report`` of that dir).
     """
-    jobs = []
+    jobs, pipelines = [], []
     for top, dirs, _ in os.walk(root):
+        direct = Path(top) == root
         for name in list(dirs):
-            if is_run_dir(Path(top, name)):
-                jobs.append(Path(top, name))
+            path = Path(top, name)
+            if name.startswith("."):
                 dirs.remove(name)
-    return sorted(jobs, key=lambda job: _job_order(job.relative_to(root)))
+            elif (path / PIPELINE_FILE).is_file():
+                pipelines.append(path)
+                dirs.remove(name)
+            elif is_run_dir(path) if direct else _written_run_dir(path):
+                jobs.append(path)
+                dirs.remove(name)
+
+    def order(found: Path) -> tuple[tuple[int, int, str], ...]:
+        return _job_order(found.relative_to(root))
+
+    return sorted(jobs, key=order), sorted(pipelines, key=order)
 
 
 def _job_name(root: Path, job: Path) -> str:
@@ -233,7 +272,7 @@ def _run_report(run: RunData) -> Path:
         series = {n: run.columns[n] for n in others}
         plots.append(("Validation metrics", _line_plot(out / "validation.png", "Validation metrics", series)))
     table = _run_table(run)
-    title = f"Run report: {run.path.name}"
+    title = f"Run report: {run.path.resolve().name}"
     _write_documents(out, title, [("Summary", ["", ""], table)], plots)
     return out
 
@@ -304,7 +343,7 @@ def _pipeline_report(root: Path, stages: list[dict[str, Any]]) -> Path:
     header = ["stage", "does", "status", "step", "metrics", "dir"]
     _write_documents(
         out,
-        f"Pipeline report: {root.name} ({len(stages)} stages)",
+        f"Pipeline report: {root.resolve().name} ({len(stages)} stages)",
         [("Stages in order", header, rows)],
         plots,
     )
@@ -347,7 +386,9 @@ def _stage_metrics(stage_dir: Path, run: RunData) -> str:
 # --- a sweep ------------------------------------------------------------------------------------
 
 
-def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mode: str | None) -> Path:
+def _sweep_report(
+    root: Path, runs: list[RunData], pipelines: list[Path], *, objective: str | None, mode: str | None
+) -> Path:
     monitor: dict[str, Any] = next((r.config.get("monitor", {}) for r in runs if r.config), {})
     explicit = objective is not None
     objective = objective or str(monitor.get("objective", "val/loss"))
@@ -388,8 +429,18 @@ def _sweep_report(root: Path, runs: list[RunData], *, objective: str | None, mod
     }
     if curves:
         plots.append(("Training loss of every job", _line_plot(out / "train_loss.png", "train/loss", curves)))
-    title = f"Sweep report: {root.name} ({len(runs)} jobs, {objective}, {mode})"
-    _write_documents(out, title, [(f"Jobs ranked by {objective} ({mode})", header, table)], plots)
+    # root.resolve(): the name of `blocks report .` is empty.
+    title = f"Sweep report: {root.resolve().name} ({len(runs)} jobs, {objective}, {mode})"
+    tables: list[Table] = [(f"Jobs ranked by {objective} ({mode})", header, table)]
+    if pipelines:
+        tables.append(
+            (
+                "Pipelines left out (each has its own report)",
+                ["pipeline", "its report"],
+                [[_job_name(root, p), f"blocks report {p}"] for p in pipelines],
+            )
+        )
+    _write_documents(out, title, tables, plots)
     return out
 
 
