@@ -54,6 +54,13 @@ def test_several_problems_are_reported_together(cli_in_process) -> None:
         assert key in result.stdout
 
 
+def test_a_missing_source_is_the_only_argument_named_missing(cli_in_process) -> None:
+    """``blocks eval --split test`` said 'required: source, overrides'; overrides are optional."""
+    result = cli_in_process("eval", "--split", "test")
+    assert result.returncode == 2
+    assert "the following arguments are required: source\n" in result.stdout
+
+
 def test_a_bad_job_in_a_sweep_stops_the_whole_sweep(cli, tmp_path) -> None:
     result = cli("run", "-m", "recipe=blobs", "optim.lr=0.1,-1", f"hydra.sweep.dir={tmp_path}/sweep")
     assert_clean_failure(result, "optim.lr", "optim.lr=-1")

@@ -759,7 +759,9 @@ def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_plan_epilog() if plan_help else None,
     )
-    plan.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4 strategy=single")
+    plan.add_argument(
+        "overrides", nargs="*", default=[], help="Hydra overrides, e.g. optim.lr=3e-4 strategy=single"
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("-m", "--multirun", action="store_true", help="plan every job of a sweep")
     plan.add_argument(
@@ -790,7 +792,10 @@ def build_parser(*, plan_help: bool = False) -> argparse.ArgumentParser:
     report.add_argument("--mode", choices=("min", "max"), help="min or max (default: monitor.objective_mode)")
     ev = sub.add_parser("eval", help="metrics of a run dir, checkpoint or export on a data block")
     ev.add_argument("source", help="a run dir, a committed checkpoint directory, or an export directory")
-    ev.add_argument("overrides", nargs="*", help="data=NAME or data.KEY=VALUE (e.g. data.batch_size=256)")
+    # default: optional (a nargs="*" positional without one is listed as required when the one before it is missing)
+    ev.add_argument(
+        "overrides", nargs="*", default=[], help="data=NAME or data.KEY=VALUE (e.g. data.batch_size=256)"
+    )
     ev.add_argument(
         "--split",
         default="val",
