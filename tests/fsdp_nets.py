@@ -6,6 +6,9 @@ import torch
 
 from blocks.model.networks import Decoder
 
+TINY_LM = {"context": 32, "mlp_ratio": 4, "dropout": 0.0, "tie_weights": True}
+"""The ``recipe=tiny_lm`` decoder's settings besides its sizes."""
+
 
 class OffsetDecoder(Decoder):
     """The ``recipe=tiny_lm`` decoder with a float32 buffer added to the embeddings, before its first unit.
@@ -16,14 +19,7 @@ class OffsetDecoder(Decoder):
 
     def __init__(self, vocab_size: int, d_model: int = 32, n_layers: int = 2, n_heads: int = 2) -> None:
         super().__init__(
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            context=32,
-            mlp_ratio=4,
-            dropout=0.0,
-            tie_weights=True,
+            vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads, **TINY_LM
         )
         self.register_buffer("offset", torch.full((d_model,), 0.1))
 
@@ -40,16 +36,7 @@ class TorchNNLayersDecoder(Decoder):
     """The ``recipe=tiny_lm`` decoder whose units are ``nn.Sequential`` MLP blocks: their forward is torch.nn's own code."""
 
     def __init__(self, vocab_size: int, d_model: int = 32, n_layers: int = 2) -> None:
-        super().__init__(
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=2,
-            context=32,
-            mlp_ratio=4,
-            dropout=0.0,
-            tie_weights=True,
-        )
+        super().__init__(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=2, **TINY_LM)
         self.layers = torch.nn.ModuleList(
             torch.nn.Sequential(
                 torch.nn.LayerNorm(d_model),
