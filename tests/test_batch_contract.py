@@ -58,11 +58,13 @@ class Line(DataBlock):
     Attributes:
         samples: training samples built.
         declared: training samples ``num_samples('train')`` reports (0: ``samples``).
+        declared_val: validation samples ``num_samples('val')`` reports.
         items: ``dicts``, ``scalar_targets`` (targets of shape [] rather than [1]) or ``pairs`` ((x, y) tuples).
     """
 
     samples: int = 64
     declared: int = 0
+    declared_val: int = 16
     items: str = "dicts"
 
     def batch_spec(self) -> BatchSpec:
@@ -71,7 +73,7 @@ class Line(DataBlock):
 
     def num_samples(self, split: str) -> int:
         """The declared sizes."""
-        return {"train": self.declared or self.samples, "val": 16}.get(split, 0)
+        return {"train": self.declared or self.samples, "val": self.declared_val}.get(split, 0)
 
     def build(self, split: str) -> Dataset:
         """The points of *split*."""
@@ -148,10 +150,15 @@ def test_a_split_of_another_length_than_declared_is_refused() -> None:
     assert check_split_sizes("contract/line") == {"train": 64, "val": 16}
 
 
-def test_negative_training_samples_are_a_plan_error() -> None:
-    plan = jobs.plan([*LINE, "data.declared=-5"])
-    (problem,) = [p for p in plan.errors if p.check == "training-split"]
-    assert problem.key == "data" and "num_samples('train') is -5" in problem.message
+@pytest.mark.parametrize(
+    ("override", "split"), [("data.declared=-5", "train"), ("data.declared_val=-3", "val")]
+)
+def test_a_negative_sample_count_is_a_plan_error(override: str, split: str) -> None:
+    """Regression: a negative validation count planned as valid (only training samples < 1 were refused)."""
+    plan = jobs.plan([*LINE, override])
+    (problem,) = [p for p in plan.errors if p.check == "split-count"]
+    assert problem.key == "data" and f"num_samples('{split}') is negative" in problem.message
+    assert f"Line.num_samples('{split}')" in problem.fix
 
 
 def test_regression_refuses_outputs_and_targets_of_other_shapes() -> None:

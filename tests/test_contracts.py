@@ -28,6 +28,7 @@ EXEMPLIFIED = [c for c in CHECKS if c.example]
 WITHOUT_PLAN_EXAMPLE = [
     "compile-cxx",  # needs a machine without a C++ compiler: tests/test_compile.py
     "mesh-world-size",  # no built-in strategy declares another mesh: tests/test_mesh_ranks.py
+    "split-count",  # no built-in data block miscounts: tests/test_batch_contract.py
     "data-extra",
     "weights-source",
     "weights-fit",

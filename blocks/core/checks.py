@@ -316,6 +316,13 @@ CHECKS: tuple[Check, ...] = (
         ("data.val_fraction=0.9999",),
     ),
     Check(
+        "split-count",
+        ("data",),
+        "data",
+        "a data block's `num_samples` counts no split below zero",
+        (),  # no built-in data block miscounts: tests/test_batch_contract.py
+    ),
+    Check(
         "split-fractions",
         ("data",),
         "data.test_fraction",

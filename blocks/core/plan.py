@@ -702,20 +702,25 @@ def _device_memory(state: _State) -> tuple[int | None, str]:
 
 def _check_batch_arithmetic(state: _State) -> None:
     d = state.derived
-    if d.train_samples <= 0 and state.batch_spec is not None:
-        data = state.blocks["data"]
+    data = state.blocks["data"]
+    counts = {"train": d.train_samples, "val": d.val_samples}
+    for split in [split for split, count in counts.items() if count < 0]:
         state.problems.append(
             Problem(
                 key="data",
-                message=f"data={data.block_name} has no training samples"
-                + (
-                    f": {type(data).__qualname__}.num_samples('train') is {d.train_samples}"
-                    if d.train_samples < 0
-                    else ""
-                ),
-                fix="give the data more samples (a larger corpus, or a shorter data.seq_len)"
-                if d.train_samples == 0
-                else f"make {type(data).__qualname__}.num_samples('train') count the training samples (≥ 1)",
+                message=f"data={data.block_name} counts {counts[split]} {split} samples: "
+                f"{type(data).__qualname__}.num_samples('{split}') is negative",
+                fix=f"make {type(data).__qualname__}.num_samples('{split}') count the {split} split's samples "
+                "(0 for a split the data does not have)",
+                check="split-count",
+            )
+        )
+    if d.train_samples == 0 and state.batch_spec is not None:
+        state.problems.append(
+            Problem(
+                key="data",
+                message=f"data={data.block_name} has no training samples",
+                fix="give the data more samples (a larger corpus, or a shorter data.seq_len)",
                 check="training-split",
             )
         )
