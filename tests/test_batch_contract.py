@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from blocks import register
 from blocks.core import catalog, jobs
-from blocks.data.base import BatchSpec, DataBlock, RegressionBatch
+from blocks.data.base import BatchSpec, DataBlock, FeatureBatch, RegressionBatch, TokenBatch
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
 from blocks.spec.registry import REGISTRY
@@ -319,3 +319,56 @@ def test_the_classification_and_lm_tasks_take_what_the_contract_lets_through() -
     assert lm.loss(torch.zeros(2, 4, 5), {"targets": tokens}).item() > 0
     lm.update(torch.zeros(2, 4, 5), {"targets": tokens})
     assert lm.compute()["loss"].item() > 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "batch", "said", "fix"),
+    [
+        (
+            FeatureBatch(num_features=2, num_classes=3),
+            _batch(torch.zeros(4, 2), torch.tensor([1, 2, 3, 3])),
+            "targets ids from 1 to 3, but its batch_spec() FeatureBatch(num_features=2, num_classes=3) has "
+            "num_classes=3: ids must lie in 0..2",
+            "make batch_spec() declare num_classes=4",
+        ),
+        (
+            FeatureBatch(num_features=2, num_classes=3),
+            _batch(torch.zeros(4, 2), torch.tensor([0, -1, 2, 1], dtype=torch.int32)),
+            "targets ids from -1 to 2",
+            "ids count from 0 and stay below num_classes=3",
+        ),
+        (
+            TokenBatch(seq_len=3, vocab_size=5),
+            _batch(torch.tensor([[0, 1, 5]]), torch.tensor([[1, 4, 4]])),
+            "inputs ids from 0 to 5, but its batch_spec() TokenBatch(vocab_size=5, seq_len=3) has vocab_size=5",
+            "make batch_spec() declare vocab_size=6",
+        ),
+    ],
+    ids=["labels-from-1", "negative-label", "token-beyond-vocab"],
+)
+def test_ids_outside_the_declared_count_are_refused_at_the_first_batch(
+    spec: BatchSpec, batch: dict[str, torch.Tensor], said: str, fix: str
+) -> None:
+    """Regression: class labels counted from 1 or token ids beyond the vocabulary passed the contract.
+
+    On a CPU they failed later in cross-entropy or the embedding naming neither block; on a GPU
+    as a device-side assert that ends the process.
+    """
+    from blocks.runtime.contract import BatchContract
+
+    with pytest.raises(BlocksError) as info:
+        BatchContract(spec, Line(), None).check_batch(batch)
+    (problem,) = info.value.problems
+    assert problem.key == "data" and "data=contract/line (Line) yields " + said in problem.message, problem
+    assert fix in problem.fix, problem.fix
+
+
+def test_ignored_targets_and_ids_within_the_count_pass() -> None:
+    """-100 (what cross-entropy ignores: padding) is no out-of-range id; uint8 ids have no -100."""
+    from blocks.runtime.contract import BatchContract
+
+    tokens = BatchContract(TokenBatch(seq_len=3, vocab_size=5))
+    tokens.check_batch(_batch(torch.tensor([[0, 1, 4]]), torch.tensor([[1, 4, -100]])))
+    tokens.check_batch(_batch(torch.rand(1, 3), torch.tensor([[-100, -100, -100]])))
+    classes = BatchContract(FeatureBatch(num_features=2, num_classes=3))
+    classes.check_batch(_batch(torch.zeros(3, 2), torch.tensor([0, 1, 2], dtype=torch.uint8)))

@@ -35,6 +35,9 @@ from blocks.task.objectives import Objective
 FLOAT, INTEGER, REAL, ANY = "float", "int", "real", "any"
 """The dtype families a batch tensor may be required to have (:data:`REAL`: integer or float; :data:`ANY`: not checked)."""
 
+IGNORED = -100
+"""The target id cross-entropy ignores (``ignore_index``'s default): padding in token targets."""
+
 
 @dataclass(frozen=True)
 class Expected:
@@ -49,7 +52,10 @@ class Expected:
         rows_per_sample: rows of the tensor per sample (a language model's logits flattened over
             the sequence: ``seq_len``); the first dimension is the batch's size times it.
         meaning: what the last dimension counts, with the spec field that sets it.
-        count: the spec field that sets the last dimension (``num_classes``...).
+        count: the spec field that sets the last dimension (``num_classes``...), or the number of
+            ids (:attr:`ids_below`).
+        ids_below: integer ids (class ids, token ids) must lie in ``0..ids_below - 1`` (0: not ids);
+            targets may also be :data:`IGNORED`. Floating-point tensors are not ids.
     """
 
     name: str
@@ -60,6 +66,7 @@ class Expected:
     rows_per_sample: int = 1
     meaning: str = ""
     count: str = ""
+    ids_below: int = 0
 
     def fits(self, tensor: torch.Tensor, batch_size: int) -> bool:
         """Whether *tensor* has this dtype family and shape, for a batch of *batch_size* samples."""
@@ -134,8 +141,8 @@ def expected_layout(spec: BatchSpec) -> Layout:
     if isinstance(spec, TokenBatch):
         logits = f"one logit per token id (vocab_size={spec.vocab_size}, or more)"
         return Layout(
-            Expected("inputs", ANY, (spec.seq_len,)),
-            (Expected("targets", INTEGER, (spec.seq_len,)),),
+            Expected("inputs", ANY, (spec.seq_len,), count="vocab_size", ids_below=spec.vocab_size),
+            (Expected("targets", INTEGER, (spec.seq_len,), count="vocab_size", ids_below=spec.vocab_size),),
             (
                 Expected(
                     "outputs",
@@ -159,7 +166,10 @@ def expected_layout(spec: BatchSpec) -> Layout:
     if isinstance(spec, FeatureBatch):
         return Layout(
             Expected("inputs", ANY, (spec.num_features,), flat=True),
-            (Expected("targets", INTEGER, ()), Expected("targets", FLOAT, (spec.num_classes,))),
+            (
+                Expected("targets", INTEGER, (), count="num_classes", ids_below=spec.num_classes),
+                Expected("targets", FLOAT, (spec.num_classes,)),
+            ),
             (
                 Expected(
                     "outputs",
@@ -245,12 +255,14 @@ class BatchContract:
         # a task scoring a layout of its own reads its own targets: only the inputs are the spec's
         for alternatives in ((layout.inputs,), layout.targets) if self.scored_layout else ((layout.inputs,),):
             tensor = batch[alternatives[0].name]
-            if not any(expected.fits(tensor, size) for expected in alternatives):
+            fitting = [expected for expected in alternatives if expected.fits(tensor, size)]
+            if not fitting:
                 raise self._data_error(
                     f"yields {alternatives[0].name} {described(tensor)}, but its batch_spec() {self.spec} needs "
                     f"{' or '.join(expected.describe(size) for expected in alternatives)} for a batch of {size}",
                     _fix_for(alternatives, tensor, size),
                 )
+            self._refuse_ids_out_of_range(tensor, fitting[0])
 
     def check_outputs(self, outputs: Any, batch: Mapping[str, Any]) -> None:
         """Raise a :class:`BlocksError` on ``model`` unless *outputs* have the shape the spec's task needs.
@@ -307,6 +319,35 @@ class BatchContract:
                 f"yields {name} as {type(batch[name]).__name__}, not a tensor",
                 f"make each item's {name!r} a tensor (torch.as_tensor(...)) of the batch spec's shape",
             )
+
+    def _refuse_ids_out_of_range(self, tensor: torch.Tensor, expected: Expected) -> None:
+        """Raise unless integer ids lie in ``0..ids_below - 1`` (targets: or :data:`IGNORED`).
+
+        The one check that reads values: a host read, on the first batch only. Out-of-range ids
+        fail later in an embedding or cross-entropy without naming the data, on a GPU as a
+        device-side assert that ends the process.
+        """
+        if not expected.ids_below or not _dtype_fits(tensor.dtype, INTEGER) or not tensor.numel():
+            return
+        ids = tensor.flatten()
+        ignorable = expected.name == "targets"
+        if ignorable and tensor.dtype.is_signed:
+            ids = ids[ids != IGNORED]
+        if not ids.numel():
+            return
+        low, high = (int(value) for value in torch.aminmax(ids))
+        if low >= 0 and high < expected.ids_below:
+            return
+        allowed = f"0..{expected.ids_below - 1}" + (
+            f" (or {IGNORED}, which cross-entropy ignores)" if ignorable else ""
+        )
+        declare = f", or make batch_spec() declare {expected.count}={high + 1}" if low >= 0 else ""
+        raise self._data_error(
+            f"yields {expected.name} ids from {low} to {high}, but its batch_spec() {self.spec} has "
+            f"{expected.count}={expected.ids_below}: ids must lie in {allowed}",
+            f"make each item's {expected.name!r} ids count from 0 and stay below {expected.count}="
+            f"{expected.ids_below}{declare}",
+        )
 
     def _data_error(self, message: str, fix: str) -> BlocksError:
         return BlocksError(
