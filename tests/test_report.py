@@ -334,7 +334,8 @@ def test_only_files_blocks_writes_make_a_job_below_a_sweep_dirs_children(
     cli_in_process, tmp_path: Path
 ) -> None:
     """Hydra's ``conf/config.yaml`` below a run's dir was a job ``conf`` (status unknown), and the
-    ``.hydra`` of a sweep job killed before it wrote its run files was a job ``1/.hydra``."""
+    ``.hydra`` of a sweep job killed before it wrote its run files was a job ``1/.hydra``; a
+    ``conf/config.yaml`` directly in the dir reported was a job too."""
     proj = tmp_path / "proj"
     (proj / "rep").mkdir(parents=True)
     small_run_dir(proj / "rep" / "0")
@@ -342,8 +343,9 @@ def test_only_files_blocks_writes_make_a_job_below_a_sweep_dirs_children(
     (proj / "rep" / "conf" / "config.yaml").write_text("defaults: [_self_]\n")
     (proj / "rep" / "1" / ".hydra").mkdir(parents=True)
     (proj / "rep" / "1" / ".hydra" / "config.yaml").write_text("optim: {lr: 0.1}\n")
-    (proj / "2").mkdir()
-    (proj / "2" / "config.yaml").write_text("optim: {lr: 0.1}\n")  # one level down, as before: a job
+    small_run_dir(proj / "2")
+    (proj / "conf").mkdir()
+    (proj / "conf" / "config.yaml").write_text("defaults: [_self_]\n")
     result = cli_in_process("report", str(proj))
     assert result.returncode == 0, result.output
     jobs = [row[1] for row in table_rows((proj / "report" / "report.md").read_text())[1:]]

@@ -84,10 +84,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _written_run_dir(path: Path) -> bool:
-    """A run dir by the files only blocks writes (``summary.json``, ``plan.json``), not a ``config.yaml`` alone.
+    """A run dir by the files only blocks writes (``summary.json``; ``plan.json``, beside ``config.yaml``).
 
-    Below a sweep dir's direct children a ``config.yaml`` is no sign of a job: Hydra's own
-    ``conf/config.yaml``, a config dir beside the runs, has one too.
+    A ``config.yaml`` alone is no sign of a job: a Hydra config dir (``conf/config.yaml``) has one too.
     """
     return (path / "summary.json").exists() or (path / "plan.json").exists()
 
@@ -199,15 +198,14 @@ def _sweep_jobs(root: Path) -> tuple[list[Path], list[Path]]:
     A ``hydra.sweep.subdir`` of several levels (``lr/${optim.lr}``) puts them deeper than one
     level below the sweep dir. A run dir's own subdirs (checkpoints, ``.hydra``) are not
     searched; a link to a dir is not followed (a link to a run dir is a job). Dot-dirs
-    (``.hydra`` of a job killed before it wrote its run files) are not searched. A direct child
-    of *root* is a run dir as :func:`is_run_dir` says; deeper down only by the files blocks
-    alone writes (:func:`_written_run_dir`), so a ``conf/config.yaml`` is no job. A pipeline's
+    (``.hydra`` of a job killed before it wrote its run files) are not searched. A job is a dir
+    with the files blocks alone writes (:func:`_written_run_dir`), at any depth: a config dir
+    beside the runs (``conf/config.yaml``) is no job. A pipeline's
     dir (its ``pipeline.json``) is not searched either: its stages are no sweep's jobs, and it
     is listed apart (its own report is ``blocks report`` of that dir).
     """
     jobs, pipelines = [], []
     for top, dirs, _ in os.walk(root):
-        direct = Path(top) == root
         for name in list(dirs):
             path = Path(top, name)
             if name.startswith("."):
@@ -215,7 +213,7 @@ def _sweep_jobs(root: Path) -> tuple[list[Path], list[Path]]:
             elif (path / PIPELINE_FILE).is_file():
                 pipelines.append(path)
                 dirs.remove(name)
-            elif is_run_dir(path) if direct else _written_run_dir(path):
+            elif _written_run_dir(path):
                 jobs.append(path)
                 dirs.remove(name)
 
