@@ -147,7 +147,7 @@ def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> int
             steps = [c.manifest.step for c in committed]
             if steps and max(steps) >= step:
                 return max(steps)
-        time.sleep(0.5)
+        time.sleep(0.1)  # a scan of a local dir: cheap next to the job's steps
     raise AssertionError(f"no checkpoint at step {step} in {run_dir}")
 
 
@@ -286,7 +286,7 @@ def test_a_killed_worker_without_restarts_fails_the_job_naming_the_rank(on_ray: 
 def wait_gone(run_dir: Path, patience_s: float = 60) -> list[int]:
     deadline = time.monotonic() + patience_s
     while job_pids(run_dir) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return job_pids(run_dir)
 
 
