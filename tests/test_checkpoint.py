@@ -30,6 +30,10 @@ LM = [
     "model.dropout=0.1",
 ]
 DDP = ["strategy=ddp", "trainer.devices=2", "data.batch_size=8"]
+MULTI_PROCESS = pytest.mark.xdist_group("torchrun")
+"""The group of a test case that starts several processes where conftest's text signs do not see it
+(the ``DDP`` case of a parametrized test): named here, so the test's own source does not put its
+other cases in the group too."""
 
 
 def trained(args: list[str], run_dir: Path) -> dict:
@@ -42,6 +46,24 @@ def trained(args: list[str], run_dir: Path) -> dict:
     summary = run(args, run_dir)
     assert summary.status == "completed", summary
     return read_summary(run_dir)
+
+
+@pytest.fixture(scope="module")
+def lm_run_of_9_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run dir of :data:`LM` trained 9 steps in this process: committed checkpoints at steps 6 and 9.
+
+    Shared by the tests that only need a short LM run to resume, refuse or tamper with: each
+    copies it (:func:`copy_of`) before it changes anything.
+    """
+    run_dir = tmp_path_factory.mktemp("lm-9") / "run"
+    trained([*LM, "trainer.max_steps=9"], run_dir)
+    return run_dir
+
+
+def copy_of(run_dir: Path, target: Path) -> Path:
+    """A copy of the finished run dir *run_dir* at *target* (the same run, for a rerun there to resume)."""
+    shutil.copytree(run_dir, target)
+    return target
 
 
 def run_and_kill_at(args: list[str], cwd: Path, step: int) -> None:
@@ -60,7 +82,9 @@ def metric_columns(csv_text: str, columns: int = 3) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("layout", "kill_steps"), [("single", 2), ("ddp", 1)])
+@pytest.mark.parametrize(
+    ("layout", "kill_steps"), [("single", 2), pytest.param("ddp", 1, marks=MULTI_PROCESS)]
+)
 def test_kill_9_and_rerun_reaches_the_uninterrupted_digest(
     tmp_path: Path, layout: str, kill_steps: int
 ) -> None:
@@ -80,10 +104,11 @@ def test_kill_9_and_rerun_reaches_the_uninterrupted_digest(
 
 
 @pytest.mark.slow
-def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(tmp_path: Path) -> None:
+def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(
+    tmp_path: Path, lm_run_of_9_steps: Path
+) -> None:
     """What a kill during a save leaves: files of the newest step without a manifest."""
-    run_dir = tmp_path / "run"
-    trained([*LM, "trainer.max_steps=9"], run_dir)
+    run_dir = copy_of(lm_run_of_9_steps, tmp_path / "run")
     checkpoints = run_dir / "checkpoints"
     newest = checkpoints / store.step_dir_name(9)
     half_written = checkpoints / store.step_dir_name(12)
@@ -100,9 +125,8 @@ def test_uncommitted_newest_checkpoint_is_ignored_and_cleaned(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    trained([*LM, "trainer.max_steps=9"], run_dir)
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path, lm_run_of_9_steps: Path) -> None:
+    run_dir = copy_of(lm_run_of_9_steps, tmp_path / "run")
     newest = run_dir / "checkpoints" / store.step_dir_name(9) / "state.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -178,11 +202,12 @@ def test_resume_from_a_missing_url_is_a_plan_error(cli_in_process, tmp_path: Pat
     assert "checkpoint.resume" in result.output and "not a committed checkpoint" in result.output
 
 
-def test_resume_refuses_a_checkpoint_of_another_model(cli_in_process, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    trained([*LM, "trainer.max_steps=6"], run_dir)
+def test_resume_refuses_a_checkpoint_of_another_model(
+    cli_in_process, tmp_path: Path, lm_run_of_9_steps: Path
+) -> None:
+    run_dir = copy_of(lm_run_of_9_steps, tmp_path / "run")
     result = cli_in_process(
-        "run", *LM, "trainer.max_steps=9", "model.d_model=48", "model.n_heads=2", f"hydra.run.dir={run_dir}"
+        "run", *LM, "trainer.max_steps=12", "model.d_model=48", "model.n_heads=2", f"hydra.run.dir={run_dir}"
     )
     assert result.returncode == 2, result.output[-2000:]
     assert "was saved by a job with a different model" in result.output
@@ -225,10 +250,11 @@ def test_resume_refuses_another_seed_optimizer_or_corpus_and_resumes_the_same(
     assert read_summary(run_dir)["resumed_from"].endswith(store.step_dir_name(6))
 
 
-def test_resume_refuses_a_checkpoint_of_another_strategy_format(cli_in_process, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    trained([*LM, "trainer.max_steps=3"], run_dir)
-    result = cli_in_process("run", *LM, "trainer.max_steps=6", "strategy=fsdp", f"hydra.run.dir={run_dir}")
+def test_resume_refuses_a_checkpoint_of_another_strategy_format(
+    cli_in_process, tmp_path: Path, lm_run_of_9_steps: Path
+) -> None:
+    run_dir = copy_of(lm_run_of_9_steps, tmp_path / "run")
+    result = cli_in_process("run", *LM, "trainer.max_steps=12", "strategy=fsdp", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2, result.output[-2000:]
     assert "is a full checkpoint, but strategy=fsdp loads sharded (FSDP) ones" in result.output
 
@@ -237,18 +263,22 @@ class Payload:
     """Something that is not a tensor: loading it would run arbitrary code."""
 
 
-def test_a_checkpoint_carrying_pickled_code_is_refused(cli_in_process, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    trained([*LM, "trainer.max_steps=3"], run_dir)
-    good = run_dir / "checkpoints" / store.step_dir_name(3)
-    evil = tmp_path / "evil" / store.step_dir_name(3)
+def test_a_checkpoint_carrying_pickled_code_is_refused(
+    cli_in_process, tmp_path: Path, lm_run_of_9_steps: Path
+) -> None:
+    good = lm_run_of_9_steps / "checkpoints" / store.step_dir_name(9)  # read only
+    evil = tmp_path / "evil" / store.step_dir_name(9)
     shutil.copytree(good, evil)
     state = torch.load(evil / "state.pt", weights_only=True)
     state["payload"] = Payload()
     torch.save(state, evil / "state.pt")
     store.commit(str(evil), store.read_manifest(str(good)))
     result = cli_in_process(
-        "run", *LM, "trainer.max_steps=6", f"checkpoint.resume={evil}", f"hydra.run.dir={tmp_path / 'victim'}"
+        "run",
+        *LM,
+        "trainer.max_steps=12",
+        f"checkpoint.resume={evil}",
+        f"hydra.run.dir={tmp_path / 'victim'}",
     )
     # Refused in the driver (here, through the console entry) before any training process starts (tests/test_security.py drives more loaders).
     assert result.returncode == 2, result.output[-3000:]
