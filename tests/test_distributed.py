@@ -386,8 +386,9 @@ def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:
     assert "train/loss_rank1" in (run_dir / "metrics.csv").read_text().splitlines()[0]
 
 
-def test_multi_node_without_a_rendezvous_is_a_clear_error(cli) -> None:
-    result = cli("run", *FAST_DDP, "trainer.nodes=2", env={"BLOCKS_RDZV_ENDPOINT": ""})
+def test_multi_node_without_a_rendezvous_is_a_clear_error(cli_in_process, monkeypatch) -> None:
+    monkeypatch.setenv("BLOCKS_RDZV_ENDPOINT", "")
+    result = cli_in_process("run", *FAST_DDP, "trainer.nodes=2")  # refused before anything starts
     assert result.returncode != 0
     assert "BLOCKS_RDZV_ENDPOINT" in result.output
 
