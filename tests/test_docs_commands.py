@@ -8,7 +8,8 @@ are its output, whose first line must appear in the real output. ``text`` blocks
 
 How they run: each block is one test, in its own empty directory, its commands in order
 (so a block can train a run, then evaluate it). Commands of one process (``plan``, ``list``,
-``eval``, ``export``, ``report``, a ``blocks run`` on one device or a sweep of such runs) run
+``eval``, ``export``, ``report``, ``data``, ``new-package``, a ``blocks run`` on one device or a
+sweep of such runs) run
 in this process through the real CLI entry (``run_captured``); the others are ``python -m blocks`` of this checkout,
 and so is every command of a block that changes directory or the environment. ``blocks run``
 gets small overrides appended to stay fast (:data:`FAST`, only keys the command does not set
@@ -161,8 +162,9 @@ def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
 BLOCKS = [block for page in pages() for block in parse(page)]
 RUN_PLUGINS = ("hydra/launcher=", "hparams_search=", "hydra/sweeper=")
 """Choices that only a real run exercises: planning does not start a launcher or a sweeper."""
-IN_PROCESS = ("plan", "list", "eval", "export", "report")
-"""Commands that run in the test's own process (the same entry as the console script): one process each."""
+IN_PROCESS = ("plan", "list", "eval", "export", "report", "data", "new-package")
+"""Commands that run in the test's own process (the same entry as the console script): one process each
+(``data prepare --workers N`` starts its pool of processes from there)."""
 
 
 def in_process(tokens: list[str]) -> bool:
