@@ -664,7 +664,7 @@ def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(t
             "strategy.collective_timeout_s=5",
             "monitor.stall_timeout_s=600",  # the watchdog (which hosts the injection hook) must not fire first
             "monitor.progress=off",
-            "trainer.shutdown_grace_s=2",
+            "trainer.shutdown_grace_s=1",  # the least there is: rank 1, stalled, is killed at its end
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
