@@ -386,8 +386,9 @@ def test_two_nodes_on_loopback_train_one_job(tmp_path: Path) -> None:
     assert "train/loss_rank1" in (run_dir / "metrics.csv").read_text().splitlines()[0]
 
 
-def test_multi_node_without_a_rendezvous_is_a_clear_error(cli) -> None:
-    result = cli("run", *FAST_DDP, "trainer.nodes=2", env={"BLOCKS_RDZV_ENDPOINT": ""})
+def test_multi_node_without_a_rendezvous_is_a_clear_error(cli_in_process, monkeypatch) -> None:
+    monkeypatch.setenv("BLOCKS_RDZV_ENDPOINT", "")
+    result = cli_in_process("run", *FAST_DDP, "trainer.nodes=2")  # refused before anything starts
     assert result.returncode != 0
     assert "BLOCKS_RDZV_ENDPOINT" in result.output
 
@@ -601,15 +602,25 @@ def worker_process(run_dir: Path, env: dict[str, str]) -> tuple[int, str]:
     return task.returncode, out
 
 
-@pytest.mark.slow
 def test_a_worker_mpirun_started_without_mpi4py_refuses_instead_of_training_a_job_of_its_own(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Regression: without mpi4py no rank found MPI, and Lightning started a whole job per rank in one run dir."""
+    """Regression: without mpi4py no rank found MPI, and Lightning started a whole job per rank in one run dir.
+
+    The worker's own code in this process, as the srun layout test does: the refusal is read from
+    the environment before anything trains, and a process of its own showed nothing more.
+    """
     run_dir = tmp_path / "run"
     driver.prepare([*FAST_DDP, "monitor.progress=off"], run_dir)
+    for name in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+    for name in TORCH_DISTRIBUTED_ENV:
+        monkeypatch.delenv(name, raising=False)
     mpi_rank = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
-    returncode, out = worker_process(run_dir, without_launchers() | mpi_rank)
+    for name, value in mpi_rank.items():
+        monkeypatch.setenv(name, value)
+    returncode = worker.run_worker(run_dir)
+    out = capsys.readouterr().err
     assert returncode == 2, out[-3000:]
     assert "mpi4py is not installed" in out and "pip install 'blocks[mpi]'" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
@@ -653,7 +664,7 @@ def test_a_stuck_collective_fails_the_job_after_the_timeout_instead_of_hanging(t
             "strategy.collective_timeout_s=5",
             "monitor.stall_timeout_s=600",  # the watchdog (which hosts the injection hook) must not fire first
             "monitor.progress=off",
-            "trainer.shutdown_grace_s=2",
+            "trainer.shutdown_grace_s=1",  # the least there is: rank 1, stalled, is killed at its end
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,

@@ -8,7 +8,8 @@ are its output, whose first line must appear in the real output. ``text`` blocks
 
 How they run: each block is one test, in its own empty directory, its commands in order
 (so a block can train a run, then evaluate it). Commands of one process (``plan``, ``list``,
-``eval``, ``export``, ``report``, a ``blocks run`` on one device or a sweep of such runs) run
+``eval``, ``export``, ``report``, ``data``, ``new-package``, a ``blocks run`` on one device or a
+sweep of such runs) run
 in this process through the real CLI entry (``run_captured``); the others are ``python -m blocks`` of this checkout,
 and so is every command of a block that changes directory or the environment. ``blocks run``
 gets small overrides appended to stay fast (:data:`FAST`, only keys the command does not set
@@ -48,7 +49,12 @@ pytestmark = pytest.mark.timeout(900)
 
 FAST = {"trainer.max_steps": "3", "trainer.max_epochs": "null"}
 SMALLER = {"hydra.sweeper.n_trials": "2"}
-"""Keys a command does set whose value only makes it longer: an Optuna search shows its sweeper in two trials."""
+"""Keys whose value only makes a command longer: an Optuna search shows its sweeper in two trials.
+
+Replaced where the command sets them; appended where it picks a sweeper that has them
+(:data:`SMALLER_SWEEPERS`) and leaves them at the sweeper's default (the preset's 20 trials)."""
+SMALLER_SWEEPERS = ("hparams_search=optuna", "hydra/sweeper=optuna")
+"""The choices that bring in the keys of :data:`SMALLER` (any other sweeper refuses them)."""
 INFO_FLAGS = {"--info", "-i", "--help", "-h", "--cfg", "-c", "--hydra-help", "--shell-completion", "-sc"}
 """Hydra flags that print and exit: nothing trains, and ``--info`` would take an override as its argument."""
 SHELL_BUILTINS = ("export ", "cd ", "mkdir ")
@@ -136,6 +142,8 @@ def fast_tokens(tokens: list[str], *, append: bool = True, plan: bool = False) -
         keys = {t.split("=", 1)[0] for t in tokens}
         tokens += [f"{k}={v}" for k, v in FAST.items() if k not in keys]
         tokens = [f"{k}={SMALLER[k]}" if (k := t.split("=", 1)[0]) in SMALLER else t for t in tokens]
+        if any(t.startswith(SMALLER_SWEEPERS) for t in tokens):
+            tokens += [f"{k}={v}" for k, v in SMALLER.items() if k not in keys]
     return tokens
 
 
@@ -152,8 +160,9 @@ def fast(command: str, *, append: bool = True, plan: bool = False) -> str:
 BLOCKS = [block for page in pages() for block in parse(page)]
 RUN_PLUGINS = ("hydra/launcher=", "hparams_search=", "hydra/sweeper=")
 """Choices that only a real run exercises: planning does not start a launcher or a sweeper."""
-IN_PROCESS = ("plan", "list", "eval", "export", "report")
-"""Commands that run in the test's own process (the same entry as the console script): one process each."""
+IN_PROCESS = ("plan", "list", "eval", "export", "report", "data", "new-package")
+"""Commands that run in the test's own process (the same entry as the console script): one process each
+(``data prepare --workers N`` starts its pool of processes from there)."""
 
 
 def in_process(tokens: list[str]) -> bool:
@@ -258,6 +267,8 @@ def test_a_run_trains_only_where_the_block_needs_its_training() -> None:
     assert trains(shown, 0) and trains(failing, 0)
     assert fast(commands[2], plan=True).startswith('"$BLOCKS_PYTHON" -m blocks plan recipe=blobs')
     assert " hydra.sweeper.n_trials=2 " in fast(commands[3] + " hydra.sweeper.n_trials=20")
+    assert fast(commands[3]).endswith(" hydra.sweeper.n_trials=2")  # the preset's 20 trials otherwise
+    assert "n_trials" not in fast(commands[4]), "the basic sweeper has no n_trials"
 
 
 @pytest.mark.parametrize("block", _params())

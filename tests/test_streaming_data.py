@@ -31,7 +31,7 @@ from blocks.data.shards.prepare import PrepareOptions, prepare
 from blocks.data.stream import Stream
 from blocks.runtime.sampler import GlobalBatchSampler
 from blocks.spec.errors import BlocksError
-from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_cli, run_in_process
+from tests.conftest import blocks_run_until_step, moto_s3_server, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -160,15 +160,19 @@ def test_the_content_digest_follows_the_sources_not_where_the_shards_are(
     assert Stream(path=str(tmp_path / "other")).content_digest() != digest
 
 
-def test_prepare_command_and_its_mistakes(cli, tmp_path: Path) -> None:
+def test_prepare_command_and_its_mistakes(cli_in_process, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus", files=2)
-    done = cli("data", "prepare", str(corpus), str(tmp_path / "out"), "--workers", "1")
+    done = cli_in_process("data", "prepare", str(corpus), str(tmp_path / "out"), "--workers", "1", apart=True)
     assert done.returncode == 0, done.output[-3000:]
     assert "prepared" in done.stdout and (tmp_path / "out" / MANIFEST).exists()
-    bad = cli("data", "prepare", str(corpus), str(tmp_path / "bad"), "--tokenizer", "missing.json")
+    bad = cli_in_process(
+        "data", "prepare", str(corpus), str(tmp_path / "bad"), "--tokenizer", "missing.json", apart=True
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.output
     assert "--tokenizer" in bad.stderr and "no tokenizer file" in bad.stderr
-    empty = cli("data", "prepare", str(tmp_path / "nothing-here"), str(tmp_path / "bad"))
+    empty = cli_in_process(
+        "data", "prepare", str(tmp_path / "nothing-here"), str(tmp_path / "bad"), apart=True
+    )
     assert empty.returncode == 2 and "no files match" in empty.stderr
 
 
@@ -280,7 +284,7 @@ def test_a_10_billion_token_manifest_plans_torch_free(tmp_path: Path) -> None:
     assert result["samples"] == samples and result["steps"] == samples // 16
     assert result["tokens"] == samples // 16 * 16 * 1024
     assert result["torch"] is False
-    shown = run_cli(["plan", *overrides], cwd=tmp_path)
+    shown = run_in_process(["plan", *overrides], cwd=tmp_path, apart=True)  # torch-free: the subprocess above
     assert shown.returncode == 0, shown.output[-2000:]
     assert f"{samples // 16:,}" in shown.stdout and f"{samples // 16 * 16 * 1024:,}" in shown.stdout
 
@@ -296,7 +300,7 @@ def test_plan_checks_vocabulary_context_batch_and_manifest(tmp_path: Path) -> No
     for check, overrides in checks.items():
         plan = jobs.plan(overrides)
         assert check in {p.check for p in plan.errors}, (check, [p.render() for p in plan.problems])
-    missing = run_cli(["plan", *checks["shard-manifest"]], cwd=tmp_path)
+    missing = run_in_process(["plan", *checks["shard-manifest"]], cwd=tmp_path)
     assert (
         missing.returncode == 2 and "data.path" in missing.output and "blocks data prepare" in missing.output
     )
@@ -370,7 +374,7 @@ def test_s3_shards_read_through_a_small_cache_equal_a_local_copy(s3, tmp_path: P
 def test_run_refuses_shards_missing_from_storage_before_starting(s3) -> None:
     fs, url, work = s3
     fs.copy(f"{url.removeprefix('s3://')}/{MANIFEST}", f"stream/manifest-only/{MANIFEST}")
-    result = run_cli(
+    result = run_in_process(  # refused before anything starts
         [
             "run",
             "recipe=tiny_lm",
@@ -379,6 +383,7 @@ def test_run_refuses_shards_missing_from_storage_before_starting(s3) -> None:
             f"hydra.run.dir={work / 'x'}",
         ],
         cwd=work,
+        apart=True,
     )
     assert result.returncode == 2 and "Traceback" not in result.output
     assert "shard file(s) of the manifest are missing" in result.stderr
