@@ -196,8 +196,39 @@ def call_in_fresh_process(function: Callable[..., Any], *args: Any, timeout: flo
 _RESULT = "blocks-test-result: "
 
 
+MLFLOW_EMPTY_DB_ENV = "BLOCKS_TEST_MLFLOW_EMPTY_DB"
+"""An empty MLflow sqlite database (its schema made) that :func:`mlflow_logger` copies; inherited by subprocesses."""
+
+
+def empty_mlflow_database(database: Path) -> None:
+    """Make *database* (unless it exists) a copy of an empty MLflow sqlite database made once per process tree.
+
+    MLflow makes a new database by running every schema migration, 3-8 s on a busy machine; a
+    copy is the same empty database, the test's own.
+    """
+    if database.exists():
+        return
+    template = os.environ.get(MLFLOW_EMPTY_DB_ENV, "")
+    if not Path(template).is_file():
+        import atexit
+
+        import mlflow
+
+        directory = tempfile.mkdtemp(prefix="blocks-test-mlflow-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        template = str(Path(directory) / "empty.db")
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
+        os.environ[MLFLOW_EMPTY_DB_ENV] = template
+    database.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, database)
+
+
 def mlflow_logger(database: Path, experiment: str) -> str:
-    """The ``monitor.loggers`` override of ``metrics.csv`` and an MLflow logger tracking into the sqlite *database*."""
+    """The ``monitor.loggers`` override of ``metrics.csv`` and an MLflow logger tracking into the sqlite *database*.
+
+    A new *database* starts as a copy of an empty one (:func:`empty_mlflow_database`).
+    """
+    empty_mlflow_database(database)
     return (
         "monitor.loggers=[csv,{_target_: pytorch_lightning.loggers.MLFlowLogger,"
         f" tracking_uri: 'sqlite:///{database}', experiment_name: {experiment}}}]"
