@@ -605,8 +605,19 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path
     assert read_summary(tmp_path / "shared" / "same")["status"] == "completed"  # trial 0's
 
 
-def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra: str) -> str:
-    """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace."""
+GRACE_S, OUTLIVED_S = 1, 2.5
+"""The ``trainer.shutdown_grace_s`` of the runs stopped by SIGTERM in a fresh process, and how long that
+process goes on after each of them ended (past the grace: a grace timer that fired would end it)."""
+
+
+def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
+    run_dir: str, *extra: str, ended: list[float]
+) -> str:
+    """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace.
+
+    The time the run ended is appended to *ended*: the caller goes on at least :data:`OUTLIVED_S`
+    after it, running what comes next meanwhile.
+    """
     import threading
 
     def signal_once_training() -> None:
@@ -622,9 +633,11 @@ def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra
         "monitor.log_every_n_steps=1",
     ]
     try:
-        driver.run([*args, *extra, "monitor.progress=off", "trainer.shutdown_grace_s=1"], Path(run_dir))
+        driver.run(
+            [*args, *extra, "monitor.progress=off", f"trainer.shutdown_grace_s={GRACE_S}"], Path(run_dir)
+        )
     except driver.JobFailed as stopped:
-        time.sleep(2.5)  # past trainer.shutdown_grace_s: the stopped run must not end this process
+        ended.append(time.monotonic())  # outlived past trainer.shutdown_grace_s: it must not end this process
         return str(stopped)
     return "not stopped"
 
@@ -701,11 +714,17 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
     :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
     ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`;
     two as :func:`stop_an_in_process_run_by_ctrl_c_twice` (mid-step, and while saving); then runs stopped at a step and resumed, as
-    :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``)."""
-    return {
-        "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
+    :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``).
+
+    The process outlives each grace run's grace while it runs the others (it goes on at least
+    :data:`OUTLIVED_S` after the last one ended, sleeping what the later runs did not take)."""
+    ended: list[float] = []
+    outcomes = {
+        "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
+            str(Path(root) / "default"), ended=ended
+        ),
         "never": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
-            str(Path(root) / "never"), "checkpoint.resume=never"
+            str(Path(root) / "never"), "checkpoint.resume=never", ended=ended
         ),
         "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
         "twice": stop_an_in_process_run_by_ctrl_c_twice(str(Path(root) / "twice")),
@@ -719,6 +738,8 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
             for accumulate in (1, 2)
         },
     }
+    time.sleep(max(0.0, max(ended) + OUTLIVED_S - time.monotonic()))  # past each grace run's grace
+    return outcomes
 
 
 @pytest.fixture(scope="module")
