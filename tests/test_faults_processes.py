@@ -157,7 +157,7 @@ def test_a_killed_peer_is_named_even_when_torchrun_sees_the_survivor_fail_first(
 
 
 MULTI_PROCESS = {
-    "ddp": (DDP_BLOBS, 30, "ddp_blobs_run"),
+    "ddp": (DDP_BLOBS, 30, "ddp_blobs_run", 20),
     "fsdp": (
         [
             *(arg for arg in FSDP_LM if arg != "monitor.progress=off"),
@@ -167,12 +167,17 @@ MULTI_PROCESS = {
         ],
         8,
         "fsdp_sync_run",
+        7,
     ),
 }
-"""The job each SIGTERM test stops (its overrides, its steps) and the conftest fixture that trained it
-uninterrupted: on two processes, every step logged, the stall watchdog armed (it hosts the fault hook
-the test sets; no stall comes near its timeout). The fsdp job is :data:`FSDP_LM` for 8 steps, as
-``fsdp_sync_run`` trained it: logging and the watchdog change no weight, so their digests must agree."""
+"""The job each SIGTERM test stops (its overrides, its steps), the conftest fixture that trained it
+uninterrupted, and the step after which rank 0 pauses (should the signal reach a rank late): on two
+processes, every step logged, the stall watchdog armed (it hosts the fault hook the test sets; no stall
+comes near its timeout). The fsdp job is :data:`FSDP_LM` for 8 steps, as ``fsdp_sync_run`` trained
+it: logging and the watchdog change no weight, so their digests must agree. The pause is waited out
+whenever the job stops at or after its step (the ranks check for the signal before the next step):
+the 8-step fsdp job pauses after step 7, its last but one; the 30-step ddp job, whose console may
+show step 5 when it is already at 7, after step 20 (after step 7 it waited 10 s for nothing)."""
 
 
 @pytest.mark.slow
@@ -188,12 +193,12 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     the ranks with it, and torchrun, signalled again by the driver, ended them mid-save: no checkpoint.
     With fsdp, only the driver gets it, and passes it on."""
     run_dir = tmp_path / "run"
-    args, steps, uninterrupted = MULTI_PROCESS[strategy]
-    assert f"trainer.max_steps={steps}" in args
+    args, steps, uninterrupted, pause_after = MULTI_PROCESS[strategy]
+    assert f"trainer.max_steps={steps}" in args and pause_after < steps
     # The signal goes at step 5; the ranks stop at the first step boundary by which they all got
-    # it (they check every step: log_every_n_steps=1), 5 or 6. Should it reach a rank late on a
-    # loaded machine, rank 0 pauses after step 7, so the 8-step fsdp job cannot finish first.
-    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:7:10")
+    # it (they check every step: log_every_n_steps=1), 5 to 7. Should it reach a rank late on a
+    # loaded machine, rank 0 pauses after step pause_after, so the job cannot finish first.
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", f"0:{pause_after}:10")
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
         signalled = [*job_pids(run_dir), proc.pid] if strategy == "ddp" else [proc.pid]
         assert strategy != "ddp" or torchrun_pid(run_dir) in signalled  # and its forkserver, the ranks
