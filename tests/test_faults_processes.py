@@ -68,7 +68,7 @@ def wait_until_gone(pids: list[int], patience_s: float = 90) -> list[str]:
     """Wait for *pids* to end; those still alive, described (orphans of a killed torchrun are no longer its descendants)."""
     deadline = time.monotonic() + patience_s
     while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return [describe_process(pid) for pid in alive(pids)]
 
 
