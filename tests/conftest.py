@@ -42,6 +42,7 @@ FAULT_DIR_ENV = "BLOCKS_TEST_FAULT_DIR"
 """Where each xdist worker's ``faulthandler`` writes, so a worker killed by a fatal signal leaves its stacks."""
 _made_fault_dir: list[str] = []  # the directory, in the controller that made it
 _fault_file: list[object] = []  # a worker's open file for faulthandler, kept alive
+_made_mlflow_dir: list[str] = []  # the directory of the session's empty MLflow database, in the controller
 
 
 @pytest.hookimpl(trylast=True)
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if FAULT_DIR_ENV not in os.environ:
             os.environ[FAULT_DIR_ENV] = tempfile.mkdtemp(prefix="blocks-test-faults-")
             _made_fault_dir.append(os.environ[FAULT_DIR_ENV])
+        if MLFLOW_EMPTY_DB_ENV not in os.environ:  # one for the session: workers and their subprocesses
+            _made_mlflow_dir.append(tempfile.mkdtemp(prefix="blocks-test-mlflow-"))
+            os.environ[MLFLOW_EMPTY_DB_ENV] = str(Path(_made_mlflow_dir[0]) / "empty.db")
         return
     directory = os.environ.get(FAULT_DIR_ENV)
     if directory:
@@ -76,10 +80,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The controller removes the workers' fault files once the summary is printed."""
+    """The controller removes the workers' fault files once the summary is printed (and the empty MLflow database)."""
     for directory in _made_fault_dir:
         shutil.rmtree(directory, ignore_errors=True)
         os.environ.pop(FAULT_DIR_ENV, None)
+    for directory in _made_mlflow_dir:
+        shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop(MLFLOW_EMPTY_DB_ENV, None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -201,24 +208,29 @@ MLFLOW_EMPTY_DB_ENV = "BLOCKS_TEST_MLFLOW_EMPTY_DB"
 
 
 def empty_mlflow_database(database: Path) -> None:
-    """Make *database* (unless it exists) a copy of an empty MLflow sqlite database made once per process tree.
+    """Make *database* (unless it exists) a copy of an empty MLflow sqlite database made once per session.
 
     MLflow makes a new database by running every schema migration, 3-8 s on a busy machine; a
-    copy is the same empty database, the test's own.
+    copy is the same empty database, the test's own. The first test to need it makes it where
+    :data:`MLFLOW_EMPTY_DB_ENV` says (the pytest controller's, which removes it at the end).
     """
     if database.exists():
         return
     template = os.environ.get(MLFLOW_EMPTY_DB_ENV, "")
-    if not Path(template).is_file():
+    if not template:  # not under this conftest's pytest: one for this process
         import atexit
-
-        import mlflow
 
         directory = tempfile.mkdtemp(prefix="blocks-test-mlflow-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        template = str(Path(directory) / "empty.db")
-        mlflow.MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
-        os.environ[MLFLOW_EMPTY_DB_ENV] = template
+        template = os.environ[MLFLOW_EMPTY_DB_ENV] = str(Path(directory) / "empty.db")
+    if not Path(template).is_file():
+        import mlflow
+
+        made = (
+            f"{template}.{os.getpid()}.{threading.get_ident()}"  # then renamed: a reader sees all or nothing
+        )
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments()
+        os.replace(made, template)
     database.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(template, database)
 
