@@ -42,6 +42,7 @@ FAULT_DIR_ENV = "BLOCKS_TEST_FAULT_DIR"
 """Where each xdist worker's ``faulthandler`` writes, so a worker killed by a fatal signal leaves its stacks."""
 _made_fault_dir: list[str] = []  # the directory, in the controller that made it
 _fault_file: list[object] = []  # a worker's open file for faulthandler, kept alive
+_made_mlflow_dir: list[str] = []  # the directory of the session's empty MLflow database, in the controller
 
 
 @pytest.hookimpl(trylast=True)
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if FAULT_DIR_ENV not in os.environ:
             os.environ[FAULT_DIR_ENV] = tempfile.mkdtemp(prefix="blocks-test-faults-")
             _made_fault_dir.append(os.environ[FAULT_DIR_ENV])
+        if MLFLOW_EMPTY_DB_ENV not in os.environ:  # one for the session: workers and their subprocesses
+            _made_mlflow_dir.append(tempfile.mkdtemp(prefix="blocks-test-mlflow-"))
+            os.environ[MLFLOW_EMPTY_DB_ENV] = str(Path(_made_mlflow_dir[0]) / "empty.db")
         return
     directory = os.environ.get(FAULT_DIR_ENV)
     if directory:
@@ -76,10 +80,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The controller removes the workers' fault files once the summary is printed."""
+    """The controller removes the workers' fault files once the summary is printed (and the empty MLflow database)."""
     for directory in _made_fault_dir:
         shutil.rmtree(directory, ignore_errors=True)
         os.environ.pop(FAULT_DIR_ENV, None)
+    for directory in _made_mlflow_dir:
+        shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop(MLFLOW_EMPTY_DB_ENV, None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -196,8 +203,44 @@ def call_in_fresh_process(function: Callable[..., Any], *args: Any, timeout: flo
 _RESULT = "blocks-test-result: "
 
 
+MLFLOW_EMPTY_DB_ENV = "BLOCKS_TEST_MLFLOW_EMPTY_DB"
+"""An empty MLflow sqlite database (its schema made) that :func:`mlflow_logger` copies; inherited by subprocesses."""
+
+
+def empty_mlflow_database(database: Path) -> None:
+    """Make *database* (unless it exists) a copy of an empty MLflow sqlite database made once per session.
+
+    MLflow makes a new database by running every schema migration, 3-8 s on a busy machine; a
+    copy is the same empty database, the test's own. The first test to need it makes it where
+    :data:`MLFLOW_EMPTY_DB_ENV` says (the pytest controller's, which removes it at the end).
+    """
+    if database.exists():
+        return
+    template = os.environ.get(MLFLOW_EMPTY_DB_ENV, "")
+    if not template:  # not under this conftest's pytest: one for this process
+        import atexit
+
+        directory = tempfile.mkdtemp(prefix="blocks-test-mlflow-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        template = os.environ[MLFLOW_EMPTY_DB_ENV] = str(Path(directory) / "empty.db")
+    if not Path(template).is_file():
+        import mlflow
+
+        made = (
+            f"{template}.{os.getpid()}.{threading.get_ident()}"  # then renamed: a reader sees all or nothing
+        )
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments()
+        os.replace(made, template)
+    database.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, database)
+
+
 def mlflow_logger(database: Path, experiment: str) -> str:
-    """The ``monitor.loggers`` override of ``metrics.csv`` and an MLflow logger tracking into the sqlite *database*."""
+    """The ``monitor.loggers`` override of ``metrics.csv`` and an MLflow logger tracking into the sqlite *database*.
+
+    A new *database* starts as a copy of an empty one (:func:`empty_mlflow_database`).
+    """
+    empty_mlflow_database(database)
     return (
         "monitor.loggers=[csv,{_target_: pytorch_lightning.loggers.MLFlowLogger,"
         f" tracking_uri: 'sqlite:///{database}', experiment_name: {experiment}}}]"

@@ -68,7 +68,7 @@ def wait_until_gone(pids: list[int], patience_s: float = 90) -> list[str]:
     """Wait for *pids* to end; those still alive, described (orphans of a killed torchrun are no longer its descendants)."""
     deadline = time.monotonic() + patience_s
     while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return [describe_process(pid) for pid in alive(pids)]
 
 
@@ -157,7 +157,7 @@ def test_a_killed_peer_is_named_even_when_torchrun_sees_the_survivor_fail_first(
 
 
 MULTI_PROCESS = {
-    "ddp": (DDP_BLOBS, 30, "ddp_blobs_run"),
+    "ddp": (DDP_BLOBS, 30, "ddp_blobs_run", 20),
     "fsdp": (
         [
             *(arg for arg in FSDP_LM if arg != "monitor.progress=off"),
@@ -167,12 +167,17 @@ MULTI_PROCESS = {
         ],
         8,
         "fsdp_sync_run",
+        7,
     ),
 }
-"""The job each SIGTERM test stops (its overrides, its steps) and the conftest fixture that trained it
-uninterrupted: on two processes, every step logged, the stall watchdog armed (it hosts the fault hook
-the test sets; no stall comes near its timeout). The fsdp job is :data:`FSDP_LM` for 8 steps, as
-``fsdp_sync_run`` trained it: logging and the watchdog change no weight, so their digests must agree."""
+"""The job each SIGTERM test stops (its overrides, its steps), the conftest fixture that trained it
+uninterrupted, and the step after which rank 0 pauses (should the signal reach a rank late): on two
+processes, every step logged, the stall watchdog armed (it hosts the fault hook the test sets; no stall
+comes near its timeout). The fsdp job is :data:`FSDP_LM` for 8 steps, as ``fsdp_sync_run`` trained
+it: logging and the watchdog change no weight, so their digests must agree. The pause is waited out
+whenever the job stops at or after its step (the ranks check for the signal before the next step):
+the 8-step fsdp job pauses after step 7, its last but one; the 30-step ddp job, whose console may
+show step 5 when it is already at 7, after step 20 (after step 7 it waited 10 s for nothing)."""
 
 
 @pytest.mark.slow
@@ -188,12 +193,12 @@ def test_sigterm_to_a_multi_process_job_saves_on_every_rank_and_the_rerun_resume
     the ranks with it, and torchrun, signalled again by the driver, ended them mid-save: no checkpoint.
     With fsdp, only the driver gets it, and passes it on."""
     run_dir = tmp_path / "run"
-    args, steps, uninterrupted = MULTI_PROCESS[strategy]
-    assert f"trainer.max_steps={steps}" in args
+    args, steps, uninterrupted, pause_after = MULTI_PROCESS[strategy]
+    assert f"trainer.max_steps={steps}" in args and pause_after < steps
     # The signal goes at step 5; the ranks stop at the first step boundary by which they all got
-    # it (they check every step: log_every_n_steps=1), 5 or 6. Should it reach a rank late on a
-    # loaded machine, rank 0 pauses after step 7, so the 8-step fsdp job cannot finish first.
-    monkeypatch.setenv("BLOCKS_FAULT_STALL", "0:7:10")
+    # it (they check every step: log_every_n_steps=1), 5 to 7. Should it reach a rank late on a
+    # loaded machine, rank 0 pauses after step pause_after, so the job cannot finish first.
+    monkeypatch.setenv("BLOCKS_FAULT_STALL", f"0:{pause_after}:10")
     with blocks_run_until_step([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, step=5) as proc:
         signalled = [*job_pids(run_dir), proc.pid] if strategy == "ddp" else [proc.pid]
         assert strategy != "ddp" or torchrun_pid(run_dir) in signalled  # and its forkserver, the ranks
@@ -605,8 +610,19 @@ def test_a_diverging_trial_does_not_end_an_optuna_study(cli_in_process, tmp_path
     assert read_summary(tmp_path / "shared" / "same")["status"] == "completed"  # trial 0's
 
 
-def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra: str) -> str:
-    """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace."""
+GRACE_S, OUTLIVED_S = 1, 2.5
+"""The ``trainer.shutdown_grace_s`` of the runs stopped by SIGTERM in a fresh process, and how long that
+process goes on after each of them ended (past the grace: a grace timer that fired would end it)."""
+
+
+def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
+    run_dir: str, *extra: str, ended: list[float]
+) -> str:
+    """In a fresh process: ``driver.run`` gets SIGTERM mid-training; the process goes on past the grace.
+
+    The time the run ended is appended to *ended*: the caller goes on at least :data:`OUTLIVED_S`
+    after it, running what comes next meanwhile.
+    """
     import threading
 
     def signal_once_training() -> None:
@@ -622,9 +638,11 @@ def stop_an_in_process_run_by_sigterm_and_outlive_the_grace(run_dir: str, *extra
         "monitor.log_every_n_steps=1",
     ]
     try:
-        driver.run([*args, *extra, "monitor.progress=off", "trainer.shutdown_grace_s=1"], Path(run_dir))
+        driver.run(
+            [*args, *extra, "monitor.progress=off", f"trainer.shutdown_grace_s={GRACE_S}"], Path(run_dir)
+        )
     except driver.JobFailed as stopped:
-        time.sleep(2.5)  # past trainer.shutdown_grace_s: the stopped run must not end this process
+        ended.append(time.monotonic())  # outlived past trainer.shutdown_grace_s: it must not end this process
         return str(stopped)
     return "not stopped"
 
@@ -701,11 +719,17 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
     :func:`stop_an_in_process_run_by_sigterm_and_outlive_the_grace` (the default's outcome and
     ``checkpoint.resume=never``'s), then one as :func:`stop_an_in_process_run_by_sigterm_in_setup`;
     two as :func:`stop_an_in_process_run_by_ctrl_c_twice` (mid-step, and while saving); then runs stopped at a step and resumed, as
-    :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``)."""
-    return {
-        "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(str(Path(root) / "default")),
+    :func:`stop_an_in_process_run_by_sigterm_at_a_step_and_resume` (``resumed/<accumulate>``).
+
+    The process outlives each grace run's grace while it runs the others (it goes on at least
+    :data:`OUTLIVED_S` after the last one ended, sleeping what the later runs did not take)."""
+    ended: list[float] = []
+    outcomes = {
+        "default": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
+            str(Path(root) / "default"), ended=ended
+        ),
         "never": stop_an_in_process_run_by_sigterm_and_outlive_the_grace(
-            str(Path(root) / "never"), "checkpoint.resume=never"
+            str(Path(root) / "never"), "checkpoint.resume=never", ended=ended
         ),
         "setup": stop_an_in_process_run_by_sigterm_in_setup(str(Path(root) / "setup")),
         "twice": stop_an_in_process_run_by_ctrl_c_twice(str(Path(root) / "twice")),
@@ -719,6 +743,8 @@ def stop_in_process_runs_by_sigterm(root: str) -> dict[str, Any]:
             for accumulate in (1, 2)
         },
     }
+    time.sleep(max(0.0, max(ended) + OUTLIVED_S - time.monotonic()))  # past each grace run's grace
+    return outcomes
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,10 @@ def metrics(run_dir: Path) -> list[dict[str, str]]:
 
 
 def test_every_logged_row_has_throughput_timing_and_memory(tmp_path: Path) -> None:
-    summary = driver.run(["debug=fast", "trainer.max_steps=3", "monitor.progress=off"], tmp_path)
+    # tiny_lm: a transformer on text, as the default recipe, at a fraction of its step time
+    summary = driver.run(
+        ["recipe=tiny_lm", "debug=fast", "trainer.max_steps=3", "monitor.progress=off"], tmp_path
+    )
     assert summary.status == "completed"
     rows = metrics(tmp_path)
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
@@ -182,7 +185,7 @@ def test_a_stalled_rank_dumps_every_ranks_stacks_and_fails_the_job(
             "trainer.max_steps=200",
             "strategy=ddp",
             "trainer.devices=2",
-            "monitor.stall_timeout_s=5",
+            "monitor.stall_timeout_s=3",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
@@ -364,7 +367,7 @@ def test_after_a_stall_torchrun_restarts_the_job_and_it_completes(
             "trainer.devices=2",
             "trainer.max_failures=1",
             "checkpoint.every_n_steps=2",
-            "monitor.stall_timeout_s=5",
+            "monitor.stall_timeout_s=3",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
@@ -475,7 +478,7 @@ def test_a_stall_in_one_run_does_not_silence_the_next_run_in_the_process(
     stalled = health.StallWatchdog(5, tmp_path / "stalled", on_stall=lambda reason, step: None, grace_s=0)
     stalled._fire(6.0)
 
-    summary = driver.run(["debug=fast", "trainer.max_steps=2", "monitor.progress=off"], tmp_path / "next")
+    summary = driver.run([*BLOBS, "trainer.max_steps=2"], tmp_path / "next")
     assert summary.status == "completed"
     assert read_summary(tmp_path / "next")["status"] == "completed"
 
