@@ -11,6 +11,7 @@ import yaml
 
 from blocks.checkpoint import store
 from blocks.launch import driver
+from tests.conftest import empty_mlflow_database
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -88,6 +89,7 @@ def relogged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("mlflow")
     root = tmp_path_factory.mktemp("relogged")
     paths = {"run": root / "run", "mlflow": root / "mlflow.db"}
+    empty_mlflow_database(paths["mlflow"])
     loggers = (
         "monitor.loggers=[csv,tensorboard,{_target_: pytorch_lightning.loggers.MLFlowLogger,"
         f" tracking_uri: 'sqlite:///{paths['mlflow']}', experiment_name: relogged}}]"

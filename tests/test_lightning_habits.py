@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from blocks.launch import driver
 from blocks.launch.run_dir import FinishedRunKept
-from tests.conftest import blocks_run_until_step, read_summary, run_in_process
+from tests.conftest import blocks_run_until_step, empty_mlflow_database, read_summary, run_in_process
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -319,6 +319,7 @@ def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     pytest.importorskip("mlflow")
     root = tmp_path_factory.mktemp("loggers")
     paths = {"run": root / "run", "mlflow": root / "mlflow.db", "csv": root / "csvlogs"}
+    empty_mlflow_database(paths["mlflow"])
     loggers = (
         "monitor.loggers=[csv,tensorboard,"
         f"{{_target_: pytorch_lightning.loggers.MLFlowLogger, tracking_uri: 'sqlite:///{paths['mlflow']}',"
