@@ -258,7 +258,6 @@ LAUNCHER_SWEEP = [
     ids=["joblib", "submitit_local"],
 )
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchrun")  # its 2-process jobs live in LAUNCHER_SWEEP, which conftest's signs do not read
 def test_hydra_launcher_plugins_run_the_jobs(cli, tmp_path: Path, launcher: list[str]) -> None:
     sweep = tmp_path / "sweep"
     result = cli("run", "-m", *launcher, *LAUNCHER_SWEEP, "monitor.progress=off", f"hydra.sweep.dir={sweep}")
