@@ -703,12 +703,13 @@ def _device_memory(state: _State) -> tuple[int | None, str]:
 def _check_batch_arithmetic(state: _State) -> None:
     d = state.derived
     data = state.blocks["data"]
-    counts = {"train": d.train_samples, "val": d.val_samples}
-    for split in [split for split, count in counts.items() if count < 0]:
+    for split, count in (("train", d.train_samples), ("val", d.val_samples)):
+        if count >= 0:
+            continue
         state.problems.append(
             Problem(
                 key="data",
-                message=f"data={data.block_name} counts {counts[split]} {split} samples: "
+                message=f"data={data.block_name} counts {count} {split} samples: "
                 f"{type(data).__qualname__}.num_samples('{split}') is negative",
                 fix=f"make {type(data).__qualname__}.num_samples('{split}') count the {split} split's samples "
                 "(0 for a split the data does not have)",

@@ -200,9 +200,9 @@ def _sweep_jobs(root: Path) -> tuple[list[Path], list[Path]]:
     searched; a link to a dir is not followed (a link to a run dir is a job). Dot-dirs
     (``.hydra`` of a job killed before it wrote its run files) are not searched. A job is a dir
     with the files blocks alone writes (:func:`_written_run_dir`), at any depth: a config dir
-    beside the runs (``conf/config.yaml``) is no job. A pipeline's
-    dir (its ``pipeline.json``) is not searched either: its stages are no sweep's jobs, and it
-    is listed apart (its own report is ``blocks report`` of that dir).
+    beside the runs (``conf/config.yaml``) is no job. A pipeline's dir (its ``pipeline.json``)
+    is not searched either: its stages are no sweep's jobs, and it is listed apart (its own
+    report is ``blocks report`` of that dir).
     """
     jobs, pipelines = [], []
     for top, dirs, _ in os.walk(root):
