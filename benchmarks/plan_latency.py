@@ -1,4 +1,10 @@
-"""Plan latency (``blocks plan``, without torch) and time to the first training step vs a Lightning script."""
+"""Plan latency (``blocks plan``, without torch) and time to the first training step vs a Lightning script.
+
+Both sides of the first-step ratio are one-step jobs timed from start to exit. ``blocks`` ends
+without Python's last garbage collections (about a second after importing Lightning); the
+script is timed both ending that way, so the judged ratio compares the starts, and as people
+write it, for what a user waits for.
+"""
 
 from __future__ import annotations
 
@@ -108,17 +114,31 @@ def run(quick: bool, root: Path) -> list[Figure]:
         one_step = [*blocks_overrides(small), "trainer.max_steps=1", f"hydra.run.dir={run_dir}"]
         return timed_subprocess(python("-m", "blocks", "run", *one_step), root)
 
-    def lightning_first_step() -> float:
-        return timed_subprocess(python(str(script), *lightning_args), Path(tempfile.mkdtemp(dir=root)))
+    def lightning_first_step(*flags: str) -> float:
+        return timed_subprocess(
+            python(str(script), *lightning_args, *flags), Path(tempfile.mkdtemp(dir=root))
+        )
 
-    first = interleaved({"blocks": blocks_first_step, "lightning": lightning_first_step}, repeats)
-    figures.append(
+    first = interleaved(
+        {
+            "blocks": blocks_first_step,
+            "lightning": lambda: lightning_first_step("--skip-final-collection"),
+            "lightning_as_written": lightning_first_step,
+        },
+        repeats,
+    )
+    figures += [
         judged(
             "plan",
-            "time to first step: blocks run / hand-written Lightning script",
+            "time to first step: blocks run / hand-written Lightning script (both skip the exit's collections)",
             median_ratio(first["blocks"], first["lightning"]),
             "<= 1.1",
             **rounded(first, 2, "_s"),
-        )
-    )
+        ),
+        Figure(
+            "plan",
+            "one-step job, start to exit: blocks run / the Lightning script as people write it",
+            median_ratio(first["blocks"], first["lightning_as_written"]),
+        ),
+    ]
     return figures

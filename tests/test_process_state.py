@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -130,22 +131,57 @@ import torch.cuda
 queried = []
 for name in {CUDA_QUERIES!r}:
     setattr(torch.cuda, name, lambda *a, _name=name, **k: queried.append(_name))
+import gc
 import blocks.launch.forkserver
-print(queried)
+print(queried, gc.get_freeze_count() > 0)
 """
 
 
-def test_the_forkservers_preload_never_touches_cuda() -> None:
+def test_the_forkservers_preload_never_touches_cuda_and_freezes_what_it_imported() -> None:
     """torchrun forks GPU workers from the preloaded server: CUDA queried there would fail them all.
 
-    (Querying CUDA arms torch's check that a forked child cannot use it.)
+    (Querying CUDA arms torch's check that a forked child cannot use it.) The imported objects are
+    frozen, so the workers' garbage collections leave them alone.
     """
     import subprocess
 
     probe = subprocess.run(
         [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, timeout=300, check=True
     )
-    assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
+    assert probe.stdout.strip() == "[] True", probe.stdout + probe.stderr
+
+
+EXIT_PROBE = """
+import atexit, gc
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
+from blocks.cli.main import main
+main()
+"""
+
+
+def test_the_blocks_command_exits_without_collecting_its_objects_and_an_in_process_call_leaves_them_alone(
+    tmp_path: Path,
+) -> None:
+    """The console script freezes its objects as it ends: Python's last collections would walk everything
+    torch and Lightning made (about a second per job). Called in another program, it leaves that
+    program's collector as it found it."""
+    import gc
+    import subprocess
+
+    before = gc.get_freeze_count()
+    code, out = run_captured(["plan", *TINY])
+    assert code == 0, out
+    assert gc.get_freeze_count() == before
+    probe = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, "run", *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+    assert probe.stdout.strip().splitlines()[-1] == "frozen at exit: True", probe.stdout[-2000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[-1].startswith("2,")
 
 
 @pytest.mark.parametrize(("devices", "given", "expected"), [(2, None, "1"), (2, "3", "3"), (1, None, None)])

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from blocks import __version__
+from blocks.launch.lifeline import skip_final_collection
 from blocks.spec.block import KINDS
 from blocks.spec.errors import BlocksError, Problem, TrainingError, did_you_mean
 
@@ -968,6 +969,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             signal.signal(
                 signal.SIGINT, functools.partial(_exit_at_once, code if isinstance(code, int) else 1)
             )
+            skip_final_collection()
     sys.exit(code)
 
 
