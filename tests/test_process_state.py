@@ -172,16 +172,24 @@ def test_the_blocks_command_exits_without_collecting_its_objects_and_an_in_proce
     code, out = run_captured(["plan", *TINY])
     assert code == 0, out
     assert gc.get_freeze_count() == before
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    logged = ["monitor.loggers=[csv,tensorboard]", "monitor.log_every_n_steps=1"]
     probe = subprocess.run(
-        [sys.executable, "-c", EXIT_PROBE, "run", *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
+        [sys.executable, "-c", EXIT_PROBE, "run", *TINY, *logged, f"hydra.run.dir={run_dir}"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
     assert probe.stdout.strip().splitlines()[-1] == "frozen at exit: True", probe.stdout[-2000:]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
-    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[-1].startswith("2,")
+    # what the run wrote as it ended is all there
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert (run_dir / "metrics.csv").read_text().splitlines()[-1].startswith("2,")
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
 
 
 @pytest.mark.parametrize(("devices", "given", "expected"), [(2, None, "1"), (2, "3", "3"), (1, None, None)])
