@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from blocks import __version__
-from blocks.launch.lifeline import skip_final_collection
+from blocks.launch.collector import own_this_process, skip_final_collection
 from blocks.spec.block import KINDS
 from blocks.spec.errors import BlocksError, Problem, TrainingError, did_you_mean
 
@@ -950,6 +950,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     entry = argv is None
     if entry:  # registered first, so called last: Python's own finalization would die of a Ctrl-C
         atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+        own_this_process()
     code: int | str | None = 1
     try:
         code = _command(list(sys.argv[1:] if argv is None else argv))

@@ -47,6 +47,7 @@ from blocks.core.jobs import Job, compose, plan_blocks, plan_job, refuse_interpo
 from blocks.core.masking import hiding_output
 from blocks.core.plan import Plan
 from blocks.core.provenance import version_notes
+from blocks.launch.collector import collection_paused
 from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
@@ -504,9 +505,10 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
             raise JobFailed(f"the job ended with status '{summary.status}': {summary.reason}", summary)
         return summary
 
-    from pytorch_lightning.utilities.exceptions import SIGTERMException
+    with collection_paused():
+        from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    from blocks.launch.worker import train
+        from blocks.launch.worker import train
 
     try:
         with environment_restored():

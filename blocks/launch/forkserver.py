@@ -14,25 +14,27 @@ process of a job (SLURM's scancel or preemption, systemd's control-group stop) w
 the workers with it, while they save their checkpoint. Each worker takes SIGTERM's default
 action back (:func:`~blocks.launch.worker.forked_worker`).
 
-The preloaded objects are frozen (:func:`gc.freeze`, as Python's docs advise before a fork):
-the workers' garbage collections skip the million objects the imports made instead of walking
-them again (and writing to their shared pages), and the server exits without collecting them.
+The imports run with the garbage collector paused, and what they made is frozen
+(:mod:`blocks.launch.collector`; Python's docs advise :func:`gc.freeze` before a fork): the
+workers' collections skip the million objects the imports made instead of walking them again
+(and writing to their shared pages).
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 
+from blocks.launch.collector import collection_paused, own_this_process
 from blocks.launch.lifeline import die_with_parent
 
 if not die_with_parent():
     os._exit(1)  # an orphan: the torchrun that started this server is gone
 
-import blocks.checkpoint.weights
-import blocks.launch.worker
-import blocks.runtime.trainer  # noqa: F401
+own_this_process()
+with collection_paused():
+    import blocks.checkpoint.weights
+    import blocks.launch.worker
+    import blocks.runtime.trainer  # noqa: F401
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-gc.freeze()

@@ -5,15 +5,11 @@ group (or torchrun alone) with SIGKILL would leave the workers training. The dri
 itself in ``$BLOCKS_PARENT_PID`` for torchrun, torchrun names itself for its forkserver and
 workers, and each asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``):
 driver, torchrun, forkserver, worker.
-
-A process that imported torch also ends without the interpreter's last garbage collections
-(:func:`skip_final_collection`): they cost about a second after every job and nothing needs them.
 """
 
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import signal
 import sys
@@ -74,15 +70,3 @@ def name_process(name: str) -> None:
 def _prctl(option: int, argument: int | bytes) -> None:
     """``prctl(option, argument)`` of this process (Linux)."""
     ctypes.CDLL(None).prctl(option, argument, 0, 0, 0)
-
-
-def skip_final_collection() -> None:
-    """Let this process exit without walking every object it holds: call it as the entry point ends.
-
-    At exit Python garbage-collects whatever is still alive; after torch and Lightning were
-    imported that is over a million objects, about a second of CPU (half a second for torch
-    alone) spent freeing memory the kernel frees anyway. Frozen objects (:func:`gc.freeze`)
-    are left out of it; atexit handlers, the flush of open files and streams, and objects
-    freed by reference counting as modules are torn down all happen as before.
-    """
-    gc.freeze()

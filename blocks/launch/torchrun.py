@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from blocks.core.plan import Plan
 from blocks.core.run_files import config_digest
+from blocks.launch.collector import collection_paused
 from blocks.launch.lifeline import children_environment, die_with_parent
 from blocks.spec.errors import BlocksError, Problem
 
@@ -264,21 +265,22 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(children_environment({}))
     start_forkserver()
 
-    from omegaconf import OmegaConf
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import (
-        RendezvousClosedError,
-        RendezvousConnectionError,
-        RendezvousTimeoutError,
-    )
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, get_args_parser
+    with collection_paused():
+        from omegaconf import OmegaConf
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous.api import (
+            RendezvousClosedError,
+            RendezvousConnectionError,
+            RendezvousTimeoutError,
+        )
+        from torch.distributed.launcher.api import elastic_launch
+        from torch.distributed.run import config_from_args, get_args_parser
 
-    from blocks.compat.elastic_private import stop_on_the_first_signal_only
-    from blocks.core.masking import hide_environment_values, hiding_output
-    from blocks.core.run_files import CONFIG_FILE
-    from blocks.launch.worker import forked_worker
+        from blocks.compat.elastic_private import stop_on_the_first_signal_only
+        from blocks.core.masking import hide_environment_values, hiding_output
+        from blocks.core.run_files import CONFIG_FILE
+        from blocks.launch.worker import forked_worker
 
     args = get_args_parser().parse_args(argv)
     if args.standalone:  # what torchrun's own ``run`` does for --standalone

@@ -6,10 +6,11 @@ already (the driver's and the workers' shared names live there). Running an impo
 would execute it a second time, with a ``RuntimeWarning`` from ``runpy``.
 """
 
-from blocks.launch.lifeline import skip_final_collection
+from blocks.launch.collector import own_this_process, skip_final_collection
 from blocks.launch.torchrun import main
 
 if __name__ == "__main__":
+    own_this_process()
     try:
         main()
     finally:

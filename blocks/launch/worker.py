@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from blocks.core.catalog import load
 from blocks.core.environment import restart_count
 from blocks.core.masking import hiding_output
+from blocks.launch.collector import collection_paused, own_this_process
 from blocks.launch.lifeline import WORKER_NAME, die_with_parent, name_process
 from blocks.launch.ray_workers import IN_RAY_TASK_ENV
 from blocks.launch.run_dir import (
@@ -52,15 +53,16 @@ def train(run_dir: Path, *, console: bool = True, own_process: bool = False) -> 
     plan = frozen.plan
     plan.raise_for_errors()
 
-    from pytorch_lightning.utilities.exceptions import SIGTERMException
+    with collection_paused():
+        from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    from blocks.checkpoint.resume import sample_digests
-    from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
-    from blocks.runtime.callbacks import early_stop_reason, refused_by_callback
-    from blocks.runtime.health import end_stall_watch
-    from blocks.runtime.loggers import finalize_loggers
-    from blocks.runtime.same_config import SameConfigOnEveryRank
-    from blocks.runtime.trainer import build_run, record_progress
+        from blocks.checkpoint.resume import sample_digests
+        from blocks.checkpoint.weights import full_state_dict, is_sharded, save_weights, state_digest
+        from blocks.runtime.callbacks import early_stop_reason, refused_by_callback
+        from blocks.runtime.health import end_stall_watch
+        from blocks.runtime.loggers import finalize_loggers
+        from blocks.runtime.same_config import SameConfigOnEveryRank
+        from blocks.runtime.trainer import build_run, record_progress
 
     driver = driver_config() if own_process else None
     checks = [SameConfigOnEveryRank(driver, frozen.config_text)] if driver is not None else []
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="blocks-worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
+    own_this_process()
     if not die_with_parent():
         os._exit(1)  # an orphan: the driver that started it is gone
     restarted_by_launcher = "TORCHELASTIC_RESTART_COUNT" in os.environ  # torchrun or Ray's driver
