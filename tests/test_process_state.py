@@ -201,6 +201,39 @@ def test_the_blocks_command_spares_the_collector_its_imports_and_exit_and_an_in_
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
 
 
+SWEEP_PROBE = """
+import gc, weakref
+from blocks.launch.collector import collection_paused, own_this_process
+
+class Job:
+    pass
+
+own_this_process()
+with collection_paused():
+    import xml.dom.minidom  # the first job's imports: frozen
+first = gc.get_freeze_count()
+earlier = Job()
+earlier.cycle = earlier  # what an earlier job leaves for the collector
+left = weakref.ref(earlier)
+del earlier
+with collection_paused():
+    import xml.dom.minidom  # a later job's imports: nothing new
+gc.collect()
+print(first > 0, gc.get_freeze_count() == first, left() is None)
+"""
+
+
+def test_a_later_jobs_imports_freeze_nothing_so_what_earlier_jobs_left_is_still_collected() -> None:
+    """A sweep runs its jobs in one process: only the first job's imports are frozen. Freezing again
+    would keep each finished job's trainer and model (reference cycles) for the rest of the sweep."""
+    import subprocess
+
+    probe = subprocess.run(
+        [sys.executable, "-c", SWEEP_PROBE], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert probe.stdout.split() == ["True", "True", "True"], probe.stdout + probe.stderr
+
+
 @pytest.mark.parametrize(("devices", "given", "expected"), [(2, None, "1"), (2, "3", "3"), (1, None, None)])
 def test_torchrun_gives_each_of_several_local_workers_one_thread_unless_told(
     devices: int, given: str | None, expected: str | None

@@ -16,7 +16,7 @@ action back (:func:`~blocks.launch.worker.forked_worker`).
 
 The imports run with the garbage collector paused, and what they made is frozen
 (:mod:`blocks.launch.collector`; Python's docs advise :func:`gc.freeze` before a fork): the
-workers' collections skip the million objects the imports made instead of walking them again
+workers' collections skip the 400 000 objects the imports made instead of walking them again
 (and writing to their shared pages).
 """
 
