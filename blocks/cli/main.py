@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from blocks import __version__
-from blocks.launch.collector import own_this_process, skip_final_collection
+from blocks.launch.collector import collection_paused, own_this_process, skip_final_collection
 from blocks.spec.block import KINDS
 from blocks.spec.errors import BlocksError, Problem, TrainingError, did_you_mean
 
@@ -292,7 +292,9 @@ def cmd_eval(source: str, overrides: Sequence[str], *, split: str, as_json: bool
 def cmd_export(source: str, out: str) -> int:
     """Write the model at *source* to directory *out* (``model.safetensors`` + ``model.json``)."""
     from blocks.core.compose import config_to_blocks
-    from blocks.runtime.model_export import MODEL_FILE, export_model, package_notes, run_config
+
+    with collection_paused():
+        from blocks.runtime.model_export import MODEL_FILE, export_model, package_notes, run_config
 
     written = export_model(source, Path(out))
     for note in package_notes(source, config_to_blocks(run_config(source))):

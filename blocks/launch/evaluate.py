@@ -15,6 +15,7 @@ from blocks.core.compose import BLOCK_KEY, block_node, config_to_blocks
 from blocks.core.jobs import plan_blocks
 from blocks.core.masking import hide_environment_values_in_overrides
 from blocks.data.base import SPLITS, DataBlock
+from blocks.launch.collector import collection_paused
 from blocks.spec.errors import BlocksError, Problem
 
 if TYPE_CHECKING:
@@ -71,14 +72,15 @@ def evaluate(source: str, overrides: Sequence[str] = (), split: str = "val") -> 
 
 def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -> Evaluation:
     """The metrics of the model at *source* on its run's data block (with *overrides*), and which weights they score."""
-    import torch
-    from torch.utils.data import DataLoader
+    with collection_paused():
+        import torch
+        from torch.utils.data import DataLoader
 
-    from blocks.checkpoint.sources import find_run_config, find_weights, load_found, refuse_other_samples
-    from blocks.core import catalog
-    from blocks.runtime.contract import BatchContract, check_split_size
-    from blocks.runtime.init import load_into
-    from blocks.runtime.model_export import package_notes, run_config
+        from blocks.checkpoint.sources import find_run_config, find_weights, load_found, refuse_other_samples
+        from blocks.core import catalog
+        from blocks.runtime.contract import BatchContract, check_split_size
+        from blocks.runtime.init import load_into
+        from blocks.runtime.model_export import package_notes, run_config
 
     catalog.load()
     trained = run_config(source)
