@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from blocks.cli.main import run_captured
 from blocks.launch import driver
 from blocks.launch.lifeline import PARENT_ENV, die_with_parent
 from blocks.launch.worker import run_worker
+from tests.conftest import REPO
 
 PACKAGE = Path(blocks.__file__).parent
 TINY = ["recipe=blobs", "data.samples=256", "trainer.max_steps=2", "monitor.progress=off"]
@@ -171,7 +173,11 @@ def test_the_blocks_command_spares_the_collector_its_imports_and_exit_and_an_in_
 ) -> None:
     """The console script pauses the collector while torch and Lightning import, freezes what they
     made, and ends without Python's last collections, which would walk those objects (about a
-    second each way). Called in another program, it leaves that program's collector as it found it."""
+    second each way). Called in another program, it leaves that program's collector as it found it.
+
+    The run carries a callback from a module that imports Lightning itself: the preflight imports
+    it before training does (it imported Lightning with the collector running: seven collections).
+    """
     import gc
     import subprocess
 
@@ -183,12 +189,15 @@ def test_the_blocks_command_spares_the_collector_its_imports_and_exit_and_an_in_
     assert gc.get_freeze_count() == before and gc.isenabled()
 
     run_dir = tmp_path / "run"
+    steps = tmp_path / "steps.json"
     logged = ["monitor.loggers=[csv,tensorboard]", "monitor.log_every_n_steps=1"]
+    logged += [f"trainer.callbacks=[{{_target_: tests.lightning_habits.StepLog, path: '{steps}'}}]"]
     probe = subprocess.run(
         [sys.executable, "-c", EXIT_PROBE, "run", *TINY, *logged, f"hydra.run.dir={run_dir}"],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "BLOCKS_ALLOW_IMPORTS": "tests", "PYTHONPATH": str(REPO)},
     )
     assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
     last_line = probe.stdout.strip().splitlines()[-1]
@@ -199,6 +208,27 @@ def test_the_blocks_command_spares_the_collector_its_imports_and_exit_and_an_in_
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+    assert json.loads(steps.read_text())["steps"] == [1, 2]
+
+
+def test_a_sweeps_check_imports_its_jobs_import_paths_with_the_collector_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before a sweep starts, every job's import paths are imported and checked (a callback's module
+    may import torch and Lightning: collections there walk their objects for nothing). The second
+    job is refused, so nothing trains."""
+    import gc
+
+    monkeypatch.delitem(sys.modules, "tests.imported_with_collector", raising=False)
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    callback = "trainer.callbacks=[{_target_: tests.imported_with_collector.Noop}]"
+    tiny = [a for a in TINY if not a.startswith("trainer.max_steps=")]
+    code, out = run_captured(["run", "-m", *tiny, callback, "trainer.max_steps=2,-1"])
+    assert (
+        code == 2 and "no job of the sweep was started" in out and "trainer.max_steps: must be > 0" in out
+    ), out
+    assert sys.modules["tests.imported_with_collector"].COLLECTOR_ENABLED_AT_IMPORT is False
+    assert gc.isenabled()
 
 
 SWEEP_PROBE = """

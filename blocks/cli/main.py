@@ -394,7 +394,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             failed += 1
             continue
         try:
-            refuse_objects(plan.blocks.values())
+            with collection_paused():  # a block's import path may import torch and Lightning
+                refuse_objects(plan.blocks.values())
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1

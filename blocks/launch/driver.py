@@ -279,7 +279,8 @@ def check_run(job: Job, composed: Composed, plan: Plan) -> Checked:
 def preflight_job(plan: Plan) -> None:
     """The checks after planning: no plan errors, no refused import, blocks the workers load, the data's storage (and Ray) reachable."""
     plan.raise_for_errors()
-    refuse_objects(plan.blocks.values())
+    with collection_paused():  # a block's import path may import torch and Lightning
+        refuse_objects(plan.blocks.values())
     if uses_ray(plan) or needs_launcher(plan):
         refuse_blocks_workers_cannot_load(plan.blocks)
     plan.data.preflight()  # I/O the pure plan does not do
