@@ -10,9 +10,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+FIRST_STEP_FILE_ENV = "BLOCKS_BENCHMARK_FIRST_STEP_FILE"
+"""Where :class:`benchmarks.first_step_clock.FirstStepClock` writes the time its process's first step ended."""
 
 
 @dataclass
@@ -49,10 +52,10 @@ def judged(suite: str, name: str, value: float, target: str, unit: str = "x", **
     return Figure(suite, name, value, unit, target, met, detail)
 
 
-def interleaved(cases: Mapping[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+def interleaved(cases: Mapping[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
     """Run every case once per round, *repeats* rounds, rotating the order; each returns a measurement."""
     names = list(cases)
-    results: dict[str, list[float]] = {name: [] for name in names}
+    results: dict[str, list[T]] = {name: [] for name in names}
     for round_ in range(repeats):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
@@ -84,6 +87,23 @@ def timed_subprocess(args: Sequence[str], cwd: Path, env: Mapping[str, str] | No
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return elapsed
+
+
+def timed_first_step(
+    args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None
+) -> tuple[float, float]:
+    """Wall seconds from starting a command that must succeed to the end of its first training step, and to its exit.
+
+    The command's training loads :class:`benchmarks.first_step_clock.FirstStepClock`, which
+    writes the time its first step ended to the file named by :data:`FIRST_STEP_FILE_ENV`.
+    """
+    clock = cwd / "first_step_end"
+    clock.unlink(missing_ok=True)
+    started = time.time()
+    exited = timed_subprocess(args, cwd, {**(env or {}), FIRST_STEP_FILE_ENV: str(clock)})
+    if not clock.exists():
+        raise RuntimeError(f"{' '.join(args)} never ended a training step (no {clock})")
+    return float(clock.read_text()) - started, exited
 
 
 def compile_bytecode() -> None:

@@ -1,13 +1,15 @@
 """Plan latency (``blocks plan``, without torch) and time to the first training step vs a Lightning script.
 
-Both sides of the first-step ratio are one-step jobs timed from start to exit. ``blocks`` ends
-without Python's last garbage collections (about a second after importing Lightning); the
-script is timed both ending that way, so the judged ratio compares the starts, and as people
-write it, for what a user waits for.
+Both sides of the first-step ratio are one-step jobs carrying the same clock callback
+(:mod:`benchmarks.first_step_clock`): the judged figure is the time from starting the process to
+the end of its first training step; the time to the process's exit (which includes Python's last
+garbage collections: about a second after importing Lightning, which ``blocks`` skips) is reported
+beside it.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import tempfile
@@ -22,9 +24,12 @@ from benchmarks.harness import (
     median_ratio,
     python,
     rounded,
+    timed_first_step,
     timed_subprocess,
+    with_checkout,
 )
 from benchmarks.overhead import blocks_overrides, workloads
+from blocks.spec.imports import ENV_VAR as ALLOW_IMPORTS_ENV
 from blocks.spec.kinds import KIND_TABLE
 
 HYDRA_FLOOR = REPO / "benchmarks" / "scripts" / "hydra_compose_floor.py"
@@ -108,37 +113,33 @@ def run(quick: bool, root: Path) -> list[Figure]:
     lightning_args = [
         str(n) for n in (small.features, small.hidden[0], small.classes, small.batch, small.samples)
     ]
+    env = with_checkout({**os.environ, ALLOW_IMPORTS_ENV: "benchmarks"})
+    clock = ["trainer.callbacks=[{_target_: benchmarks.first_step_clock.FirstStepClock}]"]
 
-    def blocks_first_step() -> float:
+    def blocks_first_step() -> tuple[float, float]:
         run_dir = tempfile.mkdtemp(dir=root)
-        one_step = [*blocks_overrides(small), "trainer.max_steps=1", f"hydra.run.dir={run_dir}"]
-        return timed_subprocess(python("-m", "blocks", "run", *one_step), root)
+        one_step = [*blocks_overrides(small), *clock, "trainer.max_steps=1", f"hydra.run.dir={run_dir}"]
+        return timed_first_step(python("-m", "blocks", "run", *one_step), Path(run_dir), env)
 
-    def lightning_first_step(*flags: str) -> float:
-        return timed_subprocess(
-            python(str(script), *lightning_args, *flags), Path(tempfile.mkdtemp(dir=root))
-        )
+    def lightning_first_step() -> tuple[float, float]:
+        return timed_first_step(python(str(script), *lightning_args), Path(tempfile.mkdtemp(dir=root)), env)
 
-    first = interleaved(
-        {
-            "blocks": blocks_first_step,
-            "lightning": lambda: lightning_first_step("--skip-final-collection"),
-            "lightning_as_written": lightning_first_step,
-        },
-        repeats,
-    )
+    timed = interleaved({"blocks": blocks_first_step, "lightning": lightning_first_step}, repeats)
+    first = {name: [step for step, _ in values] for name, values in timed.items()}
+    whole = {name: [exited for _, exited in values] for name, values in timed.items()}
     figures += [
         judged(
             "plan",
-            "time to first step: blocks run / hand-written Lightning script (both skip the exit's collections)",
+            "time to first step (process start to the end of step 1): blocks run / hand-written Lightning script",
             median_ratio(first["blocks"], first["lightning"]),
             "<= 1.1",
-            **rounded(first, 2, "_s"),
+            **rounded(first, 2, "_first_step_s"),
         ),
         Figure(
             "plan",
-            "one-step job, start to exit: blocks run / the Lightning script as people write it",
-            median_ratio(first["blocks"], first["lightning_as_written"]),
+            "one-step job, start to exit: blocks run / the Lightning script",
+            median_ratio(whole["blocks"], whole["lightning"]),
+            detail=rounded(whole, 2, "_exit_s"),
         ),
     ]
     return figures
