@@ -114,3 +114,61 @@ class WeightedDM(ClustersDM):
         return DataLoader(
             self.train_set, batch_size=self.batch_size, sampler=WeightedRandomSampler(weights, 192)
         )
+
+
+class HookDM(ClustersDM):
+    """ClustersDM with its own batch-transfer hooks, as a team writes on-device normalisation.
+
+    The first two count their calls; ``on_after_batch_transfer`` raises, so a run that trained to
+    the end never called them.
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.calls = {"on_before_batch_transfer": 0, "transfer_batch_to_device": 0}
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):  # type: ignore[no-untyped-def]
+        self.calls["on_before_batch_transfer"] += 1
+        return batch
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):  # type: ignore[no-untyped-def]
+        self.calls["transfer_batch_to_device"] += 1
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):  # type: ignore[no-untyped-def]
+        raise RuntimeError("HookDM.on_after_batch_transfer ran")
+
+
+class RestoredHookDM(HookDM):
+    """HookDM with Lightning's own batch-transfer hooks put back: nothing of it goes uncalled."""
+
+    on_before_batch_transfer = pl.LightningDataModule.on_before_batch_transfer
+    transfer_batch_to_device = pl.LightningDataModule.transfer_batch_to_device
+    on_after_batch_transfer = pl.LightningDataModule.on_after_batch_transfer
+
+
+class StatefulDM(ClustersDM):
+    """ClustersDM that saves and restores state through the checkpoint (blocks' checkpoints would not hold it)."""
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.seed = state_dict["seed"]
+
+
+class TidyDM(ClustersDM):
+    """ClustersDM that cleans up at the end of a run and on a crash (blocks would call neither)."""
+
+    def teardown(self, stage: str) -> None:
+        self.train_set = self.val_set = None  # type: ignore[assignment]
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.teardown("fit")
+
+
+class PredictingDM(ClustersDM):
+    """ClustersDM with a predict loader (blocks has no predict loop)."""
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=64)

@@ -313,6 +313,78 @@ def test_datamodule_loader_options_blocks_would_drop_are_refused(
     assert len(data.replace(target="tests.legacy_team.ClustersDM", kwargs={}).build("train")) == 192
 
 
+def test_a_datamodule_whose_batch_transfer_hooks_would_be_skipped_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: its hooks were never called (blocks' own datamodule moved the batches) and the run completed."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    run_dir = tmp_path / "run"
+    datamodule = [
+        "data=lightning_data",
+        "data.num_features=8",
+        "data.num_classes=3",
+        "data.train_samples=192",
+        "data.val_samples=64",
+    ]
+    args = [
+        "run",
+        *BLOBS,
+        *datamodule,
+        "trainer.max_steps=20",
+        "trainer.max_epochs=null",
+        "checkpoint.enabled=false",
+    ]
+    result = run_in_process(
+        [*args, "data.target=tests.legacy_team.HookDM", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert result.returncode == 2, result.output
+    assert not run_dir.exists()
+    text = " ".join(result.output.split())
+    assert "error data.target: 'tests.legacy_team.HookDM' is a LightningDataModule that defines" in text
+    assert "on_before_batch_transfer, transfer_batch_to_device, on_after_batch_transfer" in text
+    assert "would never be called" in text
+    assert "into the dataset's items" in text and "into the model's forward" in text, text
+
+
+@pytest.mark.parametrize(
+    ("target", "hooks", "fix"),
+    [
+        (
+            "HookDM",
+            "on_before_batch_transfer, transfer_batch_to_device, on_after_batch_transfer",
+            "model's forward",
+        ),
+        (
+            "StatefulDM",
+            "state_dict, load_state_dict",
+            "blocks' checkpoints do not hold the datamodule's state",
+        ),
+        ("TidyDM", "teardown, on_exception", "blocks keeps only the datasets, not the datamodule"),
+        ("PredictingDM", "predict_dataloader", "blocks has no predict loop"),
+    ],
+)
+def test_datamodule_hooks_blocks_would_never_call_are_refused(
+    target: str, hooks: str, fix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: Lightning calls these on the trainer's datamodule, which is blocks' own; they were dropped."""
+    from blocks.data.adapter import LightningData
+    from blocks.spec.errors import ConfigError
+
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    data = LightningData(
+        target=f"tests.legacy_team.{target}", num_features=8, num_classes=3, train_samples=192, val_samples=64
+    )
+    with pytest.raises(ConfigError) as refused:
+        data.build("train")
+    (problem,) = refused.value.problems
+    assert problem.key == "data.target" and f"defines {hooks};" in problem.message, problem
+    assert fix in problem.fix and f"{hooks.split(',')[0]} = LightningDataModule." in problem.fix, problem
+    restored = data.replace(target="tests.legacy_team.RestoredHookDM")
+    assert len(restored.build("train")) == 192, (
+        "Lightning's own hooks, put back by a subclass, are not refused"
+    )
+
+
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One run with TensorBoard, MLflow (sqlite) and a CSVLogger: killed (-9) at step 8, resumed to step 12."""

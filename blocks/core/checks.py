@@ -614,7 +614,8 @@ CHECKS: tuple[Check, ...] = (
         ("model", "data", "monitor"),
         "model.target",
         "an imported path is a class of the kind its field expects (nn.Module, DataModule, Logger, Callback), never a "
-        "function, and a LightningModule defines no training_step/validation_step/configure_optimizers blocks would ignore",
+        "function, a LightningModule defines no training_step/validation_step/configure_optimizers blocks would ignore, "
+        "and a LightningDataModule no batch-transfer, state_dict, teardown or predict hook blocks would never call",
         (),
     ),
     Check(

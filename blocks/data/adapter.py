@@ -24,12 +24,64 @@ if TYPE_CHECKING:
 BATCHES = ("features", "tokens")
 
 
+UNCALLED_HOOKS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"),
+        "move what they do to a batch into the dataset's items (__getitem__, run by the loader workers) "
+        "or into the model's forward (run on the device)",
+    ),
+    (
+        ("state_dict", "load_state_dict"),
+        "make the datasets follow from data.kwargs alone (a seeded split, say): blocks' checkpoints do "
+        "not hold the datamodule's state, and a resume builds the datamodule anew",
+    ),
+    (
+        ("teardown", "on_exception"),
+        "release what they would in the dataset itself, or leave it to the end of the process: blocks "
+        "keeps only the datasets, not the datamodule",
+    ),
+    (
+        ("predict_dataloader",),
+        "blocks has no predict loop (blocks eval scores the val or test split)",
+    ),
+)
+"""The LightningDataModule hooks Lightning would call that ``data=lightning_data`` does not, in groups, each with
+its fix. It calls ``prepare_data``, ``setup`` and the train, val and test dataloaders only."""
+
+
+def uncalled_hooks(cls: type) -> list[str]:
+    """The hooks of :data:`UNCALLED_HOOKS` that *cls* overrides (Lightning's own base methods never count)."""
+    return [
+        name
+        for names, _ in UNCALLED_HOOKS
+        for name in names
+        if hasattr(cls, name)
+        and not getattr(getattr(cls, name), "__module__", "").startswith(("pytorch_lightning.", "lightning."))
+    ]
+
+
+def _refuse_uncalled_hooks(cls: type) -> tuple[str, str] | None:
+    """Refuse a datamodule whose own hooks blocks' loaders and checkpoints would never call."""
+    own = uncalled_hooks(cls)
+    if not own:
+        return None
+    fixes = [fix for names, fix in UNCALLED_HOOKS if any(name in own for name in names)]
+    return (
+        f"is a LightningDataModule that defines {', '.join(own)}; data=lightning_data takes only its "
+        "datasets (blocks makes the loaders, moves the batches to the device and checkpoints the run), "
+        "so these would never be called",
+        "; ".join(fixes) + f"; then delete them from the class, or name a subclass that restores Lightning's "
+        f"own ({own[0]} = LightningDataModule.{own[0]}, ...), or write a data block (see the docs: Write a block)",
+    )
+
+
 DATAMODULE_CLASS = Kind(
     "a LightningDataModule class",
     # pytorch_lightning and lightning.pytorch have distinct base classes: check the protocol.
     lambda cls: all(hasattr(cls, m) for m in ("setup", "train_dataloader")),
+    refuses=_refuse_uncalled_hooks,
 )
-"""What ``data.target`` must name."""
+"""What ``data.target`` must name: a LightningDataModule only when blocks would call all of its own hooks."""
 
 
 @register("lightning_data")
@@ -42,7 +94,10 @@ class LightningData(DataBlock):
     ``{inputs, targets}`` dicts or ``(inputs, targets)`` pairs. Loader options blocks would not
     honour are refused when the run builds the data, never dropped: a ``collate_fn`` of its own,
     a sampler other than a plain shuffled or sequential one, or a training ``batch_size`` other
-    than ``data.batch_size``.
+    than ``data.batch_size``. So is, before anything starts, a class that defines hooks blocks
+    would never call (:data:`UNCALLED_HOOKS`: the batch-transfer hooks, ``state_dict`` and
+    ``load_state_dict``, ``teardown``, ``on_exception``, ``predict_dataloader``); blocks calls
+    ``prepare_data``, ``setup`` and the train, val and test dataloaders.
 
     Attributes:
         target: import path of the LightningDataModule class (its module prefix must be allowed).
