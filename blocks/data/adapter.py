@@ -69,7 +69,7 @@ def _refuse_uncalled_hooks(cls: type) -> tuple[str, str] | None:
     return (
         f"is a LightningDataModule that defines {', '.join(own)}; data=lightning_data takes only its "
         "datasets (blocks makes the loaders, moves the batches to the device and checkpoints the run), "
-        "so these would never be called",
+        f"so {'these' if len(own) > 1 else 'it'} would never be called",
         "; ".join(fixes) + f"; then delete them from the class, or name a subclass that restores Lightning's "
         f"own ({own[0]} = LightningDataModule.{own[0]}, ...), or write a data block (see the docs: Write a block)",
     )
