@@ -208,7 +208,7 @@ class MetricsRecorder(pl.Callback):
         not; on the fused path the verdict is a device tensor, so the step stays free of host syncs.
         """
         loss, self._step_loss = self._step_loss, None
-        skipped = self.health.take_step_verdict() if self.health is not None else False
+        skipped = self.health.step_verdict() if self.health is not None else False
         if loss is None:
             return
         if isinstance(skipped, torch.Tensor):
