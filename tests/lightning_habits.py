@@ -192,3 +192,18 @@ class ValidatedSteps(pl.Callback):
         if trainer.is_global_zero and not trainer.sanity_checking:
             with (Path(trainer.default_root_dir) / "validated.txt").open("a") as fh:
                 fh.write(f"{trainer.global_step}\n")
+
+
+class NaNInput(pl.Callback):
+    """Fills the floating-point inputs of the training batches of optimizer *steps* (1-based) with NaN: a non-finite loss."""
+
+    def __init__(self, steps: list[int]) -> None:
+        self.steps = set(steps)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, *args: object
+    ) -> None:
+        if trainer.global_step + 1 in self.steps:
+            for value in batch.values() if isinstance(batch, dict) else ():
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    value.fill_(float("nan"))

@@ -7,6 +7,7 @@ a user's job.
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,6 +321,53 @@ def test_lightning_progress_and_signal_seams(tmp_path: Path) -> None:
     assert seen == [0, 1, 2]
     assert handled and all(h is handler for h in handled)
     assert hook_names == ["training_step"] * 3  # Lightning names the running hook in _current_fx_name
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_lightning_leaves_a_fused_optimizers_gradients_scaled_before_its_step(
+    tmp_path: Path, fused: bool
+) -> None:
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.plugins.precision import MixedPrecision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from blocks.compat import torch_private
+
+    seen: list[tuple[float | None, float, float]] = []  # helper's scale, scaler's scale, grad norm
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(self.parameters(), lr=0.1, fused=fused)
+
+        def on_before_optimizer_step(self, optimizer):  # type: ignore[no-untyped-def]
+            scale = torch_private.loss_scale_in_gradients(self.trainer, optimizer)
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.parameters()]))
+            seen.append(
+                (
+                    None if scale is None else float(scale),
+                    self.trainer.precision_plugin.scaler.get_scale(),
+                    float(norm),
+                )
+            )
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer = quiet_trainer(max_steps=1, logger=False, plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+    data = DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=2)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    ((scale, scaler_scale, norm),) = seen
+    unscaled = 2 * math.sqrt(3)  # d(sum over 2 rows of ones)/d(weight, bias): 2 for each of the 3
+    if fused:  # unscaled inside the optimizer's step: the hook sees the scaled gradients
+        assert scale == scaler_scale == 1024.0 and norm == pytest.approx(1024.0 * unscaled)
+    else:
+        assert scale is None and norm == pytest.approx(unscaled)
 
 
 BATCH_HOOK_OWNERS = ("nobody", "module", "datamodule")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,45 @@ def test_a_healthy_run_is_not_called_diverging(tmp_path: Path) -> None:
     summary = driver.run(["recipe=blobs", "monitor.progress=off", "monitor.log_every_n_steps=1"], tmp_path)
     assert summary.status == "completed"
     assert "health/divergences" not in summary.metrics
+
+
+def test_a_non_finite_first_step_does_not_turn_the_divergence_check_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: step 1's NaN loss (NaN inputs) became the divergence baseline, and a NaN baseline
+    judged nothing for the rest of the run. The skipped step is left out: step 2's loss is the
+    baseline (the first row with a loss), and the exploding loss after it is divergence."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    run_dir = tmp_path / "run"
+    result = run_in_process(
+        [
+            "run",
+            "recipe=blobs",
+            "optim=sgd",
+            "optim.lr=20",
+            "optim.grad_clip=null",
+            "trainer.max_steps=30",
+            "trainer.max_epochs=null",
+            "monitor.on_nonfinite=skip",
+            "monitor.max_bad_steps=0",
+            "monitor.loss_divergence_factor=3",
+            "monitor.log_every_n_steps=1",
+            "monitor.progress=off",
+            "checkpoint.enabled=false",
+            f"hydra.run.dir={run_dir}",
+            "trainer.callbacks=[{_target_: tests.lightning_habits.NaNInput, steps: [1]}]",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.output[-2000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
+    assert summary["metrics"]["health/divergences"] >= 1
+    baseline = re.search(r"first counted step's loss (\S+): training diverged", result.output)
+    assert baseline is not None, result.output[-2000:]
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        first_logged = next(float(row["train/loss"]) for row in csv.DictReader(fh) if row["train/loss"])
+    assert float(baseline.group(1)) == pytest.approx(first_logged, rel=1e-3)
 
 
 def test_the_divergence_factor_is_checked_at_plan_time(tmp_path: Path) -> None:

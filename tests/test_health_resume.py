@@ -225,3 +225,15 @@ def test_a_rollback_to_the_checkpoint_a_run_resumed_from_keeps_the_changed_optim
     (optimizer,) = state["optimizer_states"]
     assert [group["weight_decay"] for group in optimizer["param_groups"]] == [0.1, 0.0]
     assert [group["lr"] for group in optimizer["param_groups"]] == [0.01, 0.01]
+
+
+def test_a_non_finite_baseline_an_older_checkpoint_saved_is_replaced() -> None:
+    """A checkpoint saved before skipped steps were kept out of the baseline may hold a NaN one,
+    which judged nothing: the resumed run records a new one instead of keeping it."""
+    from blocks.runtime.health import HealthGuard
+
+    guard = HealthGuard("skip", max_bad_steps=0, spike_factor=0, checkpoint_dir=None, divergence_factor=3)
+    guard.load_state_dict({"first_loss": math.nan})
+    assert guard.state_dict()["first_loss"] is None
+    guard.load_state_dict({"first_loss": 2.5})
+    assert guard.state_dict()["first_loss"] == 2.5

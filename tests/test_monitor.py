@@ -436,6 +436,42 @@ def test_stop_leaves_overflowing_gradients_to_the_fp16_scaler() -> None:
         plain.check_row(trainer, {"train/loss": 1.0, "grad_norm": math.inf})
 
 
+def test_grad_norm_under_a_gradient_scaler_is_the_applied_norm_with_a_fused_optimizer(tmp_path: Path) -> None:
+    """Regression: Lightning leaves the gradients of an optimizer that unscales inside its step (fused
+    AdamW, what ``optim.fused=null`` picks without clipping) multiplied by the loss scale, and
+    ``grad_norm`` logged them: 65536× the norm the unfused optimizer's run logged."""
+    import torch
+    from pytorch_lightning.plugins.precision import MixedPrecision
+
+    from blocks.runtime.trainer import build_run
+
+    logged = {}
+    for fused in ("true", "false"):
+        run_dir = tmp_path / f"fused-{fused}"
+        overrides = [
+            *BLOBS,
+            "optim=adamw",
+            f"optim.fused={fused}",
+            "optim.grad_clip=null",
+            "trainer.max_steps=3",
+        ]
+        built = build_run(
+            driver.prepare([*overrides, "checkpoint.enabled=false"], run_dir), run_dir, console=False
+        )
+        # precision=16-mixed is GPU-only: the plugin Lightning builds for it, with a scaler for the CPU
+        built.trainer.strategy.precision_plugin = MixedPrecision(
+            "16-mixed", "cpu", torch.amp.GradScaler("cpu")
+        )
+        try:
+            built.trainer.fit(built.module, datamodule=built.datamodule)
+        finally:
+            built.recorder.close()
+        assert built.trainer.optimizers[0].defaults["fused"] is (fused == "true")
+        logged[fused] = [float(row["grad_norm"]) for row in metrics(run_dir)]
+    assert len(logged["true"]) == 3
+    assert logged["true"] == pytest.approx(logged["false"], rel=1e-3)
+
+
 def test_a_stalled_non_zero_rank_exits_only_after_rank_0_recorded_the_stall(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

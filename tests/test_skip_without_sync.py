@@ -177,6 +177,19 @@ def test_the_bad_steps_leave_the_weights_alone_and_count_as_on_the_host_checked_
     assert _logged_losses(synced) == pytest.approx(checked.counted_mean_losses(LOG_EVERY), rel=1e-4)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["on-the-device", "on-the-host"])
+def test_a_skipped_first_step_is_not_the_divergence_baseline(tmp_path: Path, fused: bool) -> None:
+    """Regression: the first step's loss became the baseline even when the step was skipped (here its
+    loss is finite and only its gradients are not); the first counted step's loss is the baseline."""
+    built = _built(tmp_path, fused=fused)
+    injector = InjectNaN({1})
+    _train(built, injector)
+    assert built.health is not None
+    first, second = float(injector.losses[1]), float(injector.losses[2])
+    assert first != second
+    assert built.health.state_dict()["first_loss"] == second
+
+
 def test_too_many_bad_steps_in_a_row_fail_the_run_at_the_next_logged_step(tmp_path: Path) -> None:
     built = _built(tmp_path, fused=True, extra=("monitor.max_bad_steps=2",))
     with pytest.raises(NonFiniteError, match=r"3 optimizer steps in a row.*monitor.max_bad_steps=2"):

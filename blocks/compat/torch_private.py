@@ -36,6 +36,7 @@ __all__ = [
     "dispatch_hook",
     "drop_inherited_step_hooks",
     "loader_worker_done_event",
+    "loss_scale_in_gradients",
     "processed_micro_batches",
     "read_step_signature_once",
     "replace_signal_handlers",
@@ -397,6 +398,25 @@ def read_step_signature_once(trainer: pl.Trainer, module: pl.LightningModule) ->
         return kwargs
 
     trainer.fit_loop.epoch_loop._build_kwargs = build_kwargs  # type: ignore[method-assign,assignment]
+
+
+def loss_scale_in_gradients(trainer: pl.Trainer, optimizer: Any) -> torch.Tensor | None:
+    """The loss scale *optimizer*'s gradients still carry in ``on_before_optimizer_step``, on the device; None if none.
+
+    Lightning's mixed-precision plugin unscales the gradients before that hook, except for an
+    optimizer that unscales them inside its own step (``_step_supports_amp_scaling``: torch's
+    fused Adam, AdamW and SGD): theirs are still multiplied by the gradient scaler's scale. That
+    is the scaler's own tensor (``_get_scale_async``, no host sync), which ``scaler.update()``
+    changes in place after the step: divide by it in the hook, do not keep it.
+    """
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if (
+        scaler is None
+        or not scaler.is_enabled()
+        or not getattr(optimizer, "_step_supports_amp_scaling", False)
+    ):
+        return None
+    return scaler._get_scale_async()
 
 
 def set_found_inf(optimizer: Any, found_inf: Any) -> None:

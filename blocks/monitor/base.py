@@ -65,7 +65,8 @@ class MonitorBlock(Block):
         grad_spike_factor: warn when the gradient norm of a logged step exceeds this many
             times the running median of the last logged norms (0: off).
         loss_divergence_factor: a finite logged ``train/loss`` above this many times the loss
-            of the run's first step is divergence, handled like a non-finite step by
+            of the run's first counted step (finite, and not dropped by ``skip`` or
+            ``rollback``) is divergence, handled like a non-finite step by
             ``on_nonfinite``: ``stop`` fails the run, ``rollback`` rolls back to the last valid
             checkpoint, ``skip`` warns (0: off; only for losses whose first value is positive).
         stall_timeout_s: when no training or validation batch finishes for this many seconds,

@@ -102,7 +102,9 @@ class HealthGuard(pl.Callback):
         self.divergence_factor = divergence_factor
         self.divergences = 0
         self._first_loss: float | None = None
-        self._first_loss_on_device: torch.Tensor | None = None
+        self._first_loss_on_device: torch.Tensor | None = None  # NaN until a counted step's loss fills it
+        self._step_first_loss: torch.Tensor | None = None  # of the optimizer step in progress
+        self._seen_step = 0
         self.grad_scaler = grad_scaler
         self.max_bad_steps = max_bad_steps
         self.spike_factor = spike_factor
@@ -149,7 +151,9 @@ class HealthGuard(pl.Callback):
         self._bad_in_a_row = int(state_dict.get("bad_steps_in_a_row", 0))
         self._unchecked_longest_run = int(state_dict.get("unchecked_longest_run", 0))
         first_loss = state_dict.get("first_loss")
-        self._first_loss = None if first_loss is None else float(first_loss)
+        # a non-finite one (saved before skipped steps were kept out of it) judges nothing: take a new one
+        self._first_loss = None if first_loss is None or not math.isfinite(first_loss) else float(first_loss)
+        self._first_loss_on_device = None
         self._norms.clear()
         self._norms.extend(float(norm) for norm in state_dict.get("grad_norms", []))
 
@@ -162,8 +166,10 @@ class HealthGuard(pl.Callback):
         """Have Lightning call the per-step hooks only while they have work to do in this run.
 
         After a resume's checkpoint is loaded: ``on_before_optimizer_step`` when each step is
-        checked, ``on_train_batch_end`` until the first loss is recorded.
+        checked, ``on_train_batch_end`` until the divergence baseline is recorded.
         """
+        self._seen_step = trainer.global_step
+        self._step_first_loss = None
         dispatch_hook(self, "on_before_optimizer_step", self.checks_every_step)
         dispatch_hook(self, "on_train_batch_end", self._wants_first_loss())
 
@@ -214,14 +220,14 @@ class HealthGuard(pl.Callback):
             self._on_device = _DeviceSkips(bad.device, run=self._bad_in_a_row)
         self._on_device.add(bad)
 
-    def take_step_verdict(self) -> torch.Tensor | bool:
-        """Whether the last optimizer step was skipped, and forget it (the metrics callback asks once per step).
+    def step_verdict(self) -> torch.Tensor | bool:
+        """Whether the last optimizer step was skipped (asked once it ended: by the metrics callback, and here).
 
         A device tensor (1.0: skipped) when the fused optimizer skipped on the device, so asking
         costs no host sync; a bool when the host decided; False when steps are not checked.
+        Each checked step starts with a fresh verdict (:meth:`on_before_optimizer_step`).
         """
-        verdict, self._step_skipped = self._step_skipped, False
-        return verdict
+        return self._step_skipped
 
     def skipped_in_open_window(self) -> int:
         """Steps skipped since the last logged row, those counted on the device included (read, not settled)."""
@@ -256,27 +262,48 @@ class HealthGuard(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Remember the first micro-batch's loss (mean over ranks): the scale divergence is judged by.
+        """Record the divergence baseline: the loss (mean over ranks) of the first counted optimizer step.
 
-        It stays on the device until the first logged row is checked (no sync in the step). A
-        resumed run keeps the first step's loss its checkpoint saved.
+        A step's loss is its first micro-batch's, times the accumulation count. A step whose loss
+        is not finite, or that ``skip`` or ``rollback`` dropped, does not count: the next one is
+        offered. The baseline stays on the device until a logged row reads it (no sync in the
+        step), and steps are offered until then. Under ``stop`` a non-finite first loss fails
+        the run at its first logged row, so the first step's loss is recorded at once. A resumed
+        run keeps the baseline its checkpoint saved.
         """
         if not self._wants_first_loss():
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is None:
+        if loss is not None and self._step_first_loss is None:
+            self._step_first_loss = trainer.strategy.reduce(
+                loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean"
+            ).detach()
+        if self.policy == "stop":
+            if self._step_first_loss is not None:
+                self._first_loss_on_device = self._step_first_loss
+                dispatch_hook(self, "on_train_batch_end", False)
             return
-        mean = trainer.strategy.reduce(
-            loss.detach().float() * trainer.accumulate_grad_batches, reduce_op="mean"
+        step = trainer.global_step
+        if step == self._seen_step:  # the optimizer step goes on (gradient accumulation)
+            return
+        self._seen_step = step
+        candidate, self._step_first_loss = self._step_first_loss, None
+        skipped = self.step_verdict()
+        if candidate is None or skipped is True:
+            return
+        counted = torch.isfinite(candidate)
+        if isinstance(skipped, torch.Tensor):
+            counted = torch.logical_and(counted, torch.logical_not(skipped.bool()))
+        if self._first_loss_on_device is None:
+            self._first_loss_on_device = torch.full_like(candidate, math.nan)
+        unset = torch.isnan(self._first_loss_on_device)
+        self._first_loss_on_device = torch.where(
+            torch.logical_and(unset, counted), candidate, self._first_loss_on_device
         )
-        self._first_loss_on_device = mean.detach()
-        dispatch_hook(self, "on_train_batch_end", False)  # recorded for the rest of the run
 
     def _wants_first_loss(self) -> bool:
-        """Whether the divergence check still needs the first step's loss."""
-        return (
-            bool(self.divergence_factor) and self._first_loss is None and self._first_loss_on_device is None
-        )
+        """Whether the divergence check still waits for its baseline."""
+        return bool(self.divergence_factor) and self._first_loss is None
 
     def _rollback(self, trainer: pl.Trainer) -> bool:
         """Restore the weights and optimizer state of the newest valid checkpoint; False when there is none.
@@ -328,7 +355,7 @@ class HealthGuard(pl.Callback):
             self._norms.append(norm)
 
     def _check_divergence(self, trainer: pl.Trainer, loss: float | None) -> None:
-        """A finite loss above ``divergence_factor`` × the first step's loss: apply the policy.
+        """A finite loss above ``divergence_factor`` × the first counted step's loss: apply the policy.
 
         The loss is the mean over ranks, so every rank decides the same.
         """
@@ -342,7 +369,7 @@ class HealthGuard(pl.Callback):
         self.divergences += 1
         what = (
             f"train/loss is {loss:.4g} at step {trainer.global_step}, over monitor.loss_divergence_factor="
-            f"{self.divergence_factor:g} × the first step's loss {first_loss:.4g}: training diverged"
+            f"{self.divergence_factor:g} × the first counted step's loss {first_loss:.4g}: training diverged"
         )
         if self.policy == "stop":
             raise DivergenceError(
@@ -357,9 +384,15 @@ class HealthGuard(pl.Callback):
             log.warning("%s; lower optim.lr or clip gradients (optim.grad_clip)", what)
 
     def _divergence_baseline(self) -> float | None:
-        """The first step's loss (read from the device the first time it is needed); None before that step."""
+        """The first counted step's loss (read from the device when needed); None before a step counted.
+
+        Once it is read, :meth:`on_train_batch_end` has nothing more to do for the run.
+        """
         if self._first_loss is None and self._first_loss_on_device is not None:
-            self._first_loss = float(self._first_loss_on_device)
+            first_loss = float(self._first_loss_on_device)
+            if math.isfinite(first_loss):
+                self._first_loss, self._first_loss_on_device = first_loss, None
+                dispatch_hook(self, "on_train_batch_end", False)
         return self._first_loss
 
     def row(self) -> Row:

@@ -12,6 +12,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from blocks.compat.torch_private import loss_scale_in_gradients
 from blocks.monitor.sinks import MetricSink, Row
 from blocks.runtime.health import HealthGuard, total_grad_norm
 from blocks.runtime.ranks import every_rank, rank_and_world
@@ -28,7 +29,7 @@ class MetricsRecorder(pl.Callback):
     Between rows, the loss of each micro-batch is added to a device tensor (no host sync);
     at a logging step the row is read back once: ``train/loss`` (mean over the steps since
     the last row), ``lr`` (the rate the optimizer used for the logged step, read before the
-    scheduler steps), ``grad_norm`` (before clipping), ``samples_per_s``,
+    scheduler steps), ``grad_norm`` (before clipping, unscaled), ``samples_per_s``,
     ``tokens_per_s`` (token batches), ``step_time_s``, ``data_wait_s`` (time per step spent
     waiting for the next batch), ``peak_memory_mb`` (CUDA max allocated, or the process's peak
     RSS on CPU) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
@@ -167,13 +168,17 @@ class MetricsRecorder(pl.Callback):
         """Note the LR this step uses (the scheduler steps after it); measure the gradient norm on logged steps.
 
         The gradient norm is taken before clipping, only on steps that will be logged: every
-        ``every_n_steps``-th and the last one (``max_steps``), which ends a partial window.
+        ``every_n_steps``-th and the last one (``max_steps``), which ends a partial window. It is
+        the norm the optimizer applies: gradients a fused optimizer will unscale in its step
+        (``precision=16-mixed``) are divided by the loss scale here, on the device.
         """
         lr = optimizer.param_groups[0]["lr"]
         # A tensor LR is copied: the scheduler fills it in place when it steps.
         self._lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
         if self.want_grad_norm and self._logs_step(trainer.global_step + 1, trainer.max_steps):
-            self._grad_norm = total_grad_norm(pl_module)
+            norm = total_grad_norm(pl_module)
+            scale = loss_scale_in_gradients(trainer, optimizer)
+            self._grad_norm = norm if norm is None or scale is None else norm / scale
 
     def _logs_step(self, step: int, last_step: int) -> bool:
         """Whether optimizer *step* ends a logged row: a multiple of the interval, or the run's last step."""
@@ -203,7 +208,7 @@ class MetricsRecorder(pl.Callback):
         not; on the fused path the verdict is a device tensor, so the step stays free of host syncs.
         """
         loss, self._step_loss = self._step_loss, None
-        skipped = self.health.take_step_verdict() if self.health is not None else False
+        skipped = self.health.step_verdict() if self.health is not None else False
         if loss is None:
             return
         if isinstance(skipped, torch.Tensor):
