@@ -68,6 +68,7 @@ MANIFEST_DAMAGE = {
     "step-null": lambda m: m.update(step=None),
     "entry-without-size": lambda m: m["files"]["state.pt"].pop("size"),
     "digest-not-hex": lambda m: m["files"]["state.pt"].update({store.HASH: 12}),
+    "step-not-its-directorys": lambda m: m.update(step=30),  # resumed "from step 30", trained on from 9
 }
 
 

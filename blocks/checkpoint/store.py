@@ -368,9 +368,16 @@ def read_manifest(url: str) -> Manifest:
     if not fs.exists(path):
         raise CheckpointError(f"{url} is not a committed checkpoint (no {MANIFEST})")
     try:
-        return Manifest.from_json(fs.cat_file(path).decode())
+        manifest = Manifest.from_json(fs.cat_file(path).decode())
     except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{url}: damaged {MANIFEST}: {exc}") from None
+    named = _STEP_DIR.match(root.rstrip("/").rsplit("/", 1)[-1])
+    if named and int(named.group(1)) != manifest.step:
+        raise CheckpointError(
+            f"{url}: damaged {MANIFEST}: it says step {manifest.step}, its directory step "
+            f"{int(named.group(1))} (a manifest copied or edited into another step's directory)"
+        )
+    return manifest
 
 
 def begin(url: str) -> None:
