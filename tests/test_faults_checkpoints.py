@@ -5,7 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 from blocks.checkpoint import store
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
-from tests.conftest import run_in_process
+from tests.conftest import REPO, call_in_fresh_process, run_in_process, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -447,8 +451,77 @@ def test_a_removal_cut_short_leaves_a_directory_the_next_save_replaces(
         _remove_cut_short(url, allowed, monkeypatch)
         if not Path(url).exists():
             continue
-        if (Path(url) / store.MANIFEST).exists():
+        committed = (Path(url) / store.MANIFEST).exists()
+        if committed:
             assert allowed == 0, f"cut after {allowed} deletions, the rest still looks committed"
             store.verify(url)
-        store.replace_ours(url)  # "exists but was not written by blocks" before
+            with pytest.raises(store.CheckpointError, match="already holds a committed checkpoint"):
+                store.replace_ours(url)  # a save of its step replaces it only where it is stale
+        store.replace_ours(url, stale=committed)  # "exists but was not written by blocks" before
         assert not Path(url).exists()
+
+
+SIGNAL_AT_SETUP = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalAtSetup}]"
+"""SIGTERM while Lightning sets the run up: the run stops at its first step boundary, before training a step."""
+
+
+def test_a_stop_before_the_first_step_leaves_the_checkpoint_it_resumed_from_alone(run_dir: Path) -> None:
+    """A run stopped before its first step (SIGTERM during the load of a big checkpoint) saved "at step 9",
+    the step it resumed from: the save deleted the committed step 9 and rewrote it, and a SIGKILL
+    during the rewrite (a grace period ending; here while ``BLOCKS_FAULT_SLOW_SAVE`` holds it) left
+    no committed checkpoint there. Nothing was trained since: the checkpoint stands as it is."""
+    resumed = step_dir(run_dir, 9)
+    manifest = (resumed / store.MANIFEST).read_bytes()
+    args = [*BLOBS, "trainer.max_steps=12", f"hydra.run.dir={run_dir}", SIGNAL_AT_SETUP]
+    env = {**os.environ, "BLOCKS_ALLOW_IMPORTS": "tests", "BLOCKS_FAULT_SLOW_SAVE": "9:600"}
+    with spawned(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as job:
+        assert job.stdout is not None
+        said = []
+        for line in job.stdout:
+            said.append(line)
+            if "BLOCKS_FAULT_SLOW_SAVE" in line:  # re-saving step 9: the grace period ends
+                os.killpg(job.pid, signal.SIGKILL)
+                break
+        job.wait()
+    assert (resumed / store.MANIFEST).read_bytes() == manifest, "".join(said)[-3000:]
+    summary = driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    assert summary.resumed_from == str(resumed)
+    assert (summary.status, summary.global_step) == ("completed", 12)
+
+
+def stop_before_the_first_step_resumed_from_elsewhere(source: str, run_dir: str) -> list[dict[str, str]]:
+    """In a fresh process: a run resuming *source* (another run's checkpoint) SIGTERMed before its first
+    step, twice; after each, the manifest of every step directory its own checkpoint dir holds."""
+    os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
+    held = []
+    for _ in range(2):
+        args = [*BLOBS, "trainer.max_steps=12", f"checkpoint.resume={source}", SIGNAL_AT_SETUP]
+        with contextlib.suppress(driver.JobFailed):
+            driver.run(args, Path(run_dir))
+        committed = store.list_dir(str(Path(run_dir) / "checkpoints")).committed
+        held.append({Path(c.url).name: c.manifest.to_json() for c in committed})
+    return held
+
+
+def test_a_stop_before_the_first_step_copies_a_checkpoint_resumed_from_elsewhere(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """Resumed from another run's checkpoint, the save at that step before any training is a copy into the
+    run's own checkpoint dir (its position for ``auto``), the source left as it is; stopped again, the
+    copy stands (a committed checkpoint of that step is never deleted to save it again)."""
+    source = step_dir(run_dir, 9)
+    manifest = (source / store.MANIFEST).read_bytes()
+    own = tmp_path / "own"
+    held = call_in_fresh_process(stop_before_the_first_step_resumed_from_elsewhere, str(source), str(own))
+    first, second = held
+    assert list(first) == [source.name] and second == first, "copied once, then left as it is"
+    assert (source / store.MANIFEST).read_bytes() == manifest
+    store.verify(str(own / "checkpoints" / source.name))

@@ -403,10 +403,24 @@ def _is_link(fs: Any, path: str) -> bool:
         return False
 
 
-def replace_ours(url: str) -> None:
+def is_committed(url: str) -> bool:
+    """Whether *url* holds a committed checkpoint whose manifest reads (its files are not verified)."""
+    try:
+        read_manifest(url)
+    except CheckpointError:
+        return False
+    return True
+
+
+def replace_ours(url: str, *, stale: bool = False) -> None:
     """Clear *url* for a new save of the same step; :class:`CheckpointError` if blocks did not create it.
 
-    An empty directory holds nothing to lose and is used as it is.
+    What is replaced: an unfinished save of that step, a checkpoint whose manifest is damaged,
+    and, when *stale*, a committed checkpoint a longer earlier run left past the step this run
+    started from (see :func:`to_delete`). Any other committed checkpoint is refused: a save must
+    never delete a checkpoint a run may resume from (the one this run resumed from above all,
+    whose rewrite a kill could cut short). An empty directory holds nothing to lose and is used
+    as it is.
     """
     fs, root = url_to_fs(url)
     if not fs.exists(root) or not fs.ls(root, detail=False):
@@ -416,7 +430,19 @@ def replace_ours(url: str) -> None:
             f"{url} exists but was not written by blocks; move it out of the checkpoint directory "
             "or set another checkpoint.dir"
         )
+    if not stale and is_committed(url):
+        raise CheckpointError(
+            f"{url} already holds a committed checkpoint of this step that this run did not "
+            "supersede: refusing to delete it to save again; move it out of checkpoint.dir, or "
+            "set another checkpoint.dir"
+        )
     remove(url)
+
+
+def same_place(a: str, b: str) -> bool:
+    """Whether the URLs or paths *a* and *b* name one location (a relative path and its absolute form do)."""
+    (fs_a, path_a), (fs_b, path_b) = url_to_fs(a), url_to_fs(b)
+    return bool(fs_a.unstrip_protocol(path_a).rstrip("/") == fs_b.unstrip_protocol(path_b).rstrip("/"))
 
 
 _VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
