@@ -525,3 +525,21 @@ def test_a_stop_before_the_first_step_copies_a_checkpoint_resumed_from_elsewhere
     assert list(first) == [source.name] and second == first, "copied once, then left as it is"
     assert (source / store.MANIFEST).read_bytes() == manifest
     store.verify(str(own / "checkpoints" / source.name))
+
+
+def test_auto_refuses_to_start_over_when_the_checkpoints_the_last_job_continued_are_gone(
+    run_dir: Path,
+) -> None:
+    """The run dir's last job resumed from its step 9; with every checkpoint since gone (a rewrite of
+    step 9 killed half way did that), ``auto`` trained from step 0 without a word."""
+    from blocks.checkpoint.resume import record_start
+
+    checkpoints = run_dir / "checkpoints"
+    record_start(run_dir, str(checkpoints), str(step_dir(run_dir, 9)), (run_dir / "config.yaml").read_text())
+    for step in (3, 6, 9):
+        store.remove(str(step_dir(run_dir, step)))
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.resume" and str(step_dir(run_dir, 9)) in problem.message
+    assert "checkpoint.resume=never" in problem.fix

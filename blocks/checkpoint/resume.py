@@ -292,6 +292,8 @@ def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed 
     shared ``checkpoint.dir``) is ambiguous: refused, naming both.
     """
     found = _newest(directory)
+    if found is None and previous is not None:
+        _refuse_a_lost_position(directory, previous)
     if found is None or previous is None or not previous.job:
         return found
     candidates = previous.candidates()
@@ -319,6 +321,30 @@ def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed 
             f"step {own.manifest.step} ({own.url})",
             f"choose one: checkpoint.resume={own.url} continues this run dir's job, "
             f"checkpoint.resume={found.url} the other; or start over with checkpoint.resume=never",
+        )
+    )
+
+
+def _refuse_a_lost_position(directory: str, previous: Start) -> None:
+    """Refuse ``auto`` from step 0 when *previous*, the run dir's last job, resumed from a checkpoint in *directory*, which holds none now.
+
+    Its checkpoints were deleted or lost (a save that replaced the one it resumed from, cut
+    short by a kill, did so before): starting over silently would throw its steps away.
+    """
+    resumed = previous.resumed_from
+    if not resumed or resumed not in previous.lineage:
+        return  # it started from scratch, or from a checkpoint elsewhere
+    if not store.same_place(resumed.rstrip("/").rsplit("/", 1)[0], directory):
+        return
+    raise BlocksError(
+        Problem(
+            "checkpoint.resume",
+            f"checkpoint.resume=auto found no committed checkpoint in {directory}, but this run "
+            f"dir's last job resumed from {resumed} there: its checkpoints were deleted or lost, "
+            "and auto would train from step 0",
+            f"restore the checkpoints into {directory} (or point checkpoint.resume at a copy of "
+            "one), or start over from step 0 with checkpoint.resume=never",
+            check="resume-usable",
         )
     )
 
