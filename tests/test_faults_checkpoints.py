@@ -543,3 +543,29 @@ def test_auto_refuses_to_start_over_when_the_checkpoints_the_last_job_continued_
     (problem,) = refused.value.problems
     assert problem.key == "checkpoint.resume" and str(step_dir(run_dir, 9)) in problem.message
     assert "checkpoint.resume=never" in problem.fix
+
+
+def test_a_manifest_killed_as_it_was_written_is_an_unfinished_save(run_dir: Path) -> None:
+    """An empty manifest (a commit killed while earlier versions wrote it in place) made its checkpoint
+    damaged: the only one, the rerun refused to start, asking to remove it by hand."""
+    for step in (3, 6):
+        store.remove(str(step_dir(run_dir, step)))
+    (step_dir(run_dir, 9) / store.MANIFEST).write_bytes(b"")
+    assert store.list_dir(str(run_dir / "checkpoints")).uncommitted == [str(step_dir(run_dir, 9))]
+    summary = driver.run([*BLOBS, "trainer.max_steps=3"], run_dir)
+    assert (summary.status, summary.resumed_from) == ("completed", None)
+    assert not step_dir(run_dir, 9).exists()
+
+
+def test_the_manifest_is_renamed_into_place_whole(tmp_path: Path) -> None:
+    """The manifest was written in place: a kill while writing it left it empty or cut short."""
+    url = tmp_path / store.step_dir_name(4)
+    store.begin(str(url))
+    (url / store.STATE_FILE).write_bytes(b"state")
+    (url / store.MANIFEST).write_text("an earlier try's")
+    written_in_place = (url / store.MANIFEST).stat().st_ino
+    manifest = store.Manifest(step=4, epoch=0, world_size=1, sharded=False, global_batch=8, block_digests={})
+    store.commit(str(url), manifest)
+    assert (url / store.MANIFEST).stat().st_ino != written_in_place
+    assert sorted(p.name for p in url.iterdir()) == sorted([store.MARKER, store.MANIFEST, store.STATE_FILE])
+    assert store.verify(str(url)).step == 4
