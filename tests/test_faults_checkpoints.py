@@ -569,3 +569,18 @@ def test_the_manifest_is_renamed_into_place_whole(tmp_path: Path) -> None:
     assert (url / store.MANIFEST).stat().st_ino != written_in_place
     assert sorted(p.name for p in url.iterdir()) == sorted([store.MARKER, store.MANIFEST, store.STATE_FILE])
     assert store.verify(str(url)).step == 4
+
+
+def test_a_users_entry_where_the_run_will_save_is_refused_before_training(run_dir: Path) -> None:
+    """A ``step-<N>`` entry blocks did not write at a step the run saves at was only warned about: the run
+    trained up to that step, then failed to save there."""
+    notes = step_dir(run_dir, 12) / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("mine")
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.dir" and str(step_dir(run_dir, 12)) in problem.message
+    assert "move it out of checkpoint.dir" in problem.fix
+    assert notes.read_text() == "mine"
+    assert not (run_dir / "checkpoints" / store.step_dir_name(12) / store.MANIFEST).exists()

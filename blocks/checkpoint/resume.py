@@ -325,6 +325,33 @@ def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed 
     )
 
 
+def refuse_foreign_in_the_way(plan: Plan, directory: str, resume_from: str | None) -> None:
+    """Refuse, before training, a ``step-<N>`` entry blocks did not write at a step this run saves at.
+
+    The steps are the multiples of ``checkpoint.every_n_steps`` past the one it starts from and
+    its last step (:attr:`Derived.total_steps`). Blocks never deletes an entry it did not write,
+    so the save there would fail after the steps trained since the previous one. Entries at
+    other steps are left alone (a save on SIGTERM or ``every_seconds`` may still meet one).
+    """
+    start = store.read_manifest(resume_from).step if resume_from else 0
+    total, every = plan.derived.total_steps, plan.checkpoint.every_n_steps
+    for url in store.list_dir(directory).foreign:
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        step = int(name.rsplit("-", 1)[-1])
+        if name != store.step_dir_name(step) or step <= start or (total and step > total):
+            continue
+        if step == total or (every and step % every == 0):
+            raise BlocksError(
+                Problem(
+                    "checkpoint.dir",
+                    f"{url} was not written by blocks, and this run saves its checkpoint of step "
+                    f"{step} there: the save would fail after training up to it",
+                    "move it out of checkpoint.dir, or set another checkpoint.dir",
+                    check="checkpoint-dir-foreign",
+                )
+            )
+
+
 def _refuse_a_lost_position(directory: str, previous: Start) -> None:
     """Refuse ``auto`` from step 0 when *previous*, the run dir's last job, resumed from a checkpoint in *directory*, which holds none now.
 
