@@ -113,11 +113,14 @@ def training_overtakes(max_steps: int) -> Iterator[dict[int, bool]]:
 
 
 def saves(events: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(kind, step dir) of each state file opened and each manifest closed, in order."""
+    """(kind, step dir) of each state file opened and each manifest closed, in order.
+
+    A local manifest is closed under a temporary name and renamed into place right after.
+    """
     out = []
     for kind, path in events:
         step_dir = path.rsplit("/", 2)[-2]
-        if (kind, path.rsplit("/", 1)[-1]) in (("open", "state.pt"), ("close", store.MANIFEST)):
+        if (kind, path.rsplit("/", 1)[-1]) in (("open", "state.pt"), ("close", store.MANIFEST_WRITING)):
             out.append((kind, step_dir))
     return out
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 from blocks.checkpoint import store
 from blocks.launch import driver
 from blocks.spec.errors import BlocksError
-from tests.conftest import run_in_process
+from tests.conftest import REPO, call_in_fresh_process, run_in_process, spawned
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,6 +72,7 @@ MANIFEST_DAMAGE = {
     "step-null": lambda m: m.update(step=None),
     "entry-without-size": lambda m: m["files"]["state.pt"].pop("size"),
     "digest-not-hex": lambda m: m["files"]["state.pt"].update({store.HASH: 12}),
+    "step-not-its-directorys": lambda m: m.update(step=30),  # resumed "from step 30", trained on from 9
 }
 
 
@@ -446,8 +451,136 @@ def test_a_removal_cut_short_leaves_a_directory_the_next_save_replaces(
         _remove_cut_short(url, allowed, monkeypatch)
         if not Path(url).exists():
             continue
-        if (Path(url) / store.MANIFEST).exists():
+        committed = (Path(url) / store.MANIFEST).exists()
+        if committed:
             assert allowed == 0, f"cut after {allowed} deletions, the rest still looks committed"
             store.verify(url)
-        store.replace_ours(url)  # "exists but was not written by blocks" before
+            with pytest.raises(store.CheckpointError, match="already holds a committed checkpoint"):
+                store.replace_ours(url)  # a save of its step replaces it only where it is stale
+        store.replace_ours(url, stale=committed)  # "exists but was not written by blocks" before
         assert not Path(url).exists()
+
+
+SIGNAL_AT_SETUP = "trainer.callbacks=[{_target_: tests.lightning_habits.SignalAtSetup}]"
+"""SIGTERM while Lightning sets the run up: the run stops at its first step boundary, before training a step."""
+
+
+def test_a_stop_before_the_first_step_leaves_the_checkpoint_it_resumed_from_alone(run_dir: Path) -> None:
+    """A run stopped before its first step (SIGTERM during the load of a big checkpoint) saved "at step 9",
+    the step it resumed from: the save deleted the committed step 9 and rewrote it, and a SIGKILL
+    during the rewrite (a grace period ending; here while ``BLOCKS_FAULT_SLOW_SAVE`` holds it) left
+    no committed checkpoint there. Nothing was trained since: the checkpoint stands as it is."""
+    resumed = step_dir(run_dir, 9)
+    manifest = (resumed / store.MANIFEST).read_bytes()
+    args = [*BLOBS, "trainer.max_steps=12", f"hydra.run.dir={run_dir}", SIGNAL_AT_SETUP]
+    env = {**os.environ, "BLOCKS_ALLOW_IMPORTS": "tests", "BLOCKS_FAULT_SLOW_SAVE": "9:600"}
+    with spawned(
+        [sys.executable, "-m", "blocks", "run", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as job:
+        assert job.stdout is not None
+        said = []
+        for line in job.stdout:
+            said.append(line)
+            if "BLOCKS_FAULT_SLOW_SAVE" in line:  # re-saving step 9: the grace period ends
+                os.killpg(job.pid, signal.SIGKILL)
+                break
+        job.wait()
+    assert (resumed / store.MANIFEST).read_bytes() == manifest, "".join(said)[-3000:]
+    summary = driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    assert summary.resumed_from == str(resumed)
+    assert (summary.status, summary.global_step) == ("completed", 12)
+
+
+def stop_before_the_first_step_resumed_from_elsewhere(source: str, run_dir: str) -> list[dict[str, str]]:
+    """In a fresh process: a run resuming *source* (another run's checkpoint) SIGTERMed before its first
+    step, twice; after each, the manifest of every step directory its own checkpoint dir holds."""
+    os.environ["BLOCKS_ALLOW_IMPORTS"] = "tests"
+    held = []
+    for _ in range(2):
+        args = [*BLOBS, "trainer.max_steps=12", f"checkpoint.resume={source}", SIGNAL_AT_SETUP]
+        with contextlib.suppress(driver.JobFailed):
+            driver.run(args, Path(run_dir))
+        committed = store.list_dir(str(Path(run_dir) / "checkpoints")).committed
+        held.append({Path(c.url).name: c.manifest.to_json() for c in committed})
+    return held
+
+
+def test_a_stop_before_the_first_step_copies_a_checkpoint_resumed_from_elsewhere(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """Resumed from another run's checkpoint, the save at that step before any training is a copy into the
+    run's own checkpoint dir (its position for ``auto``), the source left as it is; stopped again, the
+    copy stands (a committed checkpoint of that step is never deleted to save it again)."""
+    source = step_dir(run_dir, 9)
+    manifest = (source / store.MANIFEST).read_bytes()
+    own = tmp_path / "own"
+    held = call_in_fresh_process(stop_before_the_first_step_resumed_from_elsewhere, str(source), str(own))
+    first, second = held
+    assert list(first) == [source.name] and second == first, "copied once, then left as it is"
+    assert (source / store.MANIFEST).read_bytes() == manifest
+    store.verify(str(own / "checkpoints" / source.name))
+
+
+def test_auto_refuses_to_start_over_when_the_checkpoints_the_last_job_continued_are_gone(
+    run_dir: Path,
+) -> None:
+    """The run dir's last job resumed from its step 9; with every checkpoint since gone (a rewrite of
+    step 9 killed half way did that), ``auto`` trained from step 0 without a word."""
+    from blocks.checkpoint.resume import record_start
+
+    checkpoints = run_dir / "checkpoints"
+    record_start(run_dir, str(checkpoints), str(step_dir(run_dir, 9)), (run_dir / "config.yaml").read_text())
+    for step in (3, 6, 9):
+        store.remove(str(step_dir(run_dir, step)))
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.resume" and str(step_dir(run_dir, 9)) in problem.message
+    assert "checkpoint.resume=never" in problem.fix
+
+
+def test_a_manifest_killed_as_it_was_written_is_an_unfinished_save(run_dir: Path) -> None:
+    """An empty manifest (a commit killed while earlier versions wrote it in place) made its checkpoint
+    damaged: the only one, the rerun refused to start, asking to remove it by hand."""
+    for step in (3, 6):
+        store.remove(str(step_dir(run_dir, step)))
+    (step_dir(run_dir, 9) / store.MANIFEST).write_bytes(b"")
+    assert store.list_dir(str(run_dir / "checkpoints")).uncommitted == [str(step_dir(run_dir, 9))]
+    summary = driver.run([*BLOBS, "trainer.max_steps=3"], run_dir)
+    assert (summary.status, summary.resumed_from) == ("completed", None)
+    assert not step_dir(run_dir, 9).exists()
+
+
+def test_the_manifest_is_renamed_into_place_whole(tmp_path: Path) -> None:
+    """The manifest was written in place: a kill while writing it left it empty or cut short."""
+    url = tmp_path / store.step_dir_name(4)
+    store.begin(str(url))
+    (url / store.STATE_FILE).write_bytes(b"state")
+    (url / store.MANIFEST).write_text("an earlier try's")
+    written_in_place = (url / store.MANIFEST).stat().st_ino
+    manifest = store.Manifest(step=4, epoch=0, world_size=1, sharded=False, global_batch=8, block_digests={})
+    store.commit(str(url), manifest)
+    assert (url / store.MANIFEST).stat().st_ino != written_in_place
+    assert sorted(p.name for p in url.iterdir()) == sorted([store.MARKER, store.MANIFEST, store.STATE_FILE])
+    assert store.verify(str(url)).step == 4
+
+
+def test_a_users_entry_where_the_run_will_save_is_refused_before_training(run_dir: Path) -> None:
+    """A ``step-<N>`` entry blocks did not write at a step the run saves at was only warned about: the run
+    trained up to that step, then failed to save there."""
+    notes = step_dir(run_dir, 12) / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("mine")
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.dir" and str(step_dir(run_dir, 12)) in problem.message
+    assert "move it out of checkpoint.dir" in problem.fix
+    assert notes.read_text() == "mine"
+    assert not (run_dir / "checkpoints" / store.step_dir_name(12) / store.MANIFEST).exists()

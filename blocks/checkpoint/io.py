@@ -129,12 +129,15 @@ class FsspecCheckpointIO(CheckpointIO):
         beside: small text files (name → content) written into each checkpoint with its state
             (:data:`~blocks.checkpoint.store.PACKAGES_FILE`), which its commit lists and digests.
         after_commit: called with the URL once a checkpoint is committed (retention runs here).
+        stale: whether the committed checkpoint at a URL may be replaced by a save of its step
+            (one a longer earlier run left; see :func:`blocks.checkpoint.store.replace_ours`).
     """
 
     def __init__(self, *, async_save: bool = False) -> None:
         self.pending_manifest: store.Manifest | None = None
         self.beside: dict[str, str] = {}
         self.after_commit: Callable[[str], None] = lambda url: None
+        self.stale: Callable[[str], bool] = lambda url: False
         self.saver = BackgroundSaver() if async_save else None
         self.stager = HostStager()
 
@@ -149,7 +152,7 @@ class FsspecCheckpointIO(CheckpointIO):
 
         def write_and_commit(state: dict[str, Any]) -> None:
             with storage_errors(url):
-                store.replace_ours(url)  # an uncommitted leftover of the same step
+                store.replace_ours(url, stale=self.stale(url))  # a leftover of the same step
                 store.begin(url)
                 _injected_delay(manifest.step)
                 digest = write_state(url, state)

@@ -292,6 +292,8 @@ def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed 
     shared ``checkpoint.dir``) is ambiguous: refused, naming both.
     """
     found = _newest(directory)
+    if found is None and previous is not None:
+        _refuse_a_lost_position(directory, previous)
     if found is None or previous is None or not previous.job:
         return found
     candidates = previous.candidates()
@@ -319,6 +321,57 @@ def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed 
             f"step {own.manifest.step} ({own.url})",
             f"choose one: checkpoint.resume={own.url} continues this run dir's job, "
             f"checkpoint.resume={found.url} the other; or start over with checkpoint.resume=never",
+        )
+    )
+
+
+def refuse_foreign_in_the_way(plan: Plan, directory: str, resume_from: str | None) -> None:
+    """Refuse, before training, a ``step-<N>`` entry blocks did not write at a step this run saves at.
+
+    The steps are the multiples of ``checkpoint.every_n_steps`` past the one it starts from and
+    its last step (:attr:`Derived.total_steps`). Blocks never deletes an entry it did not write,
+    so the save there would fail after the steps trained since the previous one. Entries at
+    other steps are left alone (a save on SIGTERM or ``every_seconds`` may still meet one).
+    """
+    start = store.read_manifest(resume_from).step if resume_from else 0
+    total, every = plan.derived.total_steps, plan.checkpoint.every_n_steps
+    for url in store.list_dir(directory).foreign:
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        step = int(name.rsplit("-", 1)[-1])
+        if name != store.step_dir_name(step) or step <= start or (total and step > total):
+            continue
+        if step == total or (every and step % every == 0):
+            raise BlocksError(
+                Problem(
+                    "checkpoint.dir",
+                    f"{url} was not written by blocks, and this run saves its checkpoint of step "
+                    f"{step} there: the save would fail after training up to it",
+                    "move it out of checkpoint.dir, or set another checkpoint.dir",
+                    check="checkpoint-dir-foreign",
+                )
+            )
+
+
+def _refuse_a_lost_position(directory: str, previous: Start) -> None:
+    """Refuse ``auto`` from step 0 when *previous*, the run dir's last job, resumed from a checkpoint in *directory*, which holds none now.
+
+    Its checkpoints were deleted or lost (a save that replaced the one it resumed from, cut
+    short by a kill, did so before): starting over silently would throw its steps away.
+    """
+    resumed = previous.resumed_from
+    if not resumed or resumed not in previous.lineage:
+        return  # it started from scratch, or from a checkpoint elsewhere
+    if not store.same_place(resumed.rstrip("/").rsplit("/", 1)[0], directory):
+        return
+    raise BlocksError(
+        Problem(
+            "checkpoint.resume",
+            f"checkpoint.resume=auto found no committed checkpoint in {directory}, but this run "
+            f"dir's last job resumed from {resumed} there: its checkpoints were deleted or lost, "
+            "and auto would train from step 0",
+            f"restore the checkpoints into {directory} (or point checkpoint.resume at a copy of "
+            "one), or start over from step 0 with checkpoint.resume=never",
+            check="resume-usable",
         )
     )
 

@@ -62,7 +62,7 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         self.io.wait()
         if self.global_rank == 0:
             with storage_errors(url):
-                store.replace_ours(url)
+                store.replace_ours(url, stale=self.io.stale(url))
                 store.begin(url)
         self.barrier("blocks-sharded-save-start")
         shards = {"model": checkpoint.pop("state_dict")}

@@ -4,7 +4,7 @@ A checkpoint is a directory ``step-<N>`` under ``checkpoint.dir``. Its files are
 first and ``MANIFEST.json`` last; the manifest lists every file with its size and a
 digest: XXH3-128 for checkpoints written now, BLAKE3 or sha256 for those written by earlier
 versions (each entry names its algorithm, so all verify).
-A directory without a manifest is uncommitted (a save that never finished) and is never
+A directory without a manifest (or, in blocks' own, with an empty one) is uncommitted (a save that never finished) and is never
 resumed from or counted for retention; leftovers are removed before a run starts saving, but
 only those carrying :data:`MARKER`, the file blocks writes first into every checkpoint
 directory it creates: a ``step-<N>`` entry blocks did not write is left alone. A manifest
@@ -36,6 +36,8 @@ from fsspec.implementations.local import LocalFileSystem
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+MANIFEST_WRITING = ".MANIFEST.json.writing"
+"""What a local manifest is written as before it is renamed into place (see :func:`commit`)."""
 MARKER = ".blocks-checkpoint"
 """Written first into each checkpoint directory blocks creates: only such directories are ever cleaned up."""
 STATE_FILE = "state.pt"
@@ -356,9 +358,38 @@ def commit(url: str, manifest: Manifest, known: Mapping[str, tuple[int, str]] | 
         for relative, (size, digest) in zip(relatives, digests, strict=True)
     }
     final = Manifest(**{**manifest.__dict__, "files": files, "format": FORMAT})
-    with fs.open(join(root, MANIFEST), "w") as fh:
-        fh.write(final.to_json())
+    _write_manifest(fs, root, final.to_json())
     return final
+
+
+def _write_manifest(fs: fsspec.AbstractFileSystem, root: str, text: str) -> None:
+    """Write ``MANIFEST.json`` into *root* whole or not at all.
+
+    On a local file system it is written as :data:`MANIFEST_WRITING`, synced, and renamed into
+    place (the directory synced too): a process killed while writing leaves no manifest, so the
+    save counts as unfinished, not as a damaged checkpoint. An object store makes a small
+    object visible only once its single upload completes.
+    """
+    path = join(root, MANIFEST)
+    if not isinstance(fs, LocalFileSystem):
+        with fs.open(path, "w") as fh:
+            fh.write(text)
+        return
+    temporary = join(root, MANIFEST_WRITING)
+    with fs.open(temporary, "w") as fh:
+        fh.write(text)
+    _sync(temporary)
+    os.replace(temporary, path)
+    _sync(root)
+
+
+def _sync(path: str) -> None:
+    """Flush the local file or directory *path* to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def read_manifest(url: str) -> Manifest:
@@ -368,9 +399,16 @@ def read_manifest(url: str) -> Manifest:
     if not fs.exists(path):
         raise CheckpointError(f"{url} is not a committed checkpoint (no {MANIFEST})")
     try:
-        return Manifest.from_json(fs.cat_file(path).decode())
+        manifest = Manifest.from_json(fs.cat_file(path).decode())
     except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{url}: damaged {MANIFEST}: {exc}") from None
+    named = _STEP_DIR.match(root.rstrip("/").rsplit("/", 1)[-1])
+    if named and int(named.group(1)) != manifest.step:
+        raise CheckpointError(
+            f"{url}: damaged {MANIFEST}: it says step {manifest.step}, its directory step "
+            f"{int(named.group(1))} (a manifest copied or edited into another step's directory)"
+        )
+    return manifest
 
 
 def begin(url: str) -> None:
@@ -396,10 +434,24 @@ def _is_link(fs: Any, path: str) -> bool:
         return False
 
 
-def replace_ours(url: str) -> None:
+def is_committed(url: str) -> bool:
+    """Whether *url* holds a committed checkpoint whose manifest reads (its files are not verified)."""
+    try:
+        read_manifest(url)
+    except CheckpointError:
+        return False
+    return True
+
+
+def replace_ours(url: str, *, stale: bool = False) -> None:
     """Clear *url* for a new save of the same step; :class:`CheckpointError` if blocks did not create it.
 
-    An empty directory holds nothing to lose and is used as it is.
+    What is replaced: an unfinished save of that step, a checkpoint whose manifest is damaged,
+    and, when *stale*, a committed checkpoint a longer earlier run left past the step this run
+    started from (see :func:`to_delete`). Any other committed checkpoint is refused: a save must
+    never delete a checkpoint a run may resume from (the one this run resumed from above all,
+    whose rewrite a kill could cut short). An empty directory holds nothing to lose and is used
+    as it is.
     """
     fs, root = url_to_fs(url)
     if not fs.exists(root) or not fs.ls(root, detail=False):
@@ -409,7 +461,19 @@ def replace_ours(url: str) -> None:
             f"{url} exists but was not written by blocks; move it out of the checkpoint directory "
             "or set another checkpoint.dir"
         )
+    if not stale and is_committed(url):
+        raise CheckpointError(
+            f"{url} already holds a committed checkpoint of this step that this run did not "
+            "supersede: refusing to delete it to save again; move it out of checkpoint.dir, or "
+            "set another checkpoint.dir"
+        )
     remove(url)
+
+
+def same_place(a: str, b: str) -> bool:
+    """Whether the URLs or paths *a* and *b* name one location (a relative path and its absolute form do)."""
+    (fs_a, path_a), (fs_b, path_b) = url_to_fs(a), url_to_fs(b)
+    return bool(fs_a.unstrip_protocol(path_a).rstrip("/") == fs_b.unstrip_protocol(path_b).rstrip("/"))
 
 
 _VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
@@ -655,7 +719,7 @@ def list_dir(directory: str) -> Listing:
         named_by_blocks = name == step_dir_name(int(step.group(1)))
         if entry.get("islink"):  # a link's target is not blocks' to resume from or delete
             listing.foreign.append(url)
-        elif fs.exists(join(path, MANIFEST)):
+        elif fs.exists(join(path, MANIFEST)) and not _torn_manifest(fs, path):
             try:
                 listing.committed.append(Committed(url, read_manifest(url)))
             except CheckpointError as exc:
@@ -668,6 +732,18 @@ def list_dir(directory: str) -> Listing:
             listing.foreign.append(url)
     listing.committed.sort(key=lambda c: c.manifest.step)
     return listing
+
+
+def _torn_manifest(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether the checkpoint directory *path* is blocks' own and its manifest empty: a commit killed as it wrote it.
+
+    Such a save never finished (manifests are written whole now, but earlier versions wrote
+    them in place): it is uncommitted, not a damaged checkpoint.
+    """
+    try:
+        return fs.info(join(path, MANIFEST)).get("size") == 0 and bool(fs.exists(join(path, MARKER)))
+    except FileNotFoundError:
+        return False
 
 
 def scan(directory: str) -> tuple[list[Committed], list[str]]:

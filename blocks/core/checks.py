@@ -654,6 +654,13 @@ CHECKS: tuple[Check, ...] = (
         (),
     ),
     Check(
+        "checkpoint-dir-foreign",
+        ("checkpoint",),
+        "checkpoint.dir",
+        "no entry blocks did not write sits where the run will save a checkpoint",
+        (),
+    ),
+    Check(
         "sweep-checkpoint-dir",
         ("checkpoint",),
         "checkpoint.dir",

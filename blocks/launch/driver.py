@@ -33,6 +33,7 @@ from blocks.checkpoint.resume import (
     checkpoint_dir,
     read_start,
     record_start,
+    refuse_foreign_in_the_way,
     resolve_resume,
     resume_message,
     stopped_early_of,
@@ -349,6 +350,7 @@ def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
             )
     if plan.checkpoint.enabled:
         preflight_storage(directory, plan.derived.world_size)
+        refuse_foreign_in_the_way(plan, directory, resume_from)
     upgraded = _upgraded_blocks(plan, resume_from) if resume_from else []
     retire_summary(run_dir)
     text = write_job_files(run_dir, frozen, plan)

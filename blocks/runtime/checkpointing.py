@@ -198,8 +198,10 @@ class CheckpointCallback(pl.Callback):
         self._pending = False
         self._last_save_time = time.monotonic()
         self._stale: set[str] = set()
+        self._resumed_step: int | None = None
         self._between_batches = False
         io.after_commit = self._retain
+        io.stale = lambda url: url in self._stale
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG states (a collective: Lightning calls this on all ranks when saving), and :attr:`stopped_early_of`."""
@@ -215,9 +217,10 @@ class CheckpointCallback(pl.Callback):
         Only directories blocks created (they carry its marker) are removed; other ``step-<N>``
         entries are reported and left alone.
         """
+        self._resumed_step = store.read_manifest(self.resumed_from).step if self.resumed_from else None
         if trainer.is_global_zero:
             listing = store.list_dir(self.directory)
-            start = store.read_manifest(self.resumed_from).step if self.resumed_from else 0
+            start = self._resumed_step or 0
             self._stale = {c.url for c in listing.committed if c.manifest.step > start}
             for url in listing.uncommitted:
                 log.warning("removing uncommitted checkpoint %s (a save that never finished)", url)
@@ -335,10 +338,11 @@ class CheckpointCallback(pl.Callback):
     def save(self, trainer: pl.Trainer) -> None:
         """Write and commit a checkpoint at the current step, then apply retention."""
         step = trainer.global_step
-        if step == self.last_saved_step or step == 0:
+        url = store.join(self.directory, store.step_dir_name(step))
+        if step == self.last_saved_step or step == 0 or self._stands(trainer, step, url):
+            self.last_saved_step = max(self.last_saved_step, step)
             self._pending = False
             return
-        url = store.join(self.directory, store.step_dir_name(step))
         self.before_save(trainer)
         self.io.pending_manifest = store.Manifest(
             step=step,
@@ -356,6 +360,32 @@ class CheckpointCallback(pl.Callback):
         self.last_saved_step = step
         self._pending = False
         self._last_save_time = time.monotonic()
+
+    def _stands(self, trainer: pl.Trainer, step: int, url: str) -> bool:
+        """Whether the save of *step* at *url* is left out: the run is still at the step it resumed from.
+
+        Nothing was trained since (a stop before the first step, or a rerun with no steps left):
+        the checkpoint it resumed from holds this state already. Rewritten, it would be deleted
+        first, and a kill during the rewrite would leave nothing to resume from. Resumed from
+        another directory, the save is a copy into this one, made unless a committed checkpoint
+        of that step is there already (never replaced: it is another run's).
+        """
+        if step != self._resumed_step or self.resumed_from is None:
+            return False
+        if store.same_place(url, self.resumed_from):
+            if trainer.is_global_zero:
+                log.info("nothing trained since step %d: the checkpoint resumed from stands (%s)", step, url)
+            return True
+        there = bool(trainer.strategy.broadcast(trainer.is_global_zero and store.is_committed(url)))
+        if there and trainer.is_global_zero:
+            log.warning(
+                "nothing trained since step %d, resumed from %s: %s already holds a committed "
+                "checkpoint of that step, left as it is",
+                step,
+                self.resumed_from,
+                url,
+            )
+        return there
 
     def _retain(self, url: str) -> None:
         """Delete what retention lets go; runs on global rank 0 after each commit of *url* (maybe in the background)."""
