@@ -417,16 +417,17 @@ _VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
 
 
 def _fingerprint(info: Mapping[str, Any]) -> Any:
-    """What changes when a file is rewritten: its size and modification time (or ETag); None when unknown."""
-    changed = next(
-        (
-            info[key]
-            for key in ("mtime", "LastModified", "last_modified", "ETag", "etag", "updated")
-            if info.get(key)
-        ),
-        None,
+    """What changes when a file is rewritten: its size, modification time and ETag (those it has); None when it has neither.
+
+    An object store's modification time counts whole seconds: its ETag tells apart a rewrite
+    of the same size within the same second.
+    """
+    changed = tuple(
+        str(info[key])
+        for key in ("mtime", "LastModified", "last_modified", "ETag", "etag", "updated")
+        if info.get(key)
     )
-    return None if changed is None else (info.get("size"), str(changed))
+    return (info.get("size"), *changed) if changed else None
 
 
 def verify(url: str) -> Manifest:
