@@ -34,7 +34,10 @@ def s3() -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as patch, moto_s3_server() as env:
         for key, value in env.items():
             patch.setenv(key, value)
-        patch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
+        # Blocks of 5 MiB, the least s3fs writes (it reads 50 MiB ahead by default): a test state
+        # of 16 MiB spans several, as a real one spans many of 50 MiB, so reads that jump show.
+        conf = {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"], "default_block_size": 5 << 20}
+        patch.setitem(fsspec.config.conf, "s3", conf)
         import s3fs
 
         fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"])
@@ -83,6 +86,32 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a fresh process: nothing verified, nothing kept."""
     monkeypatch.setattr(store, "_VERIFIED", {})
     monkeypatch.setattr(store, "_KEPT", {}, raising=False)  # raising: older versions kept nothing
+
+
+def test_a_load_from_s3_downloads_the_state_once_and_refuses_it_damaged(
+    s3: Any, fetched: Counter[str]
+) -> None:
+    """The checkpoint IO's load of a state not checked before (a rollback's) downloads it once, hashing it.
+
+    Read from the store by ``torch.load`` through a hashing reader, it was fetched more than
+    twice: the zip reader reads the end first, and the hash needs every byte in order.
+    """
+    import torch
+
+    from blocks.checkpoint.io import FsspecCheckpointIO
+
+    weights = {f"layer{i}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
+    url = checkpoint_on_s3(s3, "loaded", {"state_dict": weights, "global_step": 8})
+    key = f"{BUCKET}/loaded/{store.STATE_FILE}"
+    fetched.clear()  # the commit hashed it
+    state = FsspecCheckpointIO().load_checkpoint(url)
+    assert state["global_step"] == 8 and torch.equal(state["state_dict"]["layer3"], weights["layer3"])
+    assert fetched[key] == s3.size(key), f"{fetched[key] / s3.size(key):.2f} downloads"
+    data = bytearray(s3.cat_file(key))
+    data[len(data) // 2] ^= 0xFF
+    s3.pipe_file(key, bytes(data))
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        FsspecCheckpointIO().load_checkpoint(url)
 
 
 def checkpoint_on_s3(s3: Any, name: str, state: Any) -> str:

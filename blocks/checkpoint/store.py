@@ -77,6 +77,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
 _MAPPED_CHUNK = 1 << 23  # bytes mapped and hashed per call: the GIL comes back between calls
+_FETCH_CHUNK = 1 << 23  # bytes read from an object store per call when its state.pt is loaded into memory
 _HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Files hashed at once: xxhash, hashlib and file reads release the GIL, so each thread uses a core
 (and an object store's latency overlaps).
@@ -430,6 +431,46 @@ def _fingerprint(info: Mapping[str, Any]) -> Any:
     return (info.get("size"), *changed) if changed else None
 
 
+class _MemoryFile:
+    """A read-only, seekable binary file over bytes in memory, read with ``readinto`` without a copy of them."""
+
+    def __init__(self, data: bytearray) -> None:
+        self._view, self._position = memoryview(data), 0
+
+    def readable(self) -> bool:
+        """Always true."""
+        return True
+
+    def seekable(self) -> bool:
+        """Always true."""
+        return True
+
+    def tell(self) -> int:
+        """The current position."""
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move like :meth:`io.IOBase.seek`."""
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        """Copy up to ``len(buffer)`` bytes into *buffer*."""
+        target = memoryview(buffer).cast("B")
+        chunk = self._view[self._position : self._position + target.nbytes]
+        target[: len(chunk)] = chunk
+        self._position += len(chunk)
+        return len(chunk)
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to *size* bytes (all that is left when negative)."""
+        end = len(self._view) if size < 0 else self._position + size
+        data = self._view[self._position : end].tobytes()
+        self._position += len(data)
+        return data
+
+
 def verify(url: str) -> Manifest:
     """Check every file against the manifest (size, then digest); raise :class:`CheckpointError` on a mismatch.
 
@@ -501,6 +542,26 @@ class _FileCheck:
         """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch."""
         if not self.known_good:
             self.judge(*file_digest(self.fs, self.path, self.algorithm))
+
+    def fetch(self) -> bytearray:
+        """The whole file, downloaded once, in order, and hashed as it arrives unless known good; :class:`CheckpointError` on a mismatch."""
+        size = self.expected["size"]
+        data = bytearray(size)
+        view = memoryview(data)
+        digest = None if self.known_good else new_hasher(self.algorithm)
+        got = 0
+        with self.fs.open(self.path, "rb") as fh:
+            while got < size and (count := fh.readinto(view[got : got + _FETCH_CHUNK])):
+                if digest is not None:
+                    digest.update(view[got : got + count])
+                got += count
+            got += len(fh.read(1)) if got == size else 0  # one byte more: the file is longer than listed
+        view.release()
+        if digest is not None:
+            self.judge(got, digest.hexdigest() if got == size else "")
+        elif got != size:  # changed since it was found good, and its fingerprint did not show it
+            self.judge(got, "")
+        return data
 
     def judge(self, size: int, digest: str) -> None:
         """Record a match, or raise :class:`CheckpointError` for a file that differs from the manifest."""
@@ -588,25 +649,26 @@ class HashingReader:
 def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     """``load(state_file)`` once every file of *url* matches its manifest, reading ``state.pt`` once.
 
-    The other files are verified first. ``state.pt`` is hashed while *load* reads it: on a
-    local file system by a second thread that reads the file beside the load (the hash costs
-    no time next to the load where a core is free), elsewhere through a
-    :class:`HashingReader` (then the bytes it skipped), so an object store is read once, not
-    once to hash and once to load. A mismatch raises :class:`CheckpointError`, also when
-    *load* itself failed on the damaged file; nothing *load* returned is handed out
-    unverified. *load* must only read (it may see a corrupt file).
+    The other files are verified first. On a local file system ``state.pt`` is hashed while
+    *load* reads it, by a second thread that reads the file beside the load (the hash costs
+    no time next to the load where a core is free). From an object store it is downloaded
+    once, in order, into memory, hashed as the bytes arrive, and *load* reads those bytes once
+    they match: a loader's reads jump about the file (a zip reader reads its end first), and
+    read from the store they fetched parts of it twice or more. The bytes are held only while
+    *load* runs. A mismatch raises :class:`CheckpointError`, also when *load* itself failed on
+    the damaged file; nothing *load* returned is handed out unverified. *load* must only read
+    (it may see a corrupt file).
     """
     manifest = read_manifest(url)
     _run_checks(
         [_FileCheck(url, manifest, relative) for relative in manifest.files if relative != STATE_FILE]
     )
     check = _FileCheck(url, manifest, STATE_FILE)
+    if not isinstance(check.fs, LocalFileSystem):
+        return load(_MemoryFile(check.fetch()))  # type: ignore[arg-type]  # read/readinto/seek/tell
     with check.fs.open(check.path, "rb") as fh:
         if check.known_good:
             return load(fh)
-        if not isinstance(check.fs, LocalFileSystem):
-            reader = HashingReader(fh, new_hasher(check.algorithm))
-            return _judged(check, lambda: load(reader), reader.finish)  # type: ignore[arg-type]
         with ThreadPoolExecutor(1, thread_name_prefix="blocks-hash") as pool:  # hash beside the load
             hashed = pool.submit(file_digest, check.fs, check.path, check.algorithm)
             return _judged(check, lambda: load(fh), hashed.result)
