@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,6 +89,51 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store, "_KEPT", {}, raising=False)  # raising: older versions kept nothing
 
 
+def test_an_in_process_resume_from_s3_downloads_the_state_once(
+    trained: str, s3: Any, fetched: Counter[str], tmp_path: Path
+) -> None:
+    """The driver's checks, the worker's checks and Lightning's load share one download of ``state.pt``.
+
+    Before, the state was downloaded four times: hashed by the driver's verify, loaded by the
+    driver's and again by the worker's safety check, and loaded by Lightning.
+    """
+    directory = copy_of(s3, trained, "in-process")
+    resumed = f"{directory}/{store.step_dir_name(8)}"
+    key = f"{BUCKET}/in-process/{store.step_dir_name(8)}/{store.STATE_FILE}"
+    size = s3.size(key)
+    fetched.clear()
+    summary = driver.run([*BLOBS, "trainer.max_steps=10", f"checkpoint.dir={directory}"], tmp_path / "second")
+    assert summary.status == "completed" and summary.resumed_from == resumed
+    assert fetched[key] == size, f"{fetched[key] / size:.2f} downloads of {key} ({size} bytes)"
+    assert not getattr(store, "_KEPT", {}), "the state is not held once it is loaded"
+
+
+def test_a_driver_that_launches_workers_and_each_worker_download_the_state_once(
+    trained: str, s3: Any, fetched: Counter[str], tmp_path: Path
+) -> None:
+    """Under torchrun the driver and each worker are processes of their own: each downloads ``state.pt`` once.
+
+    ``driver.prepare`` is the driver's part (its checks, the job files), which keeps nothing
+    after it; ``worker.train`` in a fresh process's state is a worker's (its checks and the load).
+    """
+    from blocks.launch.worker import train
+
+    directory = copy_of(s3, trained, "launched")
+    key = f"{BUCKET}/launched/{store.step_dir_name(8)}/{store.STATE_FILE}"
+    size = s3.size(key)
+    run_dir = tmp_path / "launched"
+    fetched.clear()
+    driver.prepare([*BLOBS, "trainer.max_steps=10", f"checkpoint.dir={directory}"], run_dir)
+    assert fetched[key] == size, f"the driver downloaded it {fetched[key] / size:.2f} times"
+    assert not store._KEPT, "a driver that trains nothing itself holds no state"
+    store._VERIFIED.clear()  # the worker: a process of its own
+    fetched.clear()
+    summary = train(run_dir)
+    assert summary.status == "completed" and summary.resumed_from == f"{directory}/{store.step_dir_name(8)}"
+    assert fetched[key] == size, f"the worker downloaded it {fetched[key] / size:.2f} times"
+    assert not store._KEPT
+
+
 def test_a_load_from_s3_downloads_the_state_once_and_refuses_it_damaged(
     s3: Any, fetched: Counter[str]
 ) -> None:
@@ -126,6 +172,72 @@ def checkpoint_on_s3(s3: Any, name: str, state: Any) -> str:
         url, store.Manifest(step=3, epoch=0, world_size=1, sharded=False, global_batch=4, block_digests={})
     )
     return url
+
+
+def test_a_kept_state_is_not_handed_out_for_a_file_changed_since_its_check(
+    s3: Any, fetched: Counter[str]
+) -> None:
+    """A ``state.pt`` rewritten between the resume's check and its load (same size, same second) is refused."""
+    import torch
+
+    from blocks.checkpoint.io import FsspecCheckpointIO, load_state, load_state_file
+
+    url = checkpoint_on_s3(s3, "changed", {"w": torch.arange(50_000, dtype=torch.float32)})
+    fetched.clear()  # the commit hashed it
+    with store.keeping(load_state_file):
+        store.verify(url)
+    assert torch.equal(load_state(url, mmap=True)["w"], torch.arange(50_000, dtype=torch.float32))
+    assert fetched[f"{BUCKET}/changed/{store.STATE_FILE}"] == s3.size(f"{BUCKET}/changed/{store.STATE_FILE}")
+    key = f"{BUCKET}/changed/{store.STATE_FILE}"
+    data = bytearray(s3.cat_file(key))
+    data[len(data) // 2] ^= 0xFF
+    s3.pipe_file(key, bytes(data))
+    with pytest.raises(store.CheckpointError, match="does not match the manifest"):
+        FsspecCheckpointIO().load_checkpoint(url)
+    assert not store._KEPT
+
+
+class Payload:
+    """Not tensors or plain data: ``weights_only`` loading refuses to rebuild it."""
+
+
+def test_an_unsafe_state_on_s3_is_still_refused_by_the_resume_and_the_load(s3: Any) -> None:
+    """Verifying within ``keeping`` keeps nothing of a state that is unsafe to load; its readers refuse it as ever."""
+    from blocks.checkpoint import resume
+    from blocks.checkpoint.io import FsspecCheckpointIO, UnsafeCheckpointError, load_state_file
+    from blocks.spec.errors import BlocksError
+
+    url = checkpoint_on_s3(s3, "unsafe", {"payload": Payload()})
+    with store.keeping(load_state_file):
+        manifest = store.verify(url)  # the file matches its manifest: it is what blocks would refuse to run
+    assert not store._KEPT
+    with pytest.raises(BlocksError) as refused:
+        resume._check_loadable(url, manifest)
+    assert refused.value.problems[0].check == "checkpoint-unsafe"
+    with pytest.raises(UnsafeCheckpointError):
+        FsspecCheckpointIO().load_checkpoint(url)
+
+
+def test_a_corrupt_state_on_s3_is_skipped_unloaded_and_the_older_one_kept(
+    trained: str, s3: Any, fetched: Counter[str]
+) -> None:
+    """The newest checkpoint damaged: the resume falls back to the older one, whose state is the one kept."""
+    from blocks.checkpoint.io import load_state_file
+
+    copy = copy_of(s3, trained, "corrupt").removeprefix("s3://")
+    damaged = f"{copy}/{store.step_dir_name(8)}/{store.STATE_FILE}"
+    data = bytearray(s3.cat_file(damaged))
+    data[len(data) // 2] ^= 0xFF
+    s3.pipe_file(damaged, bytes(data))
+    fetched.clear()
+    with store.keeping(load_state_file):
+        found, skipped = store.find_valid(f"s3://{copy}")
+    assert found is not None and found.manifest.step == 4 and len(skipped) == 1
+    older = f"s3://{copy}/{store.step_dir_name(4)}"
+    assert list(store._KEPT) == [("s3", f"{copy}/{store.step_dir_name(4)}/{store.STATE_FILE}")]
+    assert store.kept_state(f"s3://{copy}/{store.step_dir_name(8)}") is None
+    assert store.kept_state(older, take=True)["global_step"] == 4
+    assert not store._KEPT
 
 
 def test_a_same_size_rewrite_within_the_second_is_hashed_again(s3: Any) -> None:

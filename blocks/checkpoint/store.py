@@ -14,6 +14,7 @@ match its digest: resume skips it and falls back to an older one.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -22,7 +23,7 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, TypeVar
@@ -77,7 +78,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
 _MAPPED_CHUNK = 1 << 23  # bytes mapped and hashed per call: the GIL comes back between calls
-_FETCH_CHUNK = 1 << 23  # bytes read from an object store per call when its state.pt is loaded into memory
+_FETCH_CHUNK = 1 << 23  # bytes read from an object store per call when a state is kept (see keeping)
 _HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Files hashed at once: xxhash, hashlib and file reads release the GIL, so each thread uses a core
 (and an object store's latency overlaps).
@@ -431,6 +432,72 @@ def _fingerprint(info: Mapping[str, Any]) -> Any:
     return (info.get("size"), *changed) if changed else None
 
 
+_KEPT: dict[tuple[str, str], tuple[Any, str, Any]] = {}
+"""The ``state.pt`` a resume loaded while verifying it on an object store (:func:`keeping`), until its load
+takes it: ``(protocol, path)`` → (fingerprint, hex digest, what the loader returned). One entry at most."""
+_keeper: Callable[[BinaryIO, str], Any] | None = None
+"""The loader :func:`keeping` installed (None outside it)."""
+
+
+@contextlib.contextmanager
+def keeping(load: Callable[[BinaryIO, str], Any]) -> Iterator[None]:
+    """Within it, verifying a ``state.pt`` on an object store also loads it, from the same download.
+
+    The file is downloaded once, in order, and hashed as its bytes arrive (held in memory); once
+    the digest matches, ``load(file, url)`` reads those bytes and what it returns is kept in
+    place of them for :func:`kept_state` (the resume's checks and its load read it there, not
+    from the store). A file that does not match is refused as ever, unloaded. A *load* that
+    fails (a state that is unsafe to unpickle) keeps nothing: the later reader fails in turn.
+    Local files are never kept (they are mapped and read where they are). One state at most is
+    kept; keeping another drops it, and so does :func:`drop_kept`.
+    """
+    global _keeper
+    previous, _keeper = _keeper, load
+    try:
+        yield
+    finally:
+        _keeper = previous
+
+
+def kept_state(url: str, *, take: bool = False) -> Any | None:
+    """What :func:`keeping` kept of checkpoint *url*'s ``state.pt``; None when nothing is kept or its files changed since.
+
+    The checkpoint's files are checked as :func:`load_verified` checks them (unchanged since
+    this process found them matching the manifest; any other is hashed again): a kept state
+    is only handed out for the file it was loaded from. *take*: the caller is the state's
+    last reader (the load of the resume); the keeping ends, so the state lives no longer than
+    the caller holds it.
+    """
+    if not _KEPT:
+        return None
+    fs, root = url_to_fs(url)
+    key = (_protocol(fs), join(root, STATE_FILE))
+    entry = _KEPT.get(key)
+    if take:
+        drop_kept()
+    if entry is None:
+        return None
+    manifest = read_manifest(url)
+    _run_checks(
+        [_FileCheck(url, manifest, relative) for relative in manifest.files if relative != STATE_FILE]
+    )
+    check = _FileCheck(url, manifest, STATE_FILE)
+    fingerprint, digest, state = entry
+    if not (check.known_good and check.fingerprint == fingerprint and check.wanted == digest):
+        _KEPT.pop(key, None)
+        return None
+    return state
+
+
+def drop_kept() -> None:
+    """Forget the state :func:`keeping` kept (a process that will not load it: a driver that launches workers)."""
+    _KEPT.clear()
+
+
+def _protocol(fs: fsspec.AbstractFileSystem) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
 class _MemoryFile:
     """A read-only, seekable binary file over bytes in memory, read with ``readinto`` without a copy of them."""
 
@@ -524,8 +591,10 @@ class _FileCheck:
         self.expected = manifest.files[relative]
         self.algorithm, self.wanted = entry_digest(self.expected)
         self.fs, root = url_to_fs(url)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        protocol = _protocol(self.fs)
         self.path = join(root, relative)
+        local = isinstance(self.fs, LocalFileSystem)
+        self.keeper = _keeper if relative == STATE_FILE and not local else None  # read in the caller's thread
         try:
             info = self.fs.info(self.path)
         except FileNotFoundError:
@@ -539,9 +608,25 @@ class _FileCheck:
             self.judge(info["size"], "")
 
     def run(self) -> None:
-        """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch."""
-        if not self.known_good:
+        """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch.
+
+        Within :func:`keeping`, an object store's ``state.pt`` is downloaded once into memory,
+        hashed as it arrives, and loaded from there (see :func:`keeping`).
+        """
+        if self.known_good:
+            return
+        if self.keeper is None or self.fingerprint is None:
             self.judge(*file_digest(self.fs, self.path, self.algorithm))
+            return
+        _KEPT.clear()  # the state kept before goes first: two are never held at once
+        data = self.fetch()
+        try:
+            state = self.keeper(_MemoryFile(data), self.url)  # type: ignore[arg-type]  # read/readinto/seek/tell
+        except Exception:  # a state unsafe to load: its reader reports why later
+            return
+        finally:
+            del data  # the bytes go as soon as the state is loaded from them
+        _KEPT[self.key] = (self.fingerprint, self.wanted, state)
 
     def fetch(self) -> bytearray:
         """The whole file, downloaded once, in order, and hashed as it arrives unless known good; :class:`CheckpointError` on a mismatch."""
@@ -567,6 +652,7 @@ class _FileCheck:
         """Record a match, or raise :class:`CheckpointError` for a file that differs from the manifest."""
         if size != self.expected["size"] or digest != self.wanted:
             _VERIFIED.pop(self.key, None)
+            _KEPT.pop(self.key, None)
             raise CheckpointError(
                 f"{self.url}: {self.relative} does not match the manifest (corrupt or modified)"
             )
