@@ -4,8 +4,10 @@ Lightning hands over the checkpoint dict (model, optimizer and scheduler states,
 progress, callback states); this plugin writes it as ``state.pt`` into the checkpoint's
 directory, hashing the bytes as they are written (one pass), then commits it with a
 manifest. Loading uses ``torch.load(weights_only=True)`` (checkpoints hold tensors and plain
-data, never code) through a reader that hashes the bytes as they are read; the state is
-handed over only once they match the manifest.
+data, never code) with the file hashed beside it (a local file) or as it is downloaded, once,
+into memory (an object store); the state is handed over only once it matches the manifest. A
+resume from an object store loads the state while verifying it and its load takes that state
+(:func:`~blocks.checkpoint.store.keeping`): one download per process.
 
 With ``async_save`` the training thread only copies the state into host memory; writing,
 hashing and committing run on a :class:`~blocks.checkpoint.background.BackgroundSaver`.
