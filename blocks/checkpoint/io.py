@@ -4,8 +4,10 @@ Lightning hands over the checkpoint dict (model, optimizer and scheduler states,
 progress, callback states); this plugin writes it as ``state.pt`` into the checkpoint's
 directory, hashing the bytes as they are written (one pass), then commits it with a
 manifest. Loading uses ``torch.load(weights_only=True)`` (checkpoints hold tensors and plain
-data, never code) through a reader that hashes the bytes as they are read; the state is
-handed over only once they match the manifest.
+data, never code) with the file hashed beside it (a local file) or as it is downloaded, once,
+into memory (an object store); the state is handed over only once it matches the manifest. A
+resume from an object store loads the state while verifying it and its load takes that state
+(:func:`~blocks.checkpoint.store.keeping`): one download per process.
 
 With ``async_save`` the training thread only copies the state into host memory; writing,
 hashing and committing run on a :class:`~blocks.checkpoint.background.BackgroundSaver`.
@@ -18,7 +20,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from fsspec.core import url_to_fs
@@ -187,8 +189,15 @@ class FsspecCheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = True
     ) -> dict[str, Any]:
-        """Load the checkpoint with ``weights_only=True``, verified against its manifest while it loads."""
+        """Load the checkpoint with ``weights_only=True``, verified against its manifest while it loads.
+
+        The state the resume's checks loaded from an object store (:func:`store.keeping`) is
+        taken instead of a second download, when its files are unchanged since.
+        """
         url = str(path)
+        kept = _kept(url, map_location, take=True)
+        if kept is not None:
+            return kept
         return store.load_verified(url, lambda fh: _load(fh, url, map_location))
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -202,13 +211,32 @@ def load_state(url: str, map_location: Any | None = None, *, mmap: bool = False)
     A state that holds pickled objects other than tensors and plain data is refused with
     :class:`UnsafeCheckpointError` (sharded shards go through :mod:`blocks.checkpoint.safe_dcp`).
     *mmap* maps a local file's tensors instead of reading them (to check a state cheaply).
+    From an object store, the state a resume kept (:func:`store.keeping`) is read instead of
+    the store; without *mmap* the caller is its last reader and takes it.
     """
     fs, root = url_to_fs(url)
     path = store.join(root, STATE_FILE)
     if mmap and "file" in fs.protocol:
         return _load(path, url, "cpu", mmap=True)
+    kept = _kept(url, "cpu" if mmap else map_location, take=not mmap)
+    if kept is not None:
+        return kept
     with fs.open(path, "rb") as fh:
         return _load(fh, url, map_location)
+
+
+def load_state_file(fh: BinaryIO, url: str) -> dict[str, Any]:
+    """The state in the open ``state.pt`` *fh* of checkpoint *url*, loaded onto the CPU as :func:`load_state` loads it.
+
+    The loader a resume verifies an object store's ``state.pt`` with (:func:`store.keeping`).
+    """
+    return _load(fh, url, "cpu")
+
+
+def _kept(url: str, map_location: Any | None, *, take: bool) -> dict[str, Any] | None:
+    """The state of checkpoint *url* a resume kept (:func:`store.kept_state`), when it is what *map_location* asks for (the CPU)."""
+    state = store.kept_state(url, take=take)
+    return state if map_location in (None, "cpu") else None
 
 
 def _load(source: Any, url: str, map_location: Any | None, *, mmap: bool = False) -> dict[str, Any]:

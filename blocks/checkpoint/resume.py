@@ -9,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from blocks.checkpoint import store
 from blocks.spec.errors import BlocksError, Problem
@@ -228,7 +228,31 @@ def resolve_resume(
     run would end beyond the steps it was given. The driver passes *recorded*, its run dir's
     ``config.yaml``: a checkpoint of another model, task or data that it saved is refused
     naming the keys that changed.
+
+    A ``state.pt`` on an object store is downloaded once in this process: verifying it loads
+    it from the bytes hashed, and the checks and the load that follow read that state
+    (:func:`store.keeping`).
     """
+    with store.keeping(_load_state_file):
+        return _resolved(plan, directory, start, previous=previous, recorded=recorded)
+
+
+def _load_state_file(fh: BinaryIO, url: str) -> dict[str, Any]:
+    """:func:`blocks.checkpoint.io.load_state_file`, imported (with torch) only once a state is read."""
+    from blocks.checkpoint.io import load_state_file
+
+    return load_state_file(fh, url)
+
+
+def _resolved(
+    plan: Plan,
+    directory: str,
+    start: Start | None,
+    *,
+    previous: Start | None,
+    recorded: Mapping[str, Any] | None,
+) -> str | None:
+    """:func:`resolve_resume`'s answer."""
     block = plan.checkpoint
     if not block.enabled:
         return None
@@ -430,7 +454,8 @@ def _newest(directory: str, candidates: store.Candidates | None = None) -> store
 
 
 _stopped_early: dict[str, int | None] = {}
-"""What :func:`_check_loadable` read of each checkpoint's ``stopped_early_of``: the state is read once per resume."""
+"""What :func:`_check_loadable` read of each checkpoint's ``stopped_early_of``: the state is read once per resume
+(from an object store, the state :func:`resolve_resume` kept)."""
 
 
 def stopped_early_of(url: str) -> int | None:

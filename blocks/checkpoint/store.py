@@ -14,6 +14,7 @@ match its digest: resume skips it and falls back to an older one.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -22,7 +23,7 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, TypeVar
@@ -79,6 +80,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _CHUNK = 1 << 20
 _MAPPED_CHUNK = 1 << 23  # bytes mapped and hashed per call: the GIL comes back between calls
+_FETCH_CHUNK = 1 << 23  # bytes read from an object store per call when a state is kept (see keeping)
 _HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Files hashed at once: xxhash, hashlib and file reads release the GIL, so each thread uses a core
 (and an object store's latency overlaps).
@@ -481,16 +483,123 @@ _VERIFIED: dict[tuple[str, str], tuple[Any, str]] = {}
 
 
 def _fingerprint(info: Mapping[str, Any]) -> Any:
-    """What changes when a file is rewritten: its size and modification time (or ETag); None when unknown."""
-    changed = next(
-        (
-            info[key]
-            for key in ("mtime", "LastModified", "last_modified", "ETag", "etag", "updated")
-            if info.get(key)
-        ),
-        None,
+    """What changes when a file is rewritten: its size, modification time and ETag (those it has); None when it has neither.
+
+    An object store's modification time counts whole seconds: its ETag tells apart a rewrite
+    of the same size within the same second.
+    """
+    changed = tuple(
+        str(info[key])
+        for key in ("mtime", "LastModified", "last_modified", "ETag", "etag", "updated")
+        if info.get(key)
     )
-    return None if changed is None else (info.get("size"), str(changed))
+    return (info.get("size"), *changed) if changed else None
+
+
+_KEPT: dict[tuple[str, str], tuple[Any, str, Any]] = {}
+"""The ``state.pt`` a resume loaded while verifying it on an object store (:func:`keeping`), until its load
+takes it: ``(protocol, path)`` → (fingerprint, hex digest, what the loader returned). One entry at most."""
+_keeper: Callable[[BinaryIO, str], Any] | None = None
+"""The loader :func:`keeping` installed (None outside it)."""
+
+
+@contextlib.contextmanager
+def keeping(load: Callable[[BinaryIO, str], Any]) -> Iterator[None]:
+    """Within it, verifying a ``state.pt`` on an object store also loads it, from the same download.
+
+    The file is downloaded once, in order, and hashed as its bytes arrive (held in memory); once
+    the digest matches, ``load(file, url)`` reads those bytes and what it returns is kept in
+    place of them for :func:`kept_state` (the resume's checks and its load read it there, not
+    from the store). A file that does not match is refused as ever, unloaded. A *load* that
+    fails (a state that is unsafe to unpickle) keeps nothing: the later reader fails in turn.
+    Local files are never kept (they are mapped and read where they are). One state at most is
+    kept; keeping another drops it, and so does :func:`drop_kept`.
+    """
+    global _keeper
+    previous, _keeper = _keeper, load
+    try:
+        yield
+    finally:
+        _keeper = previous
+
+
+def kept_state(url: str, *, take: bool = False) -> Any | None:
+    """What :func:`keeping` kept of checkpoint *url*'s ``state.pt``; None when nothing is kept or its files changed since.
+
+    The checkpoint's files are checked as :func:`load_verified` checks them (unchanged since
+    this process found them matching the manifest; any other is hashed again): a kept state
+    is only handed out for the file it was loaded from. *take*: the caller is the state's
+    last reader (the load of the resume); the keeping ends, so the state lives no longer than
+    the caller holds it.
+    """
+    if not _KEPT:
+        return None
+    fs, root = url_to_fs(url)
+    key = (_protocol(fs), join(root, STATE_FILE))
+    entry = _KEPT.get(key)
+    if take:
+        drop_kept()
+    if entry is None:
+        return None
+    manifest = read_manifest(url)
+    _run_checks(
+        [_FileCheck(url, manifest, relative) for relative in manifest.files if relative != STATE_FILE]
+    )
+    check = _FileCheck(url, manifest, STATE_FILE)
+    fingerprint, digest, state = entry
+    if not (check.known_good and check.fingerprint == fingerprint and check.wanted == digest):
+        _KEPT.pop(key, None)
+        return None
+    return state
+
+
+def drop_kept() -> None:
+    """Forget the state :func:`keeping` kept (a process that will not load it: a driver that launches workers)."""
+    _KEPT.clear()
+
+
+def _protocol(fs: fsspec.AbstractFileSystem) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+class _MemoryFile:
+    """A read-only, seekable binary file over bytes in memory, read with ``readinto`` without a copy of them."""
+
+    def __init__(self, data: bytearray) -> None:
+        self._view, self._position = memoryview(data), 0
+
+    def readable(self) -> bool:
+        """Always true."""
+        return True
+
+    def seekable(self) -> bool:
+        """Always true."""
+        return True
+
+    def tell(self) -> int:
+        """The current position."""
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move like :meth:`io.IOBase.seek`."""
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        """Copy up to ``len(buffer)`` bytes into *buffer*."""
+        target = memoryview(buffer).cast("B")
+        chunk = self._view[self._position : self._position + target.nbytes]
+        target[: len(chunk)] = chunk
+        self._position += len(chunk)
+        return len(chunk)
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to *size* bytes (all that is left when negative)."""
+        end = len(self._view) if size < 0 else self._position + size
+        data = self._view[self._position : end].tobytes()
+        self._position += len(data)
+        return data
 
 
 def verify(url: str) -> Manifest:
@@ -546,8 +655,10 @@ class _FileCheck:
         self.expected = manifest.files[relative]
         self.algorithm, self.wanted = entry_digest(self.expected)
         self.fs, root = url_to_fs(url)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        protocol = _protocol(self.fs)
         self.path = join(root, relative)
+        local = isinstance(self.fs, LocalFileSystem)
+        self.keeper = _keeper if relative == STATE_FILE and not local else None  # read in the caller's thread
         try:
             info = self.fs.info(self.path)
         except FileNotFoundError:
@@ -561,14 +672,51 @@ class _FileCheck:
             self.judge(info["size"], "")
 
     def run(self) -> None:
-        """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch."""
-        if not self.known_good:
+        """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch.
+
+        Within :func:`keeping`, an object store's ``state.pt`` is downloaded once into memory,
+        hashed as it arrives, and loaded from there (see :func:`keeping`).
+        """
+        if self.known_good:
+            return
+        if self.keeper is None or self.fingerprint is None:
             self.judge(*file_digest(self.fs, self.path, self.algorithm))
+            return
+        _KEPT.clear()  # the state kept before goes first: two are never held at once
+        data = self.fetch()
+        try:
+            state = self.keeper(_MemoryFile(data), self.url)  # type: ignore[arg-type]  # read/readinto/seek/tell
+        except Exception:  # a state unsafe to load: its reader reports why later
+            return
+        finally:
+            del data  # the bytes go as soon as the state is loaded from them
+        _KEPT[self.key] = (self.fingerprint, self.wanted, state)
+
+    def fetch(self) -> bytearray:
+        """The whole file, downloaded once, in order, and hashed as it arrives unless known good; :class:`CheckpointError` on a mismatch."""
+        size = self.expected["size"]
+        data = bytearray(size)
+        view = memoryview(data)
+        digest = None if self.known_good else new_hasher(self.algorithm)
+        got = 0
+        with self.fs.open(self.path, "rb") as fh:
+            while got < size and (count := fh.readinto(view[got : got + _FETCH_CHUNK])):
+                if digest is not None:
+                    digest.update(view[got : got + count])
+                got += count
+            got += len(fh.read(1)) if got == size else 0  # one byte more: the file is longer than listed
+        view.release()
+        if digest is not None:
+            self.judge(got, digest.hexdigest() if got == size else "")
+        elif got != size:  # changed since it was found good, and its fingerprint did not show it
+            self.judge(got, "")
+        return data
 
     def judge(self, size: int, digest: str) -> None:
         """Record a match, or raise :class:`CheckpointError` for a file that differs from the manifest."""
         if size != self.expected["size"] or digest != self.wanted:
             _VERIFIED.pop(self.key, None)
+            _KEPT.pop(self.key, None)
             raise CheckpointError(
                 f"{self.url}: {self.relative} does not match the manifest (corrupt or modified)"
             )
@@ -651,25 +799,26 @@ class HashingReader:
 def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     """``load(state_file)`` once every file of *url* matches its manifest, reading ``state.pt`` once.
 
-    The other files are verified first. ``state.pt`` is hashed while *load* reads it: on a
-    local file system by a second thread that reads the file beside the load (the hash costs
-    no time next to the load where a core is free), elsewhere through a
-    :class:`HashingReader` (then the bytes it skipped), so an object store is read once, not
-    once to hash and once to load. A mismatch raises :class:`CheckpointError`, also when
-    *load* itself failed on the damaged file; nothing *load* returned is handed out
-    unverified. *load* must only read (it may see a corrupt file).
+    The other files are verified first. On a local file system ``state.pt`` is hashed while
+    *load* reads it, by a second thread that reads the file beside the load (the hash costs
+    no time next to the load where a core is free). From an object store it is downloaded
+    once, in order, into memory, hashed as the bytes arrive, and *load* reads those bytes once
+    they match: a loader's reads jump about the file (a zip reader reads its end first), and
+    read from the store they fetched parts of it twice or more. The bytes are held only while
+    *load* runs. A mismatch raises :class:`CheckpointError`, also when *load* itself failed on
+    the damaged file; nothing *load* returned is handed out unverified. *load* must only read
+    (it may see a corrupt file).
     """
     manifest = read_manifest(url)
     _run_checks(
         [_FileCheck(url, manifest, relative) for relative in manifest.files if relative != STATE_FILE]
     )
     check = _FileCheck(url, manifest, STATE_FILE)
+    if not isinstance(check.fs, LocalFileSystem):
+        return load(_MemoryFile(check.fetch()))  # type: ignore[arg-type]  # read/readinto/seek/tell
     with check.fs.open(check.path, "rb") as fh:
         if check.known_good:
             return load(fh)
-        if not isinstance(check.fs, LocalFileSystem):
-            reader = HashingReader(fh, new_hasher(check.algorithm))
-            return _judged(check, lambda: load(reader), reader.finish)  # type: ignore[arg-type]
         with ThreadPoolExecutor(1, thread_name_prefix="blocks-hash") as pool:  # hash beside the load
             hashed = pool.submit(file_digest, check.fs, check.path, check.algorithm)
             return _judged(check, lambda: load(fh), hashed.result)

@@ -39,7 +39,7 @@ from blocks.checkpoint.resume import (
     stopped_early_of,
 )
 from blocks.checkpoint.storage import preflight_storage
-from blocks.checkpoint.store import read_manifest
+from blocks.checkpoint.store import drop_kept, read_manifest
 from blocks.compat.hydra_private import run_output_dir
 from blocks.core import catalog
 from blocks.core.compose import Composed, config_to_blocks
@@ -468,6 +468,7 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
     on_ray = uses_ray(plan)
     retire_summary(run_dir)
     if on_ray or needs_launcher(plan):
+        drop_kept()  # the state the resume's checks loaded: the workers load it themselves
         for stale in (FAILURES_FILE, ATTEMPT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         shutil.rmtree(run_dir / RANKS_DIR, ignore_errors=True)
@@ -540,6 +541,8 @@ def launch(run_dir: Path, plan: Plan | None = None, config_text: str | None = No
                 exit_status=STALL_EXIT_CODE if isinstance(exc, StallError) else None,
             ) from None
         raise
+    finally:
+        drop_kept()  # a run that ended before its load took the state the resume's checks kept
 
 
 def interrupted_before_summary(
@@ -677,7 +680,10 @@ def prepare(overrides: list[str], run_dir: Path, environment: Environment | None
     """
     composed = compose(overrides)
     frozen, plan = _checked(composed.config, composed.choices, run_dir, environment)
-    return _write_job_files(run_dir, frozen, plan).plan
+    try:
+        return _write_job_files(run_dir, frozen, plan).plan
+    finally:
+        drop_kept()  # nothing trains here: the state the resume's checks kept is not loaded
 
 
 def run(overrides: list[str], run_dir: Path) -> Summary:
