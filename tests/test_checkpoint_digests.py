@@ -193,26 +193,6 @@ def test_state_files_skip_the_zip_crc_and_still_load_with_torch(tmp_path: Path) 
     assert len(plain.getvalue()) == written.stat().st_size  # the same layout otherwise
 
 
-def test_the_hashing_reader_hashes_every_byte_once_whatever_the_read_order(tmp_path: Path) -> None:
-    """A zip reader jumps to the end first and may skip bytes; the digest is still the whole file's."""
-    data = bytes(range(256)) * 4000
-    path = tmp_path / "blob"
-    path.write_bytes(data)
-    with path.open("rb") as fh:
-        reader = store.HashingReader(fh, store.new_hasher())
-        reader.seek(-100, os.SEEK_END)
-        assert reader.read(100) == data[-100:]
-        reader.seek(10)
-        buffer = bytearray(5000)
-        assert reader.readinto(buffer) == 5000 and bytes(buffer) == data[10:5010]
-        reader.seek(0)
-        assert reader.read(20) == data[:20]  # partly hashed already
-        reader.seek(300_000)  # skips bytes never read
-        assert reader.read(10) == data[300_000:300_010]
-        assert reader.tell() == 300_010
-        assert reader.finish() == (len(data), xxhash.xxh3_128(data).hexdigest())
-
-
 WAIT_S = 10
 """How long one side waits for the other in the overlap tests before calling it sequential."""
 

@@ -360,9 +360,10 @@ def refuse_foreign_in_the_way(plan: Plan, directory: str, resume_from: str | Non
     start = store.read_manifest(resume_from).step if resume_from else 0
     total, every = plan.derived.total_steps, plan.checkpoint.every_n_steps
     for url in store.list_dir(directory).foreign:
-        name = url.rstrip("/").rsplit("/", 1)[-1]
-        step = int(name.rsplit("-", 1)[-1])
-        if name != store.step_dir_name(step) or step <= start or (total and step > total):
+        step = store.named_step(url)
+        if step is None or not url.rstrip("/").endswith(f"/{store.step_dir_name(step)}"):
+            continue  # not where blocks saves a step
+        if step <= start or (total and step > total):
             continue
         if step == total or (every and step % every == 0):
             raise BlocksError(

@@ -404,13 +404,19 @@ def read_manifest(url: str) -> Manifest:
         manifest = Manifest.from_json(fs.cat_file(path).decode())
     except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{url}: damaged {MANIFEST}: {exc}") from None
-    named = _STEP_DIR.match(root.rstrip("/").rsplit("/", 1)[-1])
-    if named and int(named.group(1)) != manifest.step:
+    named = named_step(root)
+    if named is not None and named != manifest.step:
         raise CheckpointError(
             f"{url}: damaged {MANIFEST}: it says step {manifest.step}, its directory step "
-            f"{int(named.group(1))} (a manifest copied or edited into another step's directory)"
+            f"{named} (a manifest copied or edited into another step's directory)"
         )
     return manifest
+
+
+def named_step(url: str) -> int | None:
+    """The step a ``step-<N>`` directory's name says (leading zeros or not); None for any other name."""
+    match = _STEP_DIR.match(url.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
 
 
 def begin(url: str) -> None:
@@ -724,78 +730,6 @@ class _FileCheck:
             _VERIFIED[self.key] = (self.fingerprint, digest)
 
 
-class HashingReader:
-    """A seekable binary file wrapper that hashes every byte of the file once, in file order, as it is read.
-
-    Reads may jump (a zip reader looks at the end first): bytes past what is hashed so far are
-    read and hashed on the way, bytes already hashed are not hashed again, and
-    :meth:`finish` hashes whatever was never read.
-    """
-
-    def __init__(self, fh: Any, hasher: Hasher) -> None:
-        self._fh, self._hash = fh, hasher  # fh: a seekable binary file with readinto (io or fsspec)
-        self._position = fh.tell()
-        self._hashed = 0
-
-    def seekable(self) -> bool:
-        """Always true."""
-        return True
-
-    def readable(self) -> bool:
-        """Always true."""
-        return True
-
-    def tell(self) -> int:
-        """The current position."""
-        return self._position
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        """Move like :meth:`io.IOBase.seek`."""
-        self._position = self._fh.seek(offset, whence)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        """Read into *buffer* and hash what had not been hashed yet."""
-        self._catch_up()
-        count = self._fh.readinto(buffer)
-        self._took(memoryview(buffer).cast("B")[:count])
-        return count
-
-    def read(self, size: int = -1) -> bytes:
-        """Read up to *size* bytes (all that is left when negative) and hash what had not been hashed yet."""
-        self._catch_up()
-        data = self._fh.read(size)
-        self._took(memoryview(data))
-        return data
-
-    def finish(self) -> tuple[int, str]:
-        """Hash the rest of the file; ``(size, hex digest)`` of the whole file."""
-        self._fh.seek(self._hashed)
-        while chunk := self._fh.read(_CHUNK):
-            self._hash.update(chunk)
-            self._hashed += len(chunk)
-        return self._hashed, self._hash.hexdigest()
-
-    def _catch_up(self) -> None:
-        if self._position <= self._hashed:
-            return
-        self._fh.seek(self._hashed)
-        while self._hashed < self._position:
-            chunk = self._fh.read(min(_CHUNK, self._position - self._hashed))
-            if not chunk:
-                break
-            self._hash.update(chunk)
-            self._hashed += len(chunk)
-        self._fh.seek(self._position)
-
-    def _took(self, data: memoryview) -> None:
-        start = self._position
-        self._position += len(data)
-        if start <= self._hashed < self._position:
-            self._hash.update(data[self._hashed - start :])
-            self._hashed = self._position
-
-
 def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     """``load(state_file)`` once every file of *url* matches its manifest, reading ``state.pt`` once.
 
@@ -861,11 +795,11 @@ def list_dir(directory: str) -> Listing:
         return listing
     for entry in fs.ls(root, detail=True):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        step = _STEP_DIR.match(name)
-        if not step:
+        step = named_step(name)
+        if step is None:
             continue
         url, path = join(directory, name), join(root, name)
-        named_by_blocks = name == step_dir_name(int(step.group(1)))
+        named_by_blocks = name == step_dir_name(step)
         if entry.get("islink"):  # a link's target is not blocks' to resume from or delete
             listing.foreign.append(url)
         elif fs.exists(join(path, MANIFEST)) and not _torn_manifest(fs, path):
