@@ -545,6 +545,25 @@ def test_auto_refuses_to_start_over_when_the_checkpoints_the_last_job_continued_
     assert "checkpoint.resume=never" in problem.fix
 
 
+def test_a_restart_refuses_to_start_over_when_the_checkpoints_its_job_continued_are_gone(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job resumed from step 9; its checkpoints lost, torchrun's restart of its workers (which load
+    whatever the job can call its own, whatever ``resume`` says) trained from step 0 without a word."""
+    from blocks.launch.worker import train
+
+    driver.prepare([*BLOBS, "trainer.max_steps=12"], run_dir)  # what the driver writes before torchrun
+    for step in (3, 6, 9):
+        store.remove(str(step_dir(run_dir, step)))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(BlocksError) as refused:
+        train(run_dir, console=False)
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.resume" and str(step_dir(run_dir, 9)) in problem.message
+    assert "checkpoint.resume=never" in problem.fix
+    assert not store.list_dir(str(run_dir / "checkpoints")).committed, "nothing was trained or saved"
+
+
 def test_a_manifest_killed_as_it_was_written_is_an_unfinished_save(run_dir: Path) -> None:
     """An empty manifest (a commit killed while earlier versions wrote it in place) made its checkpoint
     damaged: the only one, the rerun refused to start, asking to remove it by hand."""

@@ -260,6 +260,8 @@ def _resolved(
     if block.resume == "auto" or restart:
         if start is not None and start.job:
             found = _newest(directory, start.candidates())
+            if found is None:
+                _refuse_a_lost_position(directory, start)
         else:
             found = _newest_for_auto(directory, previous)
         if found is not None:
@@ -378,10 +380,12 @@ def refuse_foreign_in_the_way(plan: Plan, directory: str, resume_from: str | Non
 
 
 def _refuse_a_lost_position(directory: str, previous: Start) -> None:
-    """Refuse ``auto`` from step 0 when *previous*, the run dir's last job, resumed from a checkpoint in *directory*, which holds none now.
+    """Refuse step 0 when the job *previous* started, which resumed from a checkpoint in *directory*, finds none of its own there now.
 
-    Its checkpoints were deleted or lost (a save that replaced the one it resumed from, cut
-    short by a kill, did so before): starting over silently would throw its steps away.
+    *previous* is the run dir's last job (a new job's ``auto``) or this job itself (a worker:
+    its restarts, whatever ``resume`` says, and its ``auto``). Its checkpoints were deleted or
+    lost (a save that replaced the one it resumed from, cut short by a kill, did so before):
+    starting over silently would throw its steps away.
     """
     resumed = previous.resumed_from
     if not resumed or resumed not in previous.lineage:
@@ -391,9 +395,9 @@ def _refuse_a_lost_position(directory: str, previous: Start) -> None:
     raise BlocksError(
         Problem(
             "checkpoint.resume",
-            f"checkpoint.resume=auto found no committed checkpoint in {directory}, but this run "
-            f"dir's last job resumed from {resumed} there: its checkpoints were deleted or lost, "
-            "and auto would train from step 0",
+            f"no committed checkpoint is left in {directory}, but this run dir's job resumed from "
+            f"{resumed} there: its checkpoints were deleted or lost, and training would start "
+            "over from step 0",
             f"restore the checkpoints into {directory} (or point checkpoint.resume at a copy of "
             "one), or start over from step 0 with checkpoint.resume=never",
             check="resume-usable",
