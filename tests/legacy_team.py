@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -172,3 +174,23 @@ class PredictingDM(ClustersDM):
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=64)
+
+
+class DownloadingDM(ClustersDM):
+    """ClustersDM whose ``prepare_data`` "downloads" its data to *root* (``setup`` needs it there) and
+    records each call: the process id, a line each, in ``root/prepared``."""
+
+    def __init__(self, root: str, per_node: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = Path(root)
+        self.prepare_data_per_node = per_node
+
+    def prepare_data(self) -> None:
+        with (self.root / "prepared").open("a") as calls:
+            calls.write(f"{os.getpid()}\n")
+        (self.root / "downloaded").write_text("data")
+
+    def setup(self, stage: str) -> None:
+        if not (self.root / "downloaded").exists():
+            raise FileNotFoundError(f"{self.root / 'downloaded'}: set up before prepare_data")
+        super().setup(stage)

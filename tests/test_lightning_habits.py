@@ -385,6 +385,36 @@ def test_datamodule_hooks_blocks_would_never_call_are_refused(
     )
 
 
+@pytest.mark.slow
+def test_a_datamodules_prepare_data_runs_once_per_node_before_any_process_sets_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: every process called it, once per split (four calls in a two-process job), racing to
+    write the same files; Lightning calls it on the first process of each node while the others wait."""
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    run_dir = tmp_path / "run"
+    args = [
+        "run",
+        *BLOBS,
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.max_steps=2",
+        "checkpoint.enabled=false",
+        "data=lightning_data",
+        "data.target=tests.legacy_team.DownloadingDM",
+        f"data.kwargs={{root:{tmp_path}}}",
+        "data.num_features=8",
+        "data.num_classes=3",
+        "data.train_samples=192",
+        "data.val_samples=64",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_in_process(args, cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert read_summary(run_dir)["world_size"] == 2
+    assert len((tmp_path / "prepared").read_text().split()) == 1
+
+
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One run with TensorBoard, MLflow (sqlite) and a CSVLogger: killed (-9) at step 8, resumed to step 12."""

@@ -138,13 +138,20 @@ class LightningData(DataBlock):
         """The datamodule class and every nested ``_target_`` (a class)."""
         return [("data.target", self.target, DATAMODULE_CLASS), *nested_paths(self.kwargs, "data.kwargs")]
 
+    def prepare_node(self, *, global_zero: bool = True) -> None:
+        """The datamodule's ``prepare_data``, as Lightning calls it.
+
+        On each node, or on the job's first process only when its ``prepare_data_per_node`` is False.
+        """
+        datamodule = self._datamodule()
+        if datamodule.prepare_data_per_node or global_zero:
+            datamodule.prepare_data()
+
     def build(self, split: str) -> Dataset:
-        """The datamodule's dataset for *split*, as ``{inputs, targets}`` samples."""
+        """The datamodule's dataset for *split*, as ``{inputs, targets}`` samples (after :meth:`prepare_node`)."""
         from blocks.data.foreign import DictSamples
 
-        cls = resolve(self.target, "data.target", kind=DATAMODULE_CLASS)
-        datamodule = cls(**instantiate(dict(self.kwargs), "data.kwargs"))
-        datamodule.prepare_data()
+        datamodule = self._datamodule()
         if split == "test":
             if not defines_test_loader(type(datamodule)):
                 raise ConfigError(
@@ -171,6 +178,11 @@ class LightningData(DataBlock):
                 )
             )
         return DictSamples(dataset)
+
+    def _datamodule(self) -> Any:
+        """A new instance of the datamodule class, built from ``data.kwargs``."""
+        cls = resolve(self.target, "data.target", kind=DATAMODULE_CLASS)
+        return cls(**instantiate(dict(self.kwargs), "data.kwargs"))
 
     def check(self, ctx: CheckContext) -> None:
         """The import path must be allowed and the declared spec and sizes complete."""

@@ -126,6 +126,15 @@ class DataBlock(Block):
         once, before the plan. In-memory data has nothing to prepare.
         """
 
+    def prepare_node(self, *, global_zero: bool = True) -> None:
+        """Write what :meth:`build` reads on this node (a download, say), before any process builds.
+
+        Called as Lightning calls ``LightningDataModule.prepare_data``: by the first process of
+        each node while the node's others wait, so that processes never race to write the same
+        files. *global_zero*: this is the job's first process (data that one process writes to
+        storage every node reads is written there only). In-memory data has nothing to write.
+        """
+
     def preflight(self) -> None:
         """I/O checks the pure plan leaves out, run by the driver before any process starts.
 

@@ -135,6 +135,7 @@ def run_plan(trained: DictConfig) -> Plan:
 
 def scored_split(plan: Plan, split: str, run: Derived) -> torch.utils.data.Dataset:
     """The samples *split* stands for in the run (batch geometry *run*): with ``trainer.overfit_batches``, ``val`` is the overfit batches it validated on."""
+    plan.data.prepare_node()  # one process scores
     if split == "val" and plan.trainer.overfit_batches:
         from torch.utils.data import Subset
 

@@ -177,6 +177,17 @@ class BlocksDataModule(pl.LightningDataModule):
         self.seed = seed
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self.prepared = False
+
+    def prepare_data(self) -> None:
+        """The data block's :meth:`~blocks.data.base.DataBlock.prepare_node`, once.
+
+        Lightning calls this on the first process of each node, the others waiting, before each of
+        its loops (fit, then validate).
+        """
+        if not self.prepared:
+            self.data.prepare_node(global_zero=self.trainer is None or self.trainer.is_global_zero)
+            self.prepared = True
 
     def setup(self, stage: str) -> None:
         """Build the datasets once per process (refused when the processes are not the ones the plan froze).

@@ -202,6 +202,7 @@ def check_split_sizes(name: str, overrides: Sequence[str] = (), recipe: str | No
     iterable stream, is not checked). Returns the sizes by split.
     """
     data = host("data", name, overrides, recipe).plan.blocks["data"]
+    data.prepare_node()  # type: ignore[attr-defined]
     sizes = {}
     for split in SPLITS:
         declared = data.num_samples(split)  # type: ignore[attr-defined]
