@@ -194,3 +194,25 @@ class DownloadingDM(ClustersDM):
         if not (self.root / "downloaded").exists():
             raise FileNotFoundError(f"{self.root / 'downloaded'}: set up before prepare_data")
         super().setup(stage)
+
+
+class Jittered(torch.utils.data.Dataset):
+    """*pairs* with a random jitter drawn as each sample is loaded: an augmentation, as torchvision's draw theirs."""
+
+    def __init__(self, pairs: TensorDataset) -> None:
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        features, label = self.pairs[index]
+        return features + 0.5 * torch.randn(features.shape), label
+
+
+class AugmentingDM(ClustersDM):
+    """ClustersDM whose training samples are jittered as they are loaded."""
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.train_set = Jittered(self.train_set)  # type: ignore[assignment]

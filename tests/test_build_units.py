@@ -100,14 +100,14 @@ def test_batched_fetch_gives_the_same_batches_as_sample_by_sample() -> None:
     from torch.utils.data import DataLoader, default_collate
 
     from blocks.data.datasets import TensorPairs, TokenWindows
-    from blocks.runtime.datamodule import batched, collate
+    from blocks.runtime.datamodule import BatchedFetch, collate
 
     indices = [7, 0, 3, 3, 12]
     for dataset in (
         TokenWindows(torch.arange(200) % 37, seq_len=9),
         TensorPairs(torch.randn(20, 4), torch.arange(20)),
     ):
-        gathered = next(iter(DataLoader(batched(dataset), batch_sampler=[indices], collate_fn=collate)))
+        gathered = next(iter(DataLoader(BatchedFetch(dataset), batch_sampler=[indices], collate_fn=collate)))
         plain = next(iter(DataLoader(dataset, batch_sampler=[indices])))  # the datasets stay plain torch
         one_by_one = collate([dataset[i] for i in indices])
         assert gathered.keys() == one_by_one.keys() == plain.keys()

@@ -496,6 +496,57 @@ def test_an_extended_run_trains_what_an_uninterrupted_one_does_from_an_epoch_bou
         assert logged == expected, name
 
 
+def test_a_resumed_run_loads_each_batch_with_the_augmentations_the_uninterrupted_run_drew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset's random draws (augmentations) are a function of the batch's place in the data.
+
+    Regression: without loader workers, the checkpoint kept the generator's state after
+    Lightning had loaded the next batch, so the resumed run drew each batch's augmentations
+    from the batch after's (and the model's dropout from other numbers); with workers, the
+    resumed workers started again from their seeds. Either way the resumed run trained on
+    other samples than the uninterrupted one. With the draws seeded per batch, another
+    ``data.num_workers`` trains the same run too.
+    """
+    monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
+    args = [
+        "recipe=blobs",
+        "model.dropout=0.1",
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "data=lightning_data",
+        "data.target=tests.legacy_team.AugmentingDM",
+        "data.num_features=8",
+        "data.num_classes=3",
+        "data.train_samples=192",
+        "data.val_samples=64",
+        "data.batch_size=32",
+        "trainer.max_epochs=null",
+        "checkpoint.every_n_steps=4",
+        "checkpoint.keep_last=3",
+        "monitor.log_every_n_steps=1",
+        "monitor.progress=off",
+    ]
+    whole = trained([*args, "trainer.max_steps=9"], tmp_path / "whole")
+    expected = {step: row["train/loss"] for step, row in logged_rows(tmp_path / "whole").items() if step > 4}
+    saved_mid_run = tmp_path / "whole" / "checkpoints" / store.step_dir_name(4)
+    for workers in (0, 2):
+        run_dir = tmp_path / f"resumed-with-{workers}-workers"
+        resumed = trained(
+            [
+                *args,
+                f"data.num_workers={workers}",
+                "trainer.max_steps=9",
+                f"checkpoint.resume={saved_mid_run}",
+            ],
+            run_dir,
+        )
+        assert resumed["resumed_from"] == str(saved_mid_run), workers
+        logged = {step: row["train/loss"] for step, row in logged_rows(run_dir).items()}
+        assert logged == expected, f"data.num_workers={workers}"
+        assert resumed["state_digest"] == whole["state_digest"], f"data.num_workers={workers}"
+
+
 @pytest.mark.parametrize(
     "health",
     [[], ["optim.lr=1e8", "optim.warmup_steps=0", "monitor.on_nonfinite=skip"]],

@@ -21,22 +21,34 @@ from blocks.data.base import DataBlock
 from blocks.runtime.checkpointing import ResumableLoader
 from blocks.runtime.contract import check_split_size
 from blocks.runtime.sampler import GlobalBatchSampler, SeededPermutation, ShardedBatchSampler
-from blocks.runtime.seeds import rank_seed
+from blocks.runtime.seeds import rank_seed, seeded_draws
 from blocks.spec.errors import BlocksError, Problem
 
 
 def collate(fetched: Any) -> Any:
-    """Stack samples into a batch, or pass through a batch that :class:`BatchedFetch` already made."""
+    """Stack samples into a batch, or pass through a batch that a dataset's ``gather`` already made."""
     return fetched if isinstance(fetched, dict) else default_collate(fetched)
 
 
-class BatchedFetch(Dataset):
-    """A dataset with a ``gather(indices)`` method, fetched by the DataLoader one batch at a time.
+def fetch(dataset: Any, indices: list[int], seed: int | None) -> Any:
+    """Samples *indices* of *dataset*, the draws of loading them made from *seed* (:func:`seeded_draws`).
 
-    The DataLoader calls ``__getitems__`` with a whole batch of indices when a dataset has it;
-    gathering them in one indexing operation saves a call and a copy per sample, a measurable
-    share of a small model's step. The datasets themselves keep torch's plain protocol, so
-    they still work with any DataLoader.
+    A dataset with a ``gather(indices)`` method gathers them in one indexing operation, which
+    saves a call and a copy per sample, a measurable share of a small model's step.
+    """
+    gather = getattr(dataset, "gather", None)
+    with seeded_draws(seed):
+        return gather(indices) if callable(gather) else [dataset[i] for i in indices]
+
+
+class BatchedFetch(Dataset):
+    """A dataset fetched by the DataLoader one batch at a time (:func:`fetch`).
+
+    The DataLoader calls ``__getitems__`` with a whole batch of indices (the batch sampler's
+    :class:`~blocks.runtime.sampler.SeededBatch`) when a dataset has it: the random draws of
+    loading them (augmentations) follow from the batch's place in the data, and a resume, or
+    another ``data.num_workers``, loads each batch as the uninterrupted run did. The datasets
+    themselves keep torch's plain protocol, so they still work with any DataLoader.
     """
 
     def __init__(self, dataset: Any) -> None:
@@ -49,13 +61,8 @@ class BatchedFetch(Dataset):
         return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> Any:
-        """One batch of samples, gathered at once."""
-        return self.dataset.gather(indices)
-
-
-def batched(dataset: Dataset) -> Dataset:
-    """*dataset* wrapped for batched fetching if it can gather, else itself."""
-    return BatchedFetch(dataset) if callable(getattr(dataset, "gather", None)) else dataset
+        """One batch of samples."""
+        return fetch(self.dataset, indices, getattr(indices, "seed", None))
 
 
 VALID = "valid"
@@ -71,7 +78,7 @@ class PaddedSplit(Dataset):
     """
 
     def __init__(self, dataset: Dataset) -> None:
-        self.dataset = batched(dataset)
+        self.dataset = dataset
         self.size = len(dataset)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
@@ -83,8 +90,7 @@ class PaddedSplit(Dataset):
     def __getitems__(self, positions: list[int]) -> Any:
         """One batch of samples, with the :data:`VALID` mask when some of *positions* are padding."""
         indices = [position % self.size for position in positions]
-        fetch = getattr(self.dataset, "__getitems__", None)
-        batch = collate(fetch(indices) if fetch is not None else [self.dataset[i] for i in indices])
+        batch = collate(fetch(self.dataset, indices, getattr(positions, "seed", None)))
         if indices != positions:
             batch[VALID] = torch.tensor([position < self.size for position in positions])
         return batch
@@ -254,7 +260,7 @@ class BlocksDataModule(pl.LightningDataModule):
         )
         batches = GlobalBatchSampler.for_rank(sampler, self.derived, self.trainer.global_rank)
         return ResumableLoader(
-            batched(self.train_set),
+            BatchedFetch(self.train_set),
             batch_sampler=batches,
             progress=self._progress,
             accumulate=self.accumulate,
@@ -270,5 +276,6 @@ class BlocksDataModule(pl.LightningDataModule):
             self.derived,
             self.trainer.global_rank,
             batch_size=self.data.batch_size,
+            seed=self.seed,
         )
         return DataLoader(PaddedSplit(self.val_set), batch_sampler=batches, **self._loader_options())

@@ -19,8 +19,26 @@ from torch.utils.data import Sampler
 
 from blocks.core.plan import Derived
 from blocks.data.permutation import SeededPermutation
+from blocks.runtime.seeds import batch_seed
 
-__all__ = ["GlobalBatchSampler", "SeededPermutation", "ShardedBatchSampler"]
+__all__ = ["GlobalBatchSampler", "SeededBatch", "SeededPermutation", "ShardedBatchSampler"]
+
+
+class SeededBatch(list[int]):
+    """A micro-batch's sample indices, with the seed of the draws made while loading them (:func:`batch_seed`).
+
+    The loader hands the batch sampler's lists to the dataset's ``__getitems__`` as they are (to a
+    worker, pickled), so the seed travels with the indices it belongs to.
+    """
+
+    __slots__ = ("seed",)
+
+    def __init__(self, indices: list[int], seed: int) -> None:
+        super().__init__(indices)
+        self.seed = seed
+
+    def __reduce__(self) -> tuple[type[SeededBatch], tuple[list[int], int]]:
+        return SeededBatch, (list(self), self.seed)
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -77,16 +95,18 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self.sampler.indices()
+        seed, epoch = self.sampler.seed, self.sampler.epoch
         per_micro_step = self.micro_batch * self.world_size
         first = 0
-        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+        if self._resume is not None and self._resume[0] == epoch:
             first = self._resume[1]
             self._resume = None
         for step in range(first, self.steps_per_epoch):
-            global_batch = order[step * self.global_batch : (step + 1) * self.global_batch]
             for micro in range(self.accumulate):
-                chunk = global_batch[micro * per_micro_step : (micro + 1) * per_micro_step]
-                yield chunk[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch]
+                begin = step * self.global_batch + micro * per_micro_step + self.rank * self.micro_batch
+                yield SeededBatch(
+                    order[begin : begin + self.micro_batch], batch_seed(seed, "train", epoch, begin)
+                )
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -103,7 +123,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     @classmethod
     def for_rank(
-        cls, num_samples: int, derived: Derived, rank: int, *, batch_size: int
+        cls, num_samples: int, derived: Derived, rank: int, *, batch_size: int, seed: int = 0
     ) -> ShardedBatchSampler:
         """The evaluation sampler of global *rank* under a plan's *derived* numbers (its shard by the plan's mesh)."""
         return cls(
@@ -111,16 +131,22 @@ class ShardedBatchSampler(Sampler[list[int]]):
             batch_size=batch_size,
             rank=derived.mesh.data_parallel_rank(rank),
             world_size=derived.data_parallel,
+            seed=seed,
         )
 
-    def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self, num_samples: int, *, batch_size: int, rank: int, world_size: int, seed: int = 0
+    ) -> None:
         per_rank = -(-num_samples // world_size)
         self.positions = list(range(rank * per_rank, (rank + 1) * per_rank))
         self.batch_size = batch_size
+        self.seed = seed
 
     def __len__(self) -> int:
         return -(-len(self.positions) // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
+        """The batches in order; every pass loads each with the same draws (:func:`batch_seed` of its first position)."""
         for begin in range(0, len(self.positions), self.batch_size):
-            yield self.positions[begin : begin + self.batch_size]
+            positions = self.positions[begin : begin + self.batch_size]
+            yield SeededBatch(positions, batch_seed(self.seed, "eval", 0, positions[0]))

@@ -11,12 +11,15 @@ their stream.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import get_worker_info
 
 
 def rank_seed(seed: int, data_parallel_index: int) -> int:
@@ -65,3 +68,37 @@ class RankStreams(pl.Callback):
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)  # and every CUDA device's generator
+
+
+def batch_seed(seed: int, split: str, epoch: int, position: int) -> int:
+    """The seed of the draws made while loading the micro-batch at *position* of *split*'s order in *epoch*.
+
+    A function of the batch's place in the data alone, so that a dataset's augmentations are the
+    same after a resume, whichever loader worker (or the training process) loads the batch.
+    """
+    key = f"{seed}/{split}/{epoch}/{position}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+@contextlib.contextmanager
+def seeded_draws(seed: int | None) -> Iterator[None]:
+    """Seed the host generators (torch's, Python's, NumPy's) with *seed* for the draws made inside (None: leave them).
+
+    In the training process (a loader without workers) torch's generator is put back after, so
+    loading does not move the model's stream (dropout); Python's and NumPy's, which a model
+    rarely draws from in a step, are left seeded by the batch (putting NumPy's back costs more
+    than a small model's step gains), which is as reproducible.
+    """
+    if seed is None:
+        yield
+        return
+    host = torch.default_generator
+    kept = host.get_state() if get_worker_info() is None else None
+    host.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed >> 32)
+    try:
+        yield
+    finally:
+        if kept is not None:
+            host.set_state(kept)
