@@ -590,6 +590,19 @@ def test_the_manifest_is_renamed_into_place_whole(tmp_path: Path) -> None:
     assert store.verify(str(url)).step == 4
 
 
+def test_a_users_entry_where_a_sigterm_may_save_is_refused_before_training(run_dir: Path) -> None:
+    """A ``step-<N>`` entry between the run's periodic saves was let through: a SIGTERM (or
+    ``checkpoint.every_seconds``) saving at step N failed there, losing every step since the last save."""
+    (step_dir(run_dir, 11) / "notes.txt").parent.mkdir()
+    (step_dir(run_dir, 11) / "notes.txt").write_text("mine")
+    with pytest.raises(BlocksError) as refused:
+        driver.run([*BLOBS, "trainer.max_steps=12"], run_dir)  # saves every 3 steps
+    (problem,) = refused.value.problems
+    assert problem.key == "checkpoint.dir" and str(step_dir(run_dir, 11)) in problem.message
+    assert "SIGTERM" in problem.message and "move it out of checkpoint.dir" in problem.fix
+    assert driver.run([*BLOBS, "trainer.max_steps=10"], run_dir).status == "completed", "past its last step"
+
+
 def test_a_users_entry_where_the_run_will_save_is_refused_before_training(run_dir: Path) -> None:
     """A ``step-<N>`` entry blocks did not write at a step the run saves at was only warned about: the run
     trained up to that step, then failed to save there."""

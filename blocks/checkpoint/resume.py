@@ -352,31 +352,32 @@ def _newest_for_auto(directory: str, previous: Start | None) -> store.Committed 
 
 
 def refuse_foreign_in_the_way(plan: Plan, directory: str, resume_from: str | None) -> None:
-    """Refuse, before training, a ``step-<N>`` entry blocks did not write at a step this run saves at.
+    """Refuse, before training, a ``step-<N>`` entry blocks did not write at a step this run may save at.
 
-    The steps are the multiples of ``checkpoint.every_n_steps`` past the one it starts from and
-    its last step (:attr:`Derived.total_steps`). Blocks never deletes an entry it did not write,
-    so the save there would fail after the steps trained since the previous one. Entries at
-    other steps are left alone (a save on SIGTERM or ``every_seconds`` may still meet one).
+    That is any step past the one it starts from up to its last (:attr:`Derived.total_steps`):
+    besides every ``checkpoint.every_n_steps`` and the last step, a SIGTERM (preemption) or
+    ``checkpoint.every_seconds`` saves at whatever step the run has reached. Blocks never deletes
+    an entry it did not write, so the save there would fail, losing the steps trained since the
+    previous one (on a preemption, all of them). Entries at other steps are left alone.
     """
     start = store.read_manifest(resume_from).step if resume_from else 0
-    total, every = plan.derived.total_steps, plan.checkpoint.every_n_steps
+    total = plan.derived.total_steps
     for url in store.list_dir(directory).foreign:
         step = store.named_step(url)
         if step is None or not url.rstrip("/").endswith(f"/{store.step_dir_name(step)}"):
             continue  # not where blocks saves a step
         if step <= start or (total and step > total):
             continue
-        if step == total or (every and step % every == 0):
-            raise BlocksError(
-                Problem(
-                    "checkpoint.dir",
-                    f"{url} was not written by blocks, and this run saves its checkpoint of step "
-                    f"{step} there: the save would fail after training up to it",
-                    "move it out of checkpoint.dir, or set another checkpoint.dir",
-                    check="checkpoint-dir-foreign",
-                )
+        raise BlocksError(
+            Problem(
+                "checkpoint.dir",
+                f"{url} was not written by blocks, and this run may save its checkpoint of step {step} "
+                "there (at checkpoint.every_n_steps, its last step, or whatever step a SIGTERM or "
+                "checkpoint.every_seconds saves at): the save would fail after training up to it",
+                "move it out of checkpoint.dir, or set another checkpoint.dir",
+                check="checkpoint-dir-foreign",
             )
+        )
 
 
 def _refuse_a_lost_position(directory: str, previous: Start) -> None:

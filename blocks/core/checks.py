@@ -657,7 +657,7 @@ CHECKS: tuple[Check, ...] = (
         "checkpoint-dir-foreign",
         ("checkpoint",),
         "checkpoint.dir",
-        "no entry blocks did not write sits where the run will save a checkpoint",
+        "no entry blocks did not write sits where the run may save a checkpoint",
         (),
     ),
     Check(
