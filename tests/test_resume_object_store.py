@@ -252,3 +252,46 @@ def test_a_same_size_rewrite_within_the_second_is_hashed_again(s3: Any) -> None:
     s3.pipe_file(key, bytes(data))
     with pytest.raises(store.CheckpointError, match="does not match the manifest"):
         store.verify(url)
+
+
+def _mapping_of(address: int) -> str | None:
+    """The file mapped at *address* in this process (Linux's ``/proc/self/maps``; None: anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, _, _, _, _, *path = line.split(maxsplit=5)
+        begin, end = (int(bound, 16) for bound in span.split("-"))
+        if begin <= address < end:
+            return path[0] if path and path[0].startswith("/") else None
+    raise AssertionError(f"{address:#x} is not mapped")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_kept_state_is_read_from_a_local_copy_not_held_in_memory(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the download was held in memory while the state loaded from it (twice the file per
+    process, per rank under DDP), and the kept state stayed in memory until the load took it. Now the
+    download goes chunk by chunk to a copy in the temporary directory, whose tensors the kept state
+    maps (the copy's name is gone at once); with no room there (a directory that cannot be used),
+    the bytes are held in memory as before."""
+    import tempfile
+
+    import torch
+
+    from blocks.checkpoint.io import load_state, load_state_file
+
+    weights = torch.randn(1 << 20)
+    url = checkpoint_on_s3(s3, "large", {"w": weights})
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    for room in (True, False):
+        monkeypatch.setattr(tempfile, "tempdir", str(temporary if room else tmp_path / "missing"))
+        store._VERIFIED.clear()
+        with store.keeping(load_state_file):
+            store.verify(url)
+        mapped = _mapping_of(store.kept_state(url)["w"].data_ptr())
+        if room:
+            assert mapped is not None and mapped.startswith(f"{temporary}/blocks-state-"), mapped
+            assert mapped.endswith("(deleted)") and not list(temporary.iterdir()), "the copy's name is gone"
+        else:
+            assert mapped is None, mapped
+        assert torch.equal(load_state(url)["w"], weights)

@@ -225,12 +225,13 @@ def load_state(url: str, map_location: Any | None = None, *, mmap: bool = False)
         return _load(fh, url, map_location)
 
 
-def load_state_file(fh: BinaryIO, url: str) -> dict[str, Any]:
-    """The state in the open ``state.pt`` *fh* of checkpoint *url*, loaded onto the CPU as :func:`load_state` loads it.
+def load_state_file(source: str | BinaryIO, url: str) -> dict[str, Any]:
+    """The state in ``state.pt`` of checkpoint *url*, loaded onto the CPU as :func:`load_state` loads it.
 
-    The loader a resume verifies an object store's ``state.pt`` with (:func:`store.keeping`).
+    *source* is a local copy's path (mapped, not read) or an open file. The loader a resume
+    verifies an object store's ``state.pt`` with (:func:`store.keeping`).
     """
-    return _load(fh, url, "cpu")
+    return _load(source, url, "cpu", mmap=isinstance(source, str))
 
 
 def _kept(url: str, map_location: Any | None, *, take: bool) -> dict[str, Any] | None:

@@ -237,11 +237,11 @@ def resolve_resume(
         return _resolved(plan, directory, start, previous=previous, recorded=recorded)
 
 
-def _load_state_file(fh: BinaryIO, url: str) -> dict[str, Any]:
+def _load_state_file(source: str | BinaryIO, url: str) -> dict[str, Any]:
     """:func:`blocks.checkpoint.io.load_state_file`, imported (with torch) only once a state is read."""
     from blocks.checkpoint.io import load_state_file
 
-    return load_state_file(fh, url)
+    return load_state_file(source, url)
 
 
 def _resolved(

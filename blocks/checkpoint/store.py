@@ -23,6 +23,8 @@ import logging
 import mmap
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -505,21 +507,24 @@ def _fingerprint(info: Mapping[str, Any]) -> Any:
 _KEPT: dict[tuple[str, str], tuple[Any, str, Any]] = {}
 """The ``state.pt`` a resume loaded while verifying it on an object store (:func:`keeping`), until its load
 takes it: ``(protocol, path)`` → (fingerprint, hex digest, what the loader returned). One entry at most."""
-_keeper: Callable[[BinaryIO, str], Any] | None = None
+_keeper: Callable[[str | BinaryIO, str], Any] | None = None
 """The loader :func:`keeping` installed (None outside it)."""
 
 
 @contextlib.contextmanager
-def keeping(load: Callable[[BinaryIO, str], Any]) -> Iterator[None]:
+def keeping(load: Callable[[str | BinaryIO, str], Any]) -> Iterator[None]:
     """Within it, verifying a ``state.pt`` on an object store also loads it, from the same download.
 
-    The file is downloaded once, in order, and hashed as its bytes arrive (held in memory); once
-    the digest matches, ``load(file, url)`` reads those bytes and what it returns is kept in
-    place of them for :func:`kept_state` (the resume's checks and its load read it there, not
-    from the store). A file that does not match is refused as ever, unloaded. A *load* that
-    fails (a state that is unsafe to unpickle) keeps nothing: the later reader fails in turn.
-    Local files are never kept (they are mapped and read where they are). One state at most is
-    kept; keeping another drops it, and so does :func:`drop_kept`.
+    The file is downloaded once, in order, and hashed as its bytes arrive, into a local copy
+    (:func:`spooled`); once the digest matches, ``load(source, url)`` reads that copy and what
+    it returns is kept for :func:`kept_state` (the resume's checks and its load read it there,
+    not from the store). *source* is the copy's path, which *load* should map rather than read
+    (the copy's name is unlinked once *load* returns: its mapped pages stay readable), or an
+    open file over the bytes in memory when the temporary directory has no room for it. A file
+    that does not match is refused as ever, unloaded. A *load* that fails (a state that is
+    unsafe to unpickle) keeps nothing: the later reader fails in turn. Local files are never
+    kept (they are mapped and read where they are). One state at most is kept; keeping another
+    drops it, and so does :func:`drop_kept`.
     """
     global _keeper
     previous, _keeper = _keeper, load
@@ -562,6 +567,30 @@ def kept_state(url: str, *, take: bool = False) -> Any | None:
 def drop_kept() -> None:
     """Forget the state :func:`keeping` kept (a process that will not load it: a driver that launches workers)."""
     _KEPT.clear()
+
+
+_SPOOL_HEADROOM = 1 << 30
+"""Free bytes a spooled copy must leave in the temporary directory (see :func:`spooled`)."""
+
+
+@contextlib.contextmanager
+def spooled(size: int) -> Iterator[BinaryIO | None]:
+    """A temporary file for a downloaded copy of *size* bytes, deleted on exit; None when there is no room.
+
+    In the system's temporary directory (``TMPDIR``), when it has *size* bytes free and
+    :data:`_SPOOL_HEADROOM` more: a state read from a copy on disk (mapped) is not held in
+    memory twice, as bytes and as tensors. Where it has not, the bytes are held in memory.
+    """
+    directory = tempfile.gettempdir()
+    try:
+        room = shutil.disk_usage(directory).free >= size + _SPOOL_HEADROOM
+    except OSError:
+        room = False
+    if not room:
+        yield None
+        return
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="blocks-state-", suffix=".pt") as copy:
+        yield copy  # type: ignore[misc]  # a BinaryIO with a name
 
 
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
@@ -680,8 +709,8 @@ class _FileCheck:
     def run(self) -> None:
         """Hash the file unless it is known good; :class:`CheckpointError` on a mismatch.
 
-        Within :func:`keeping`, an object store's ``state.pt`` is downloaded once into memory,
-        hashed as it arrives, and loaded from there (see :func:`keeping`).
+        Within :func:`keeping`, an object store's ``state.pt`` is downloaded once into a local
+        copy, hashed as it arrives, and loaded from there (see :func:`keeping`).
         """
         if self.known_good:
             return
@@ -689,34 +718,52 @@ class _FileCheck:
             self.judge(*file_digest(self.fs, self.path, self.algorithm))
             return
         _KEPT.clear()  # the state kept before goes first: two are never held at once
-        data = self.fetch()
-        try:
-            state = self.keeper(_MemoryFile(data), self.url)  # type: ignore[arg-type]  # read/readinto/seek/tell
-        except Exception:  # a state unsafe to load: its reader reports why later
-            return
-        finally:
-            del data  # the bytes go as soon as the state is loaded from them
+        with self.fetched() as source:
+            try:
+                state = self.keeper(source, self.url)
+            except Exception:  # a state unsafe to load: its reader reports why later
+                return
         _KEPT[self.key] = (self.fingerprint, self.wanted, state)
 
-    def fetch(self) -> bytearray:
-        """The whole file, downloaded once, in order, and hashed as it arrives unless known good; :class:`CheckpointError` on a mismatch."""
+    @contextlib.contextmanager
+    def fetched(self) -> Iterator[str | BinaryIO]:
+        """The whole file, downloaded once and checked (:meth:`download`): a local copy's path, or the bytes in memory (:func:`spooled`)."""
+        with spooled(self.expected["size"]) as copy:
+            if copy is None:
+                data = bytearray(self.expected["size"])
+                self.download(memoryview(data), None)
+                yield _MemoryFile(data)  # type: ignore[misc]  # read/readinto/seek/tell
+                return
+            self.download(memoryview(bytearray(min(_FETCH_CHUNK, self.expected["size"]))), copy)
+            copy.flush()
+            yield copy.name
+
+    def download(self, buffer: memoryview, sink: BinaryIO | None) -> None:
+        """Read the file once, in order, hashing it as it arrives unless known good; :class:`CheckpointError` on a mismatch.
+
+        Into *buffer*, which holds the whole file when *sink* is None; else chunk by chunk,
+        each written to *sink*.
+        """
         size = self.expected["size"]
-        data = bytearray(size)
-        view = memoryview(data)
         digest = None if self.known_good else new_hasher(self.algorithm)
         got = 0
         with self.fs.open(self.path, "rb") as fh:
-            while got < size and (count := fh.readinto(view[got : got + _FETCH_CHUNK])):
+            while got < size:
+                at = got if sink is None else 0
+                count = fh.readinto(buffer[at : at + min(_FETCH_CHUNK, size - got)])
+                if not count:
+                    break
                 if digest is not None:
-                    digest.update(view[got : got + count])
+                    digest.update(buffer[at : at + count])
+                if sink is not None:
+                    sink.write(buffer[:count])
                 got += count
             got += len(fh.read(1)) if got == size else 0  # one byte more: the file is longer than listed
-        view.release()
+        buffer.release()
         if digest is not None:
             self.judge(got, digest.hexdigest() if got == size else "")
         elif got != size:  # changed since it was found good, and its fingerprint did not show it
             self.judge(got, "")
-        return data
 
     def judge(self, size: int, digest: str) -> None:
         """Record a match, or raise :class:`CheckpointError` for a file that differs from the manifest."""
@@ -736,10 +783,10 @@ def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     The other files are verified first. On a local file system ``state.pt`` is hashed while
     *load* reads it, by a second thread that reads the file beside the load (the hash costs
     no time next to the load where a core is free). From an object store it is downloaded
-    once, in order, into memory, hashed as the bytes arrive, and *load* reads those bytes once
-    they match: a loader's reads jump about the file (a zip reader reads its end first), and
-    read from the store they fetched parts of it twice or more. The bytes are held only while
-    *load* runs. A mismatch raises :class:`CheckpointError`, also when *load* itself failed on
+    once, in order, into a local copy (:func:`spooled`; into memory where there is no room),
+    hashed as the bytes arrive, and *load* reads the copy once it matches: a loader's reads jump
+    about the file (a zip reader reads its end first), and read from the store they fetched
+    parts of it twice or more. The copy lives only while *load* runs. A mismatch raises :class:`CheckpointError`, also when *load* itself failed on
     the damaged file; nothing *load* returned is handed out unverified. *load* must only read
     (it may see a corrupt file).
     """
@@ -749,7 +796,11 @@ def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     )
     check = _FileCheck(url, manifest, STATE_FILE)
     if not isinstance(check.fs, LocalFileSystem):
-        return load(_MemoryFile(check.fetch()))  # type: ignore[arg-type]  # read/readinto/seek/tell
+        with check.fetched() as source:
+            if isinstance(source, str):
+                with open(source, "rb") as fh:
+                    return load(fh)
+            return load(source)
     with check.fs.open(check.path, "rb") as fh:
         if check.known_good:
             return load(fh)
