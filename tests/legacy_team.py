@@ -211,8 +211,9 @@ class Jittered(torch.utils.data.Dataset):
 
 
 class AugmentingDM(ClustersDM):
-    """ClustersDM whose training samples are jittered as they are loaded."""
+    """ClustersDM whose samples, training and validation, are jittered as they are loaded."""
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
         self.train_set = Jittered(self.train_set)  # type: ignore[assignment]
+        self.val_set = Jittered(self.val_set)  # type: ignore[assignment]

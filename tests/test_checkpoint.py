@@ -506,7 +506,8 @@ def test_a_resumed_run_loads_each_batch_with_the_augmentations_the_uninterrupted
     from the batch after's (and the model's dropout from other numbers); with workers, the
     resumed workers started again from their seeds. Either way the resumed run trained on
     other samples than the uninterrupted one. With the draws seeded per batch, another
-    ``data.num_workers`` trains the same run too.
+    ``data.num_workers`` trains the same run too, and ``blocks eval`` scores the validation
+    samples the run's validation drew.
     """
     monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     args = [
@@ -545,6 +546,13 @@ def test_a_resumed_run_loads_each_batch_with_the_augmentations_the_uninterrupted
         logged = {step: row["train/loss"] for step, row in logged_rows(run_dir).items()}
         assert logged == expected, f"data.num_workers={workers}"
         assert resumed["state_digest"] == whole["state_digest"], f"data.num_workers={workers}"
+        assert resumed["metrics"]["val/loss"] == whole["metrics"]["val/loss"], "validation draws alike"
+    from blocks.launch.evaluate import evaluate
+
+    # Regression: eval drew the validation set's augmentations anew, scoring other samples.
+    assert evaluate(str(tmp_path / "whole"))["val/loss"] == pytest.approx(
+        whole["metrics"]["val/loss"], rel=1e-6
+    )
 
 
 @pytest.mark.parametrize(

@@ -79,8 +79,10 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
         from blocks.checkpoint.sources import find_run_config, find_weights, load_found, refuse_other_samples
         from blocks.core import catalog
         from blocks.runtime.contract import BatchContract, check_split_size
+        from blocks.runtime.datamodule import PaddedSplit, collate
         from blocks.runtime.init import load_into
         from blocks.runtime.model_export import package_notes, run_config
+        from blocks.runtime.sampler import ShardedBatchSampler
 
     catalog.load()
     trained = run_config(source)
@@ -103,7 +105,15 @@ def evaluation(source: str, overrides: Sequence[str] = (), split: str = "val") -
     scored = scored_split(plan, split, run.derived)
     if not (split == "val" and plan.trainer.overfit_batches):
         check_split_size(plan.data, split, scored)
-    loader = DataLoader(scored, batch_size=plan.data.batch_size, shuffle=False)
+    # As a one-process run's validation loads it: the same batches, their draws (augmentations) seeded alike.
+    batches = ShardedBatchSampler(
+        len(scored),  # type: ignore[arg-type]  # a data block's datasets have one (build's contract)
+        batch_size=plan.data.batch_size,
+        rank=0,
+        world_size=1,
+        seed=run.trainer.seed,
+    )
+    loader = DataLoader(PaddedSplit(scored), batch_sampler=batches, collate_fn=collate)
     contract = BatchContract.of_run(spec, plan.data, plan.model, objective)
     objective.reset()
     with torch.no_grad(), strategy_casts(plan, model):
