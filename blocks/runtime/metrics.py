@@ -6,7 +6,7 @@ import logging
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytorch_lightning as pl
@@ -15,6 +15,7 @@ import torch
 from blocks.compat.torch_private import loss_scale_in_gradients
 from blocks.monitor.sinks import MetricSink, Row
 from blocks.runtime.health import HealthGuard, total_grad_norm
+from blocks.runtime.module import VALIDATION_PREFIX
 from blocks.runtime.ranks import every_rank, rank_and_world
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class MetricsRecorder(pl.Callback):
         self.last: Row = {}
         self.measured_at: dict[str, int] = {}
         """The optimizer step each metric of :attr:`last` was logged at."""
+        self._resumed_training: set[str] = set()  # the resumed checkpoint's, until a row replaces them
         self._loss_sum: torch.Tensor | None = None  # over the window's counted steps
         self._step_loss: torch.Tensor | None = None  # over the micro-batches of the step in progress
         self._carried_loss = 0.0  # the loss summed over the counted steps of the window a checkpoint saved
@@ -138,6 +140,19 @@ class MetricsRecorder(pl.Callback):
         self._earlier_seconds = float(saved.get("seconds", 0.0))
         self.steady_samples = int(saved.get("steady_samples", 0))
         self.steady_seconds = float(saved.get("steady_seconds", 0.0))
+
+    def resume_from(self, metrics: Mapping[str, float], step: int) -> None:
+        """Start from the metrics the resumed checkpoint's manifest holds, logged at its *step*.
+
+        A rerun that trains nothing more (and does not validate that step again) then still
+        reports them. Its validation metrics stand until a validation replaces them, as in a run
+        never interrupted; its training metrics are dropped as a whole by this session's first
+        logged training row (one the checkpoint's run logged and this one does not, e.g. another
+        world size's per-rank losses, does not outlive it). Every rank reads the same manifest.
+        """
+        self.last.update(metrics)
+        self.measured_at.update(dict.fromkeys(metrics, step))
+        self._resumed_training = {name for name in metrics if not name.startswith(VALIDATION_PREFIX)}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the clocks."""
@@ -251,6 +266,10 @@ class MetricsRecorder(pl.Callback):
             row.update(self.health.row())
         self.samples_seen += self._steps * self.global_batch
         self._count_steady(elapsed)
+        for name in self._resumed_training - row.keys():
+            self.last.pop(name, None)
+            self.measured_at.pop(name, None)
+        self._resumed_training = set()
         self._emit(trainer, row)
         self._loss_sum, self._grad_norm, self._steps, self._data_wait = None, None, 0, 0.0
         self._carried_loss, self._carried_steps = 0.0, 0
