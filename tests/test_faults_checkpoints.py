@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -139,17 +140,39 @@ def test_retention_does_not_count_corrupt_newer_checkpoints(run_dir: Path) -> No
     assert [c.manifest.step for c in committed] == [5, 6, 7, 9], "the corrupt 9 goes once a save passes it"
 
 
-def test_to_delete_leaves_stale_checkpoints_out_of_the_count() -> None:
-    def made(step: int) -> store.Committed:
-        manifest = store.Manifest(
-            step=step, epoch=0, world_size=1, sharded=False, global_batch=1, block_digests={}
-        )
-        return store.Committed(f"mem/step-{step}", manifest)
+def made(step: int, metrics: dict[str, float] | None = None) -> store.Committed:
+    """A committed checkpoint of *step* as retention sees it (its manifest only)."""
+    manifest = store.Manifest(
+        step=step,
+        epoch=0,
+        world_size=1,
+        sharded=False,
+        global_batch=1,
+        block_digests={},
+        metrics=metrics or {},
+    )
+    return store.Committed(f"mem/step-{step}", manifest)
 
+
+def test_to_delete_leaves_stale_checkpoints_out_of_the_count() -> None:
     committed = [made(3), made(4), made(6), made(9)]
     stale = ["mem/step-6", "mem/step-9"]
     assert store.to_delete(committed, keep_last=2, stale=stale) == []
     assert store.to_delete([*committed, made(7)], keep_last=2, stale=stale) == ["mem/step-3", "mem/step-6"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "values", "best"),
+    [("min", [0.5, math.nan, 0.3, 0.9], 3), ("max", [0.9, math.nan, 0.95, 0.2], 3)],
+)
+def test_keep_best_ranks_no_checkpoint_by_a_nan_value(mode: str, values: list[float], best: int) -> None:
+    """Regression: the checkpoints were sorted by their raw values, and every comparison with NaN is
+    false, so a NaN between them left the order unsorted: the best checkpoint was deleted and a worse
+    (or the NaN) one kept."""
+    committed = [made(step, {"val/loss": value}) for step, value in enumerate(values, start=1)]
+    deleted = store.to_delete(committed, keep_last=1, keep_best=1, monitor="val/loss", mode=mode)
+    kept = {c.url for c in committed} - set(deleted)
+    assert kept == {f"mem/step-{best}", f"mem/step-{len(values)}"}
 
 
 def test_a_users_step_directory_is_not_deleted(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -167,6 +167,44 @@ def test_weights_that_cannot_be_written_fail_the_summary_too(finished: Path, tmp
     assert summary["metrics"]["grad_norm"] == pytest.approx(float(last["grad_norm"]), rel=1e-5)
 
 
+def test_a_rerun_after_the_final_weights_failed_reports_the_final_checkpoints_metrics(
+    finished: Path, tmp_path: Path
+) -> None:
+    """Regression: the rerun of a run whose final checkpoint committed but whose weights could not be
+    written trained nothing and validated nothing, and wrote a completed summary with ``"metrics": {}``
+    (no objective for a sweep): the failed summary is no completed one to take the figures from."""
+    run_dir = copy_of(finished, tmp_path)
+    (run_dir / ".model.safetensors.tmp").mkdir()  # the final weights write fails once
+    with pytest.raises(OSError):
+        driver.run([*QUIET, "trainer.max_steps=30"], run_dir)
+    failed = read_summary(run_dir)
+    assert failed["status"] == "failed" and failed["global_step"] == 30
+    manifest = json.loads((run_dir / "checkpoints" / "step-000000030" / "MANIFEST.json").read_text())
+    assert "train/loss" in manifest["metrics"]
+    (run_dir / ".model.safetensors.tmp").rmdir()
+    summary = driver.run([*QUIET, "trainer.max_steps=30"], run_dir)
+    after = read_summary(run_dir)
+    assert summary.status == after["status"] == "completed" and after["global_step"] == 30
+    assert after["metrics"] == pytest.approx(manifest["metrics"])
+    assert after["metrics"]["train/loss"] == pytest.approx(failed["metrics"]["train/loss"])
+
+
+def test_an_extension_reports_its_own_metrics_not_the_resumed_checkpoints(
+    finished: Path, tmp_path: Path
+) -> None:
+    """A resume starts from the checkpoint's metrics; its first logged row replaces the training ones,
+    a metric it no longer logs (here ``grad_norm``) included."""
+    run_dir = copy_of(finished, tmp_path)
+    assert "grad_norm" in read_summary(finished)["metrics"]
+    driver.run([*QUIET, "trainer.max_steps=25", "monitor.grad_norm=false"], run_dir)
+    after = read_summary(run_dir)
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        last = list(csv.DictReader(fh))[-1]
+    assert after["status"] == "completed" and last["step"] == "25"
+    assert after["metrics"]["train/loss"] == pytest.approx(float(last["train/loss"]), rel=1e-5)
+    assert "grad_norm" not in after["metrics"], "step 20's, from the checkpoint"
+
+
 def test_a_logger_that_cannot_start_leaves_a_failed_summary(finished: Path, tmp_path: Path) -> None:
     run_dir = copy_of(finished, tmp_path)
     logger = "{_target_: pytorch_lightning.loggers.CSVLogger, no_such_argument: 1}"

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import re
@@ -979,7 +980,7 @@ def to_delete(
     """URLs retention may delete: not among the newest ``keep_last``, the best ``keep_best``, or *protected*.
 
     The best are ranked by *monitor* in their manifests; a checkpoint without it (not measured
-    at its step) is no candidate. The newest committed checkpoint is always kept. *stale* checkpoints are newer than the
+    at its step) or with NaN (which no value is better or worse than) is no candidate. The newest committed checkpoint is always kept. *stale* checkpoints are newer than the
     one this run started from: left behind by an earlier attempt that got further but could not
     be resumed from (corrupt, or ``resume=never``). They never count among the newest or the
     best (else each new checkpoint would be deleted right after it is written) and are deleted
@@ -990,7 +991,7 @@ def to_delete(
     ordered = [c for c in everything if c.url not in stale_urls]
     keep = {c.url for c in ordered[-max(1, keep_last) :]} | set(protected)
     if keep_best and monitor:
-        scored = [c for c in ordered if monitor in c.manifest.metrics]
+        scored = [c for c in ordered if not math.isnan(c.manifest.metrics.get(monitor, math.nan))]
         scored.sort(key=lambda c: c.manifest.metrics[monitor], reverse=mode == "max")
         keep |= {c.url for c in scored[:keep_best]}
     reached = ordered[-1].manifest.step if ordered else -1

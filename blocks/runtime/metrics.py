@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytorch_lightning as pl
@@ -15,6 +16,7 @@ import torch
 from blocks.compat.torch_private import loss_scale_in_gradients
 from blocks.monitor.sinks import MetricSink, Row
 from blocks.runtime.health import HealthGuard, total_grad_norm
+from blocks.runtime.module import VALIDATION_PREFIX
 from blocks.runtime.ranks import every_rank, rank_and_world
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ class MetricsRecorder(pl.Callback):
     scheduler steps), ``grad_norm`` (before clipping, unscaled), ``samples_per_s``,
     ``tokens_per_s`` (token batches), ``step_time_s``, ``data_wait_s`` (time per step spent
     waiting for the next batch), ``peak_memory_mb`` (CUDA max allocated, or the process's peak
-    RSS on CPU) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
+    RSS on CPU, since this job's training started: see :func:`reset_peak_memory`) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
     (when the device's peak at the run's precision is known: fp32 for ``32-true``, the 16-bit
     tensor-core peak otherwise). With several processes the loss is averaged over ranks and
     ``train/loss_spread`` ((max - min) / mean over ranks) is logged, with each rank's loss
@@ -73,6 +75,7 @@ class MetricsRecorder(pl.Callback):
         self.last: Row = {}
         self.measured_at: dict[str, int] = {}
         """The optimizer step each metric of :attr:`last` was logged at."""
+        self._resumed_training: set[str] = set()  # the resumed checkpoint's, until a row replaces them
         self._loss_sum: torch.Tensor | None = None  # over the window's counted steps
         self._step_loss: torch.Tensor | None = None  # over the micro-batches of the step in progress
         self._carried_loss = 0.0  # the loss summed over the counted steps of the window a checkpoint saved
@@ -139,8 +142,22 @@ class MetricsRecorder(pl.Callback):
         self.steady_samples = int(saved.get("steady_samples", 0))
         self.steady_seconds = float(saved.get("steady_seconds", 0.0))
 
+    def resume_from(self, metrics: Mapping[str, float], step: int) -> None:
+        """Start from the metrics the resumed checkpoint's manifest holds, logged at its *step*.
+
+        A rerun that trains nothing more (and does not validate that step again) then still
+        reports them. Its validation metrics stand until a validation replaces them, as in a run
+        never interrupted; its training metrics are dropped as a whole by this session's first
+        logged training row (one the checkpoint's run logged and this one does not, e.g. another
+        world size's per-rank losses, does not outlive it). Every rank reads the same manifest.
+        """
+        self.last.update(metrics)
+        self.measured_at.update(dict.fromkeys(metrics, step))
+        self._resumed_training = {name for name in metrics if not name.startswith(VALIDATION_PREFIX)}
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Start the clocks."""
+        """Start the clocks, and the peak memory count: ``peak_memory_mb`` is this job's, not an earlier one's in the process."""
+        reset_peak_memory(trainer.strategy.root_device)
         self.training_started = True
         self._train_end = None
         self._seen_step = trainer.global_step
@@ -251,6 +268,10 @@ class MetricsRecorder(pl.Callback):
             row.update(self.health.row())
         self.samples_seen += self._steps * self.global_batch
         self._count_steady(elapsed)
+        for name in self._resumed_training - row.keys():
+            self.last.pop(name, None)
+            self.measured_at.pop(name, None)
+        self._resumed_training = set()
         self._emit(trainer, row)
         self._loss_sum, self._grad_norm, self._steps, self._data_wait = None, None, 0, 0.0
         self._carried_loss, self._carried_steps = 0.0, 0
@@ -419,12 +440,63 @@ class _BatchEndMarker(pl.Callback):
         self.recorder._batch_end = time.perf_counter()
 
 
+_PROC_STATUS = "/proc/self/status"
+_PROC_CLEAR_REFS = "/proc/self/clear_refs"
+_RESET_PEAK_RSS = "5"  # clear_refs(5): VmHWM starts again from the current resident set size
+_jobs_started = 0
+"""Jobs whose training this process started (:func:`reset_peak_memory`)."""
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start :func:`peak_memory_mb` again from the memory in use now, so it covers this job only.
+
+    A process that runs jobs one after another (a sweep's or a pipeline's jobs in the
+    ``blocks run`` process) would otherwise report each job's peak as the highest of all
+    before it. From its second job on, the garbage of the earlier ones is collected first
+    (Lightning's objects hold each other in cycles, and their tensors would count as in use).
+    On a GPU it resets CUDA's peak statistics of *device*; on a Linux CPU the process's peak
+    resident set size (``VmHWM``). Elsewhere (macOS) there is nothing to reset: the peak stays
+    the whole process's.
+    """
+    global _jobs_started
+    if _jobs_started:
+        gc.collect()  # a full collection: about 0.2 s, once a job
+    _jobs_started += 1
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open(_PROC_CLEAR_REFS, "w") as fh:
+            fh.write(_RESET_PEAK_RSS)
+    except OSError:  # not Linux, or a kernel that refuses it: the peak stays the process's
+        pass
+
+
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process in MiB: CUDA max allocated on a GPU, the peak resident set size otherwise."""
+    """Peak memory in MiB since :func:`reset_peak_memory`: CUDA max allocated on a GPU, the peak RSS otherwise.
+
+    On a CPU the peak resident set size is Linux's ``VmHWM``; where it cannot be read, the
+    process's ``ru_maxrss`` (its whole lifetime, not reset).
+    """
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    peak_kib = _peak_rss_kib()
+    if peak_kib is not None:
+        return peak_kib / 2**10
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def _peak_rss_kib() -> int | None:
+    """``VmHWM`` of ``/proc/self/status`` in KiB (None where there is none: not Linux)."""
+    try:
+        with open(_PROC_STATUS) as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 PEAK_TFLOPS_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}

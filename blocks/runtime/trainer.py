@@ -153,6 +153,8 @@ def build_run(
         peak_flops=monitor.peak_flops,
         precision=plan.precision.lightning,  # the compute precision, FSDP too
     )
+    if resumed:
+        recorder.resume_from(resumed.metrics, resumed.step)
     callbacks: list[pl.Callback] = [
         *checks,
         streams,
