@@ -57,12 +57,24 @@ def test_every_logged_row_has_throughput_timing_and_memory(tmp_path: Path) -> No
 
 def test_a_jobs_peak_memory_is_its_own_not_an_earlier_jobs_in_the_process(tmp_path: Path) -> None:
     """Regression: ``peak_memory_mb`` was the process's high-water mark (``ru_maxrss`` on a CPU, CUDA's
-    never-reset peak), so a small job run after a big one in the same process (a sweep's one-process
-    jobs, a pipeline's) reported the big one's peak."""
-    args = [*BLOBS, "trainer.max_steps=2", "data.batch_size=256", "checkpoint.enabled=false"]
-    big = driver.run([*args, "model.hidden=[4096,4096]"], tmp_path / "big")
-    small = driver.run([*args, "model.hidden=[8]"], tmp_path / "small")
-    big_mb, small_mb = big.metrics["peak_memory_mb"], small.metrics["peak_memory_mb"]
+    never-reset peak), so a sweep's small job run after a big one in the same process (the basic
+    launcher runs them in the ``blocks run`` process) reported the big one's peak."""
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            *BLOBS,
+            "trainer.max_steps=2",
+            "data.batch_size=256",
+            "checkpoint.enabled=false",
+            "model.hidden=[4096,4096],[8]",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    big_mb, small_mb = (read_summary(sweep / job)["metrics"]["peak_memory_mb"] for job in ("0", "1"))
     # The big model's 4096x4096 layer alone is 256 MiB with its gradients and Adam's two moments.
     assert small_mb < big_mb - 128, (big_mb, small_mb)
 

@@ -12,6 +12,8 @@ collections walk them once more (about a second). Neither frees anything.
   earlier jobs left for the collector (a trainer and its model, in reference cycles) must stay
   collectable.
 - :func:`skip_final_collection` freezes everything as a process's entry point ends.
+- :func:`collect_earlier_jobs` collects, before a job of a sweep or a pipeline trains, what the
+  jobs before it in the process left.
 
 A program that calls ``blocks`` in its own process (tests, notebooks) keeps its collector: the
 pause ends with the imports, and nothing of its heap is frozen.
@@ -63,3 +65,13 @@ def skip_final_collection() -> None:
     freed by reference counting as modules are torn down all happen as before.
     """
     gc.freeze()
+
+
+def collect_earlier_jobs() -> None:
+    """Free what earlier jobs in this process left before the next one trains (a sweep's or a pipeline's jobs).
+
+    A finished job's trainer, model and optimizer hold each other in reference cycles, which
+    only a collection frees; until then their tensors stay resident, beside the next job's,
+    and in its ``peak_memory_mb``. One full collection, about 0.2 s.
+    """
+    gc.collect()

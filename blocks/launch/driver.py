@@ -48,7 +48,7 @@ from blocks.core.jobs import Job, compose, plan_blocks, plan_job, refuse_interpo
 from blocks.core.masking import hiding_output
 from blocks.core.plan import Plan
 from blocks.core.provenance import version_notes
-from blocks.launch.collector import collection_paused
+from blocks.launch.collector import collect_earlier_jobs, collection_paused
 from blocks.launch.lock import checkpoint_dir_locked, is_held, locked
 from blocks.launch.ray_workers import uses_ray
 from blocks.launch.run_dir import (
@@ -111,6 +111,8 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
     sweep_job = current_job() if in_sweep else None
     started = time.time() - 1.0  # some file systems keep modification times to the second
     try:
+        if in_sweep:
+            collect_earlier_jobs()
         if in_sweep and checked is None:
             checked = _planned_by_precheck(cfg, choices, run_dir, list(hydra_cfg.overrides.task))
         with held(run_dir, cfg, choices, checked, sweep_job) as written:

@@ -28,6 +28,7 @@ from typing import Any
 
 from blocks.checkpoint import store
 from blocks.core.pipeline import Evaluate, Pipeline, Stage, Train
+from blocks.launch.collector import collect_earlier_jobs
 from blocks.launch.run_dir import CHECKPOINTS_DIR, SUMMARY_FILE, WEIGHTS_FILE, Summary, write_atomic
 from blocks.monitor.pipeline_record import (
     PIPELINE_FILE,
@@ -289,6 +290,7 @@ def _run_stage(
         make_room()
         if upstream is not None:
             _record(stage_dir, UPSTREAM_FILE, upstream)
+        collect_earlier_jobs()
         with _stage_of(root):
             return run(train_overrides(pipeline, stage, root, overrides), stage_dir)
     source = str((root / stage.source).resolve())

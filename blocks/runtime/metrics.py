@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import resource
 import sys
@@ -443,8 +442,6 @@ class _BatchEndMarker(pl.Callback):
 _PROC_STATUS = "/proc/self/status"
 _PROC_CLEAR_REFS = "/proc/self/clear_refs"
 _RESET_PEAK_RSS = "5"  # clear_refs(5): VmHWM starts again from the current resident set size
-_jobs_started = 0
-"""Jobs whose training this process started (:func:`reset_peak_memory`)."""
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -452,16 +449,11 @@ def reset_peak_memory(device: torch.device) -> None:
 
     A process that runs jobs one after another (a sweep's or a pipeline's jobs in the
     ``blocks run`` process) would otherwise report each job's peak as the highest of all
-    before it. From its second job on, the garbage of the earlier ones is collected first
-    (Lightning's objects hold each other in cycles, and their tensors would count as in use).
-    On a GPU it resets CUDA's peak statistics of *device*; on a Linux CPU the process's peak
-    resident set size (``VmHWM``). Elsewhere (macOS) there is nothing to reset: the peak stays
-    the whole process's.
+    before it (those launch the job after collecting what the earlier ones left:
+    :func:`blocks.launch.collector.collect_earlier_jobs`). On a GPU it resets CUDA's peak
+    statistics of *device*; on a Linux CPU the process's peak resident set size (``VmHWM``).
+    Elsewhere (macOS) there is nothing to reset: the peak stays the whole process's.
     """
-    global _jobs_started
-    if _jobs_started:
-        gc.collect()  # a full collection: about 0.2 s, once a job
-    _jobs_started += 1
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
