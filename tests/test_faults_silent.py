@@ -138,6 +138,40 @@ def test_sweep_jobs_may_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
     assert per_job.returncode == 0, per_job.output[-3000:]
 
 
+def test_sweep_jobs_may_not_share_a_checkpoint_dir_spelled_two_ways(tmp_path: Path) -> None:
+    """``checkpoint.dir=C/a,C/b/../a`` names one directory twice: compared as strings, the two passed
+    the precheck and job 1 resumed job 0's final checkpoint."""
+    ck = tmp_path / "ck"
+    sweep = ["-m", "recipe=blobs", "trainer.max_steps=2", "monitor.progress=off"]
+    result = run_in_process(["plan", *sweep, f"checkpoint.dir={ck}/a,{ck}/b/../a"], cwd=tmp_path)
+    assert result.returncode == 2, result.output[-3000:]
+    assert f"would keep their checkpoints in {ck / 'a'} and resume" in " ".join(result.output.split())
+    relative = run_in_process(["plan", *sweep, "checkpoint.dir=ck/a,./ck/a/"], cwd=tmp_path)
+    assert relative.returncode == 2, relative.output[-3000:]
+    urls = run_in_process(["plan", *sweep, "checkpoint.dir=memory://ck/a,memory://ck/a/"], cwd=tmp_path)
+    assert urls.returncode == 2, urls.output[-3000:]
+
+
+SEARCH = ["-m", "hparams_search=optuna", "recipe=blobs", "hydra.sweeper.n_trials=2", "monitor.progress=off"]
+
+
+def test_a_search_whose_trials_share_a_checkpoint_dir_is_refused(tmp_path: Path) -> None:
+    """An Optuna search with a fixed checkpoint.dir passed the precheck: trial 1 resumed trial 0's final
+    checkpoint (saved with another lr and weight decay), trained nothing, and its empty objective
+    crashed the sweeper."""
+    shared = tmp_path / "shared"
+    for command in ("plan", "run"):
+        args = [command, *SEARCH, "trainer.max_steps=2", f"checkpoint.dir={shared}"]
+        result = run_in_process([*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+        assert result.returncode == 2, result.output[-3000:]
+        output = " ".join(result.output.split())
+        assert "error checkpoint.dir: every trial of the search would keep its checkpoints in" in output
+        assert "(optim.lr, optim.weight_decay)" in output
+    assert not shared.exists() and not (tmp_path / "sweep").exists()
+    per_trial = f"checkpoint.dir={shared}/lr${{optim.lr}}"
+    assert run_in_process(["plan", *SEARCH, per_trial], cwd=tmp_path).returncode == 0
+
+
 def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
     """With ``hydra.sweep.subdir=same`` the second job of ``optim.lr=0.01,0.003`` resumed the first's
     checkpoint in the run dir they shared, reported its result as its own, and the sweep exited 0."""
