@@ -172,6 +172,31 @@ def test_a_search_whose_trials_share_a_checkpoint_dir_is_refused(tmp_path: Path)
     assert run_in_process(["plan", *SEARCH, per_trial], cwd=tmp_path).returncode == 0
 
 
+def test_a_later_sweep_does_not_resume_the_checkpoints_of_another_sweeps_jobs(tmp_path: Path) -> None:
+    """``checkpoint.dir=<dir>/lr${optim.lr}`` names the swept key, but a second sweep into a new sweep dir
+    that changed only optim.weight_decay resumed the first sweep's final checkpoints and completed
+    with its weights. Its job is refused; the first sweep's command, run again, still resumes."""
+    ck = f"checkpoint.dir={tmp_path / 'ck'}/lr${{optim.lr}}"
+    sweep = ["run", "-m", "recipe=blobs", "monitor.progress=off", "trainer.max_steps=2", ck, "optim.lr=1e-3"]
+    first = run_in_process(
+        [*sweep, "optim.weight_decay=0", f"hydra.sweep.dir={tmp_path / 'a'}"], cwd=tmp_path
+    )
+    assert first.returncode == 0, first.output[-3000:]
+    other = run_in_process(
+        [*sweep, "optim.weight_decay=0.1", f"hydra.sweep.dir={tmp_path / 'b'}"], cwd=tmp_path
+    )
+    assert other.returncode == 1, other.output[-3000:]
+    assert "resuming" not in other.output and "Traceback" not in other.output
+    summary = read_summary(tmp_path / "b" / "0")
+    assert summary["status"] == "failed" and summary["global_step"] == 0
+    assert summary["reason"].startswith("checkpoint.dir: ") and "optimizer settings" in summary["reason"]
+    again = [*sweep, "optim.weight_decay=0", "trainer.max_steps=3", f"hydra.sweep.dir={tmp_path / 'c'}"]
+    rerun = run_in_process(again, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    assert "resuming from step 2" in rerun.output
+    assert read_summary(tmp_path / "c" / "0")["global_step"] == 3
+
+
 def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
     """With ``hydra.sweep.subdir=same`` the second job of ``optim.lr=0.01,0.003`` resumed the first's
     checkpoint in the run dir they shared, reported its result as its own, and the sweep exited 0."""
