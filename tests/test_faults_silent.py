@@ -197,6 +197,25 @@ def test_a_later_sweep_does_not_resume_the_checkpoints_of_another_sweeps_jobs(tm
     assert read_summary(tmp_path / "c" / "0")["global_step"] == 3
 
 
+def test_a_search_trial_without_an_objective_gets_the_failed_value(tmp_path: Path) -> None:
+    """A trial that trained nothing (it resumed a final checkpoint) completed with no metrics: its
+    objective was None and the Optuna sweeper crashed on it, leaving the other trials unrun."""
+    single = ["run", "recipe=blobs", "monitor.progress=off", "trainer.max_steps=2"]
+    assert run_in_process([*single, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path).returncode == 0
+    final = tmp_path / "one" / "checkpoints" / "step-000000002"
+    search = [
+        *SEARCH,
+        "trainer.max_steps=2",
+        f"checkpoint.resume={final}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+    ]
+    result = run_in_process(["run", *search], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output and "float-castable" not in result.output
+    assert result.output.count("the sweeper is given the value of a failed job") == 2
+    assert "best_value: .inf" in (tmp_path / "s" / "optimization_results.yaml").read_text()
+
+
 def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
     """With ``hydra.sweep.subdir=same`` the second job of ``optim.lr=0.01,0.003`` resumed the first's
     checkpoint in the run dir they shared, reported its result as its own, and the sweep exited 0."""

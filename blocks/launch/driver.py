@@ -147,7 +147,16 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
         record_failed_start(run_dir, f"{type(exc).__name__}: {exc}", started)
         return failed_objective(cfg)
     job_ended(run_dir, summary.status)
-    return objective(plan, summary)
+    value = objective(plan, summary)
+    if value is None and in_sweep:
+        log.warning(
+            "the job in %s completed without %s or train/loss (it trained no step): the sweeper is given "
+            "the value of a failed job",
+            run_dir,
+            plan.monitor.objective,
+        )
+        return failed_objective(cfg)
+    return value
 
 
 def record_failed_start(run_dir: Path, reason: str, started: float) -> None:
