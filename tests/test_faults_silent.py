@@ -138,6 +138,84 @@ def test_sweep_jobs_may_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
     assert per_job.returncode == 0, per_job.output[-3000:]
 
 
+def test_sweep_jobs_may_not_share_a_checkpoint_dir_spelled_two_ways(tmp_path: Path) -> None:
+    """``checkpoint.dir=C/a,C/b/../a`` names one directory twice: compared as strings, the two passed
+    the precheck and job 1 resumed job 0's final checkpoint."""
+    ck = tmp_path / "ck"
+    sweep = ["-m", "recipe=blobs", "trainer.max_steps=2", "monitor.progress=off"]
+    result = run_in_process(["plan", *sweep, f"checkpoint.dir={ck}/a,{ck}/b/../a"], cwd=tmp_path)
+    assert result.returncode == 2, result.output[-3000:]
+    assert f"would keep their checkpoints in {ck / 'a'} and resume" in " ".join(result.output.split())
+    relative = run_in_process(["plan", *sweep, "checkpoint.dir=ck/a,./ck/a/"], cwd=tmp_path)
+    assert relative.returncode == 2, relative.output[-3000:]
+    urls = run_in_process(["plan", *sweep, "checkpoint.dir=memory://ck/a,memory://ck/a/"], cwd=tmp_path)
+    assert urls.returncode == 2, urls.output[-3000:]
+
+
+SEARCH = ["-m", "hparams_search=optuna", "recipe=blobs", "hydra.sweeper.n_trials=2", "monitor.progress=off"]
+
+
+def test_a_search_whose_trials_share_a_checkpoint_dir_is_refused(tmp_path: Path) -> None:
+    """An Optuna search with a fixed checkpoint.dir passed the precheck: trial 1 resumed trial 0's final
+    checkpoint (saved with another lr and weight decay), trained nothing, and its empty objective
+    crashed the sweeper."""
+    shared = tmp_path / "shared"
+    for command in ("plan", "run"):
+        args = [command, *SEARCH, "trainer.max_steps=2", f"checkpoint.dir={shared}"]
+        result = run_in_process([*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+        assert result.returncode == 2, result.output[-3000:]
+        output = " ".join(result.output.split())
+        assert "error checkpoint.dir: every trial of the search would keep its checkpoints in" in output
+        assert "(optim.lr, optim.weight_decay)" in output
+    assert not shared.exists() and not (tmp_path / "sweep").exists()
+    per_trial = f"checkpoint.dir={shared}/lr${{optim.lr}}"
+    assert run_in_process(["plan", *SEARCH, per_trial], cwd=tmp_path).returncode == 0
+
+
+def test_a_later_sweep_does_not_resume_the_checkpoints_of_another_sweeps_jobs(tmp_path: Path) -> None:
+    """``checkpoint.dir=<dir>/lr${optim.lr}`` names the swept key, but a second sweep into a new sweep dir
+    that changed only optim.weight_decay resumed the first sweep's final checkpoints and completed
+    with its weights. Its job is refused; the first sweep's command, run again, still resumes."""
+    ck = f"checkpoint.dir={tmp_path / 'ck'}/lr${{optim.lr}}"
+    sweep = ["run", "-m", "recipe=blobs", "monitor.progress=off", "trainer.max_steps=2", ck, "optim.lr=1e-3"]
+    first = run_in_process(
+        [*sweep, "optim.weight_decay=0", f"hydra.sweep.dir={tmp_path / 'a'}"], cwd=tmp_path
+    )
+    assert first.returncode == 0, first.output[-3000:]
+    other = run_in_process(
+        [*sweep, "optim.weight_decay=0.1", f"hydra.sweep.dir={tmp_path / 'b'}"], cwd=tmp_path
+    )
+    assert other.returncode == 1, other.output[-3000:]
+    assert "resuming" not in other.output and "Traceback" not in other.output
+    summary = read_summary(tmp_path / "b" / "0")
+    assert summary["status"] == "failed" and summary["global_step"] == 0
+    assert summary["reason"].startswith("checkpoint.dir: ") and "optimizer settings" in summary["reason"]
+    again = [*sweep, "optim.weight_decay=0", "trainer.max_steps=3", f"hydra.sweep.dir={tmp_path / 'c'}"]
+    rerun = run_in_process(again, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-3000:]
+    assert "resuming from step 2" in rerun.output
+    assert read_summary(tmp_path / "c" / "0")["global_step"] == 3
+
+
+def test_a_search_trial_without_an_objective_gets_the_failed_value(tmp_path: Path) -> None:
+    """A trial that trained nothing (it resumed a final checkpoint) completed with no metrics: its
+    objective was None and the Optuna sweeper crashed on it, leaving the other trials unrun."""
+    single = ["run", "recipe=blobs", "monitor.progress=off", "trainer.max_steps=2"]
+    assert run_in_process([*single, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path).returncode == 0
+    final = tmp_path / "one" / "checkpoints" / "step-000000002"
+    search = [
+        *SEARCH,
+        "trainer.max_steps=2",
+        f"checkpoint.resume={final}",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+    ]
+    result = run_in_process(["run", *search], cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output and "float-castable" not in result.output
+    assert result.output.count("the sweeper is given the value of a failed job") == 2
+    assert "best_value: .inf" in (tmp_path / "s" / "optimization_results.yaml").read_text()
+
+
 def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
     """With ``hydra.sweep.subdir=same`` the second job of ``optim.lr=0.01,0.003`` resumed the first's
     checkpoint in the run dir they shared, reported its result as its own, and the sweep exited 0."""

@@ -38,9 +38,17 @@ COMPARED = {
 }
 """What a checkpoint must share with the run that resumes it, as :func:`job_digests` keys, and their names in messages."""
 
+SWEEP_COMPARED = {"optim_settings": "optimizer settings (optim)"}
+"""What a checkpoint must also share with a sweep job that resumes it under ``checkpoint.resume=auto``.
+
+A single run may change its optimizer settings on resume; a job of a sweep that finds a
+checkpoint saved with other settings found another job's (a trial of other values sharing its
+``checkpoint.dir``), and would continue or finish as that job.
+"""
+
 
 def job_digests(plan: Plan) -> dict[str, str]:
-    """Digests of what a checkpoint must share with the run that resumes it (the keys of :data:`COMPARED`).
+    """Digests of what a checkpoint must share with the run that resumes it (the keys of :data:`COMPARED` and :data:`SWEEP_COMPARED`).
 
     The weights' shape (model, task), the data (without its ``reading_fields``, nor its
     ``location_fields`` when its content is digested), the
@@ -99,6 +107,7 @@ def _compared(plan: Plan, sections: Mapping[str, Any], content_digested: bool) -
         "data": _data_fields(plan.data, sections["data"], content_digested),
         "optim": {"_block_": sections["optim"].get("_block_")},
         "seed": {"seed": sections["trainer"].get("seed")},
+        "optim_settings": dict(sections["optim"]),
     }
 
 
@@ -128,7 +137,8 @@ def _differing_fields(
         for name in sorted(before[kind].keys() | after[kind].keys(), key=lambda n: n != "_block_"):
             was, now = _plain(before[kind].get(name)), _plain(after[kind].get(name))
             if was != now:
-                key = SEED_KEY if kind == "seed" else kind if name == "_block_" else f"{kind}.{name}"
+                section = "optim" if kind == "optim_settings" else kind
+                key = SEED_KEY if kind == "seed" else section if name == "_block_" else f"{section}.{name}"
                 fields.append(f"{key} {was} -> {now}")
     return fields
 
@@ -210,6 +220,7 @@ def resolve_resume(
     *,
     previous: Start | None = None,
     recorded: Mapping[str, Any] | None = None,
+    in_sweep: bool = False,
 ) -> str | None:
     """The checkpoint this run resumes from, per ``checkpoint.resume``; refusals name the key and the fix.
 
@@ -227,14 +238,18 @@ def resolve_resume(
     last step (:attr:`Derived.total_steps`) is refused: nothing would be trained, and the
     run would end beyond the steps it was given. The driver passes *recorded*, its run dir's
     ``config.yaml``: a checkpoint of another model, task or data that it saved is refused
-    naming the keys that changed.
+    naming the keys that changed. A job of a sweep (*in_sweep*) is also refused, under
+    ``auto``, a checkpoint saved with other optimizer settings (:data:`SWEEP_COMPARED`) that
+    its run dir's last job did not save or continue: another job's, found in a
+    ``checkpoint.dir`` the jobs share (its run dir's own job, rerun, changes them as a single
+    run does: :meth:`blocks.launch.sweep.SweepJob.claim` made sure it is the same job).
 
     A ``state.pt`` on an object store is downloaded once in this process: verifying it loads
     it from the bytes hashed, and the checks and the load that follow read that state
     (:func:`store.keeping`).
     """
     with store.keeping(_load_state_file):
-        return _resolved(plan, directory, start, previous=previous, recorded=recorded)
+        return _resolved(plan, directory, start, previous=previous, recorded=recorded, in_sweep=in_sweep)
 
 
 def _load_state_file(source: str | BinaryIO, url: str) -> dict[str, Any]:
@@ -251,6 +266,7 @@ def _resolved(
     *,
     previous: Start | None,
     recorded: Mapping[str, Any] | None,
+    in_sweep: bool = False,
 ) -> str | None:
     """:func:`resolve_resume`'s answer."""
     block = plan.checkpoint
@@ -265,7 +281,8 @@ def _resolved(
         else:
             found = _newest_for_auto(directory, previous)
         if found is not None:
-            return _usable(plan, found.url, found.manifest, recorded)
+            same_settings = in_sweep and not _of_the_run_dirs_job(previous, found)
+            return _usable(plan, found.url, found.manifest, recorded, same_settings=same_settings)
         if block.resume == "auto":
             return None
     if block.resume == "never":
@@ -283,9 +300,25 @@ def _resolved(
     return _usable(plan, block.resume, manifest, recorded)
 
 
-def _usable(plan: Plan, url: str, manifest: store.Manifest, recorded: Mapping[str, Any] | None) -> str:
-    """*url*, once its checkpoint fits this run, lies within its steps and loads without unpickling anything."""
-    _check_compatible(plan, url, manifest, recorded)
+def _of_the_run_dirs_job(previous: Start | None, found: store.Committed) -> bool:
+    """Whether *found* was saved or continued by *previous*, the run dir's last job: a rerun of the job continues it."""
+    candidates = previous.candidates() if previous is not None else None
+    return candidates is not None and candidates.admit(found)
+
+
+def _usable(
+    plan: Plan,
+    url: str,
+    manifest: store.Manifest,
+    recorded: Mapping[str, Any] | None,
+    *,
+    same_settings: bool = False,
+) -> str:
+    """*url*, once its checkpoint fits this run, lies within its steps and loads without unpickling anything.
+
+    *same_settings*: it must also share the :data:`SWEEP_COMPARED` settings (a sweep job's ``auto``).
+    """
+    _check_compatible(plan, url, manifest, recorded, same_settings=same_settings)
     _check_within_steps(plan, url, manifest)
     _check_loadable(url, manifest)
     return url
@@ -505,13 +538,36 @@ def _data_digest_of_every_field(plan: Plan) -> str:
 
 
 def _check_compatible(
-    plan: Plan, url: str, manifest: store.Manifest, recorded: Mapping[str, Any] | None = None
+    plan: Plan,
+    url: str,
+    manifest: store.Manifest,
+    recorded: Mapping[str, Any] | None = None,
+    *,
+    same_settings: bool = False,
 ) -> None:
     digests = job_digests(plan)
     accepted = {kind: {digest} for kind, digest in digests.items()}
     accepted["data"].add(_data_digest_of_every_field(plan))
     differing = [kind for kind in digests if manifest.block_digests.get(kind) not in (None, *accepted[kind])]
+    settings = [kind for kind in differing if kind in SWEEP_COMPARED]
+    differing = [kind for kind in differing if kind not in SWEEP_COMPARED]
     problems = []
+    if settings and same_settings and not differing:
+        fields = _differing_fields(plan, manifest, settings, recorded)
+        problems.append(
+            Problem(
+                "checkpoint.dir",
+                f"{url}, the newest checkpoint in this sweep job's checkpoint.dir, was saved by a job with "
+                f"different {', '.join(SWEEP_COMPARED[k] for k in settings)}"
+                + (f": {', '.join(fields)}" if fields else "")
+                + ": another job's, which this one would continue (or finish as) under checkpoint.resume=auto",
+                "give each job of the sweep a checkpoint.dir of its own that names every key its sweep varies "
+                "(and a prefix per sweep, e.g. checkpoint.dir=<dir>/<sweep>/lr${optim.lr}), or leave "
+                "checkpoint.dir unset (each job then keeps its checkpoints in its own run dir); "
+                f"checkpoint.resume={url} continues it anyway, checkpoint.resume=never starts fresh",
+                related=("checkpoint.resume",),
+            )
+        )
     if differing:
         fields = _differing_fields(plan, manifest, differing, recorded)
         problems.append(

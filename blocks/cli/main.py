@@ -113,8 +113,8 @@ def cmd_plan(
         return 0 if valid and evaluations is None else EXIT_INVALID
     plans = []
     try:
-        job_overrides, searches = (
-            _sweep_jobs(list(overrides), config_dir) if multirun else ([list(overrides)], False)
+        job_overrides, space = (
+            _sweep_jobs(list(overrides), config_dir) if multirun else ([list(overrides)], None)
         )
     except BlocksError as exc:
         return _invalid_plan(exc, list(overrides), as_json=as_json)
@@ -127,10 +127,12 @@ def cmd_plan(
         plans.append((one, plan))
         hydra_configs.append((one, composed.hydra_config))
     shared = []
-    if multirun and not searches:  # a search's planned trials are not the ones it samples
+    if multirun and space is None:  # a search's planned trials are not the ones it samples
         from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
 
         shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs)
+    elif multirun and all(plan.ok for _, plan in plans):
+        shared = _search_shared_checkpoint_dir(list(overrides), config_dir, space or {})
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         if shared:  # every job of the sweep takes part in the clash
@@ -147,8 +149,10 @@ def cmd_plan(
     return 0 if all(plan.ok for _, plan in plans) and not shared else EXIT_INVALID
 
 
-def _sweep_jobs(overrides: list[str], config_dir: str | None) -> tuple[list[list[str]], bool]:
-    """The jobs a sweep's precheck plans, and whether it is a search.
+def _sweep_jobs(
+    overrides: list[str], config_dir: str | None
+) -> tuple[list[list[str]], dict[Any, Any] | None]:
+    """The jobs a sweep's precheck plans, and the space it searches (None: not a search).
 
     Every job of a basic sweep, or the trials of a search (Optuna's) that try each choice once
     (see :func:`blocks.core.sweeper.searched_trials`).
@@ -158,8 +162,34 @@ def _sweep_jobs(overrides: list[str], config_dir: str | None) -> tuple[list[list
 
     space = _search_space(overrides, config_dir)
     if space is None:
-        return expand_sweep(overrides), False
-    return searched_trials(overrides, space), True
+        return expand_sweep(overrides), None
+    return searched_trials(overrides, space), space
+
+
+def _search_shared_checkpoint_dir(
+    overrides: list[str], config_dir: str | None, space: dict[Any, Any]
+) -> list[Problem]:
+    """The problem of a search whose trials would all keep their checkpoints in one ``checkpoint.dir``.
+
+    Two trials apart in every searched key (:func:`blocks.core.sweeper.apart_trials`) are
+    planned: a directory they share names no searched key, so every trial would resume the
+    checkpoints of the one before. None when the trials cannot be planned (their problems are
+    reported as those of the planned trials).
+    """
+    from blocks.core.sweeper import apart_trials
+    from blocks.launch.sweep import shared_checkpoint_dirs
+
+    trials, searched = apart_trials(overrides, space)
+    if len(trials) < 2 or not searched:
+        return []
+    plans = []
+    for one in trials:
+        try:
+            _, plan = _plan_job(one, config_dir, multirun=True)
+        except BlocksError:
+            return []
+        plans.append((one, plan))
+    return shared_checkpoint_dirs(plans, searched=searched)
 
 
 def _search_space(overrides: list[str], config_dir: str | None) -> dict[Any, Any] | None:
@@ -375,7 +405,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in overrides
     if not multirun:
         return _check_single(overrides, parsed.config_dir)
-    job_overrides, searches = _sweep_jobs(overrides, parsed.config_dir)
+    job_overrides, space = _sweep_jobs(overrides, parsed.config_dir)
     failed = 0
     hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
     for one in job_overrides:
@@ -402,12 +432,14 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             continue
         PLANNED[job_key(one)] = plan  # a job Hydra runs in this process is not planned again
     shared = []
-    if not searches:  # a search's planned trials are not the ones it samples
+    if space is None:  # a search's planned trials are not the ones it samples
         shared = shared_checkpoint_dirs(
             [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
         )
         if len(hydra_configs) == len(job_overrides):
             shared += shared_run_dirs(hydra_configs)
+    elif not failed:
+        shared = _search_shared_checkpoint_dir(overrides, parsed.config_dir, space)
     if shared:
         print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")
         failed += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig
@@ -103,7 +103,9 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def searched_trials(overrides: Sequence[str], params: Mapping[Any, Any]) -> list[list[str]]:
+def searched_trials(
+    overrides: Sequence[str], params: Mapping[Any, Any], values: Callable[[Any], list[str]] | None = None
+) -> list[list[str]]:
     """*overrides* as the trials of a search that try every choice: each searched key at values of its space.
 
     A search dimension (``choice(a,b)``, ``range(...)``, ``interval(lo,hi)``, also under
@@ -113,8 +115,10 @@ def searched_trials(overrides: Sequence[str], params: Mapping[Any, Any]) -> list
     unknown key, an option a group does not have or a value of the wrong type before the
     search starts (Optuna would meet a bad choice only in the trial that samples it). A
     command-line key replaces the same key of *params*, as the sweeper does. Raises
-    ``ConfigError`` for a search over a ``hydra.*`` key.
+    ``ConfigError`` for a search over a ``hydra.*`` key. *values* replaces how a dimension's
+    values are chosen (see :func:`apart_trials`).
     """
+    values_of = _values if values is None else values
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -130,7 +134,7 @@ def searched_trials(overrides: Sequence[str], params: Mapping[Any, Any]) -> list
         seen.add(parsed.key_or_group)
         if parsed.is_sweep_override() and parsed.key_or_group.startswith(("hydra.", "hydra/")):
             problems.append(_hydra_sweep_problem(parsed.key_or_group, override.split("=", 1)[1]))
-        dimensions.append((_values(parsed) or [override]) if parsed.is_sweep_override() else [override])
+        dimensions.append((values_of(parsed) or [override]) if parsed.is_sweep_override() else [override])
     for key, value in params.items():
         if str(key).lstrip("+~") in seen:
             continue
@@ -140,12 +144,43 @@ def searched_trials(overrides: Sequence[str], params: Mapping[Any, Any]) -> list
             dimensions.append([f"{key}={value}"])
             continue
         dimensions.append(
-            (_values(parsed) or [f"{key}={value}"]) if parsed.is_sweep_override() else [f"{key}={value}"]
+            (values_of(parsed) or [f"{key}={value}"]) if parsed.is_sweep_override() else [f"{key}={value}"]
         )
     if problems:
         raise ConfigError(problems)
     count = max((len(values) for values in dimensions), default=1)
     return [[values[i % len(values)] for values in dimensions] for i in range(count)]
+
+
+def apart_trials(overrides: Sequence[str], params: Mapping[Any, Any]) -> tuple[list[list[str]], list[str]]:
+    """Two trials of a search that differ in every key it searches that can differ, and those keys.
+
+    A ``choice`` or ``range`` takes its first value in one trial and its last in the other, an
+    ``interval`` two points inside it; a search of one value takes it in both. What the two
+    trials share (a ``checkpoint.dir`` that names no searched key) every trial of it shares.
+    """
+    trials = searched_trials(overrides, params, _two_values)
+    keys = sorted({a.split("=", 1)[0].lstrip("+~") for a, b in zip(*trials, strict=False) if a != b})
+    return trials, keys
+
+
+def _two_values(override: Any) -> list[str]:
+    """``key=value`` for two values of a sweep override as far apart as :func:`_values` allows (one when it has one)."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        assert value.start is not None and value.end is not None  # the grammar requires both
+        start, end = float(value.start), float(value.end)
+        log = "log" in (value.tags or ()) and start > 0 and end > 0
+        if log:
+            points = [start ** (2 / 3) * end ** (1 / 3), start ** (1 / 3) * end ** (2 / 3)]
+        else:
+            points = [start + (end - start) / 3, start + 2 * (end - start) / 3]
+        key = override.get_key_element()
+        return list(dict.fromkeys(f"{key}={point!r}" for point in points))
+    values = _values(override)
+    return list(dict.fromkeys([values[0], values[-1]])) if values else []
 
 
 def _hydra_sweep_problem(key: str, value: str) -> Problem:

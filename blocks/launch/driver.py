@@ -149,7 +149,16 @@ def _run_job(cfg: DictConfig, checked: Checked | None) -> float | None:
         record_failed_start(run_dir, f"{type(exc).__name__}: {exc}", started)
         return failed_objective(cfg)
     job_ended(run_dir, summary.status)
-    return objective(plan, summary)
+    value = objective(plan, summary)
+    if value is None and in_sweep:
+        log.warning(
+            "the job in %s completed without %s or train/loss (it trained no step): the sweeper is given "
+            "the value of a failed job",
+            run_dir,
+            plan.monitor.objective,
+        )
+        return failed_objective(cfg)
+    return value
 
 
 def record_failed_start(run_dir: Path, reason: str, started: float) -> None:
@@ -325,15 +334,18 @@ class Written:
     config_text: str
 
 
-def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan) -> Written:
+def _write_job_files(run_dir: Path, frozen: DictConfig, plan: Plan, *, in_sweep: bool = False) -> Written:
     """Refuse an unusable resume or checkpoint storage, then write ``config.yaml`` and ``plan.json``.
 
     An earlier run's ``summary.json`` goes first (:func:`retire_summary`): from here on the run
-    dir describes this attempt.
+    dir describes this attempt. A job of a sweep (*in_sweep*) resumes under ``auto`` only a
+    checkpoint of its own settings (see :func:`resolve_resume`).
     """
     directory = job_checkpoint_dir(run_dir, plan)
     previous = read_start(run_dir)  # the run dir's last job, before record_start replaces it
-    resume_from = resolve_resume(plan, directory, previous=previous, recorded=recorded_config(run_dir))
+    resume_from = resolve_resume(
+        plan, directory, previous=previous, recorded=recorded_config(run_dir), in_sweep=in_sweep
+    )
     finished = _finished_at(resume_from, plan.derived.total_steps) if resume_from else None
     if finished is not None:
         steps, at = finished
@@ -427,7 +439,7 @@ def held(
         if locks_checkpoint_dir(run_dir, plan):
             locks.enter_context(checkpoint_dir_locked(job_checkpoint_dir(run_dir, plan), run_dir, job))
         identity = sweep_job.claim(run_dir, frozen, dict(plan.choices)) if sweep_job is not None else None
-        written = _write_job_files(run_dir, frozen, plan)
+        written = _write_job_files(run_dir, frozen, plan, in_sweep=sweep_job is not None)
         if sweep_job is not None and identity is not None:
             sweep_job.record(run_dir, identity)
         yield written

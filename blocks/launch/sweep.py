@@ -109,25 +109,58 @@ def _interval_problem(override: Any) -> Problem:
     )
 
 
-def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[Problem]:
+def shared_checkpoint_dirs(
+    jobs: Sequence[tuple[Sequence[str], Plan]], *, searched: Sequence[str] = ()
+) -> list[Problem]:
     """A problem for each ``checkpoint.dir`` that several jobs of one sweep would write to.
 
     Each job resumes from the newest checkpoint in its directory: sharing one, a later trial
     would continue (or finish as) an earlier one, whatever its own settings. A job whose
-    directory is unset keeps its checkpoints in its own run dir.
+    directory is unset keeps its checkpoints in its own run dir. Local paths are compared
+    once normalized (``a`` and ``b/../a`` are one directory), URLs without a trailing slash.
+    For a search, *jobs* are two trials apart in every key it searches (*searched*): a
+    directory they share is the one every trial would use.
     """
-    dirs = [(plan.checkpoint.dir, overrides) for overrides, plan in jobs if plan.checkpoint.enabled]
+    dirs = [
+        (normalized_dir(plan.checkpoint.dir), overrides)
+        for overrides, plan in jobs
+        if plan.checkpoint.enabled and plan.checkpoint.dir
+    ]
+    if searched:
+        what = "every trial of the search would keep its checkpoints in {directory} and resume from another's"
+        example = "-".join(_short(key) + "${" + key + "}" for key in searched)
+        fix = (
+            "leave checkpoint.dir unset (each trial then keeps its checkpoints in its own run dir), or make "
+            f"it name every key the search varies ({', '.join(searched)}), e.g. checkpoint.dir=<dir>/{example}"
+        )
+    else:
+        what = "{count} jobs of the sweep would keep their checkpoints in {directory} and resume from each other's"
+        fix = (
+            "leave checkpoint.dir unset (each job then keeps its checkpoints in its own run dir), or "
+            "make it differ per job, naming every key the sweep varies, e.g. checkpoint.dir=<dir>/lr${optim.lr}"
+        )
     return [
         Problem(
             "checkpoint.dir",
-            f"{len(sharing)} jobs of the sweep would keep their checkpoints in {directory} and resume "
-            f"from each other's ([{' '.join(sharing[0])}] and [{' '.join(sharing[1])}])",
-            "leave checkpoint.dir unset (each job then keeps its checkpoints in its own run dir), or "
-            "make it differ per job, e.g. checkpoint.dir=<dir>/lr${optim.lr}",
+            what.format(count=len(sharing), directory=directory)
+            + f" ([{' '.join(sharing[0])}] and [{' '.join(sharing[1])}])",
+            fix,
             check="sweep-checkpoint-dir",
         )
         for directory, sharing in _shared(dirs)
     ]
+
+
+def normalized_dir(directory: str) -> str:
+    """*directory* as the one place it names: a local path absolute and normalized, a URL (``s3://b/x/``) without a trailing slash."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", directory):
+        return directory.rstrip("/") or directory
+    return os.path.normpath(os.path.abspath(directory))
+
+
+def _short(key: str) -> str:
+    """The last part of a dotted *key* (``optim.lr`` → ``lr``), to name it in a directory."""
+    return key.rsplit(".", 1)[-1].rsplit("/", 1)[-1]
 
 
 def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Problem]:
