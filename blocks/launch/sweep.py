@@ -22,6 +22,7 @@ from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
 from blocks.core.overrides import syntax_problems
 from blocks.core.run_files import CONFIG_FILE, PLAN_FILE, SUMMARY_FILE
+from blocks.core.secrets import env_interpolations
 from blocks.spec.errors import BlocksError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -188,8 +189,10 @@ def swept_keys(config: DictConfig) -> tuple[str, ...]:
     from hydra.errors import HydraException
 
     keys: set[str] = set()
+    # unresolved: an override's value may interpolate a key of the job (or read the environment)
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
     try:
-        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        parsed = OverridesParser.create().parse_overrides([str(o) for o in task or ()])
     except HydraException:
         parsed = []
     keys.update(o.key_or_group for o in parsed if o.is_sweep_override())
@@ -283,12 +286,26 @@ class SweepJob:
 
 
 def job_value(config: DictConfig, choices: dict[str, str], key: str) -> Any:
-    """The value of *key* in a job: the option chosen for a group (``optim``), else the config's (plain data, None when absent)."""
+    """The value of *key* in a job: the option chosen for a group (``optim``), else the config's (plain data, None when absent).
+
+    A value read from the environment (``${oc.env:VAR}``, or an interpolation that passes one
+    on) is its interpolation text, as ``config.yaml`` keeps it: :data:`SWEEP_JOB_FILE` records
+    these values in the run dir.
+    """
     if key in choices:
         return choices[key]
     value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=False)  # values from the environment stay ${oc.env:...}
+    parent_key, _, name = key.replace("[", ".").replace("]", "").rpartition(".")
+    parent = OmegaConf.select(config, parent_key, default=None) if parent_key else config
+    if isinstance(parent, (DictConfig, ListConfig)) and OmegaConf.is_interpolation(
+        parent, int(name) if isinstance(parent, ListConfig) and name.isdigit() else name
+    ):
+        dotted = f"{parent_key}.{name}" if parent_key else name
+        for path, raw in env_interpolations(config).items():
+            if ".".join(map(str, path)) == dotted:
+                return raw
     return value
 
 
