@@ -204,3 +204,52 @@ def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_pa
         assert summary["reason"].startswith("data.path:") and "missing" in summary["reason"], summary[
             "reason"
         ]
+
+
+def test_a_sweep_maximizing_a_validation_objective_without_a_validation_split_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Each trial returned train/loss to an Optuna study maximizing val/accuracy, which picked the worst
+    model; the plan's warning was not shown by the sweep's precheck, which said "all valid"."""
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            "hparams_search=optuna",
+            "recipe=blobs",
+            "monitor.objective=val/accuracy",
+            "monitor.objective_mode=max",
+            "hydra.sweeper.direction=maximize",
+            "data.val_fraction=0",
+            "hydra.sweeper.n_trials=2",
+            "trainer.max_steps=2",
+            "monitor.progress=off",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    output = " ".join(result.output.split())
+    assert "error monitor.objective: 'val/accuracy' is never logged" in output
+    assert "all valid" not in output and not sweep.exists()
+
+
+def test_a_sweep_ranking_some_jobs_by_train_loss_is_refused_and_warnings_show_once(tmp_path: Path) -> None:
+    """``data.val_fraction=0,0.1`` ranked the jobs without a validation split by train/loss against the
+    others' val/loss; the plans' warnings were never shown by the sweep's precheck."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "recipe=blobs", "trainer.max_steps=1", "monitor.progress=off", f"hydra.sweep.dir={sweep}"]
+    for command in ("plan", "run"):
+        mixed = run_in_process([command, *args, "data.val_fraction=0,0.1", "trainer.seed=1,2"], cwd=tmp_path)
+        assert mixed.returncode == 2, mixed.output[-3000:]
+        output = " ".join(mixed.output.split())
+        assert "error monitor.objective: 2 job(s) of the sweep have no validation split" in output
+        assert "ranked against the val/loss of the others" in output
+    assert output.count("'val/loss' is never logged") == 1, output
+    assert not sweep.exists()
+    uniform = run_in_process(["run", *args, "data.val_fraction=0", "trainer.seed=1,2"], cwd=tmp_path)
+    assert uniform.returncode == 0, uniform.output[-3000:]
+    output = " ".join(uniform.output.split())
+    assert output.count("warning monitor.objective: 'val/loss' is never logged") == 1, output
+    assert "planned 2 job(s): all valid" in output

@@ -131,6 +131,10 @@ def cmd_plan(
         from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
 
         shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs)
+    if multirun:
+        from blocks.launch.sweep import mixed_objectives
+
+        shared += mixed_objectives(plans)
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         if shared:  # every job of the sweep takes part in the clash
@@ -333,7 +337,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.launch.driver import PLANNED, job_key
-    from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
+    from blocks.launch.sweep import mixed_objectives, shared_checkpoint_dirs, shared_run_dirs
     from blocks.spec.imports import refuse_objects
 
     PLANNED.clear()
@@ -378,6 +382,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     job_overrides, searches = _sweep_jobs(overrides, parsed.config_dir)
     failed = 0
     hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
+    warnings: dict[tuple[str, str, str], Problem] = {}  # each distinct one, shown once
     for one in job_overrides:
         header = RUN_HEADER
         if len(job_overrides) > 1:
@@ -389,6 +394,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             _fail(exc, header)
             failed += 1
             continue
+        for problem in plan.warnings:
+            warnings.setdefault((problem.key, problem.message, problem.fix), problem)
         if not plan.ok:
             print_problems(stderr, plan.errors, header=header)
             failed += 1
@@ -408,9 +415,16 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         )
         if len(hydra_configs) == len(job_overrides):
             shared += shared_run_dirs(hydra_configs)
+    shared += mixed_objectives(
+        [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
+    )
     if shared:
         print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")
         failed += 1
+    if warnings:
+        print_problems(
+            stdout, warnings.values(), header="blocks: warnings of the sweep's jobs (each shown once)"
+        )
     if failed:
         PLANNED.clear()
         return EXIT_INVALID

@@ -131,6 +131,41 @@ def shared_checkpoint_dirs(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[P
     ]
 
 
+def mixed_objectives(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[Problem]:
+    """A problem when a validation objective ranks some jobs of a sweep and ``train/loss`` others.
+
+    A job without a validation split returns ``train/loss`` for a minimized validation
+    objective (the plan's ``objective-validation`` warning): a sweep that varies the split
+    (``data.val_fraction=0,0.1``) would rank a training loss against validation scores.
+    """
+    without = [overrides for overrides, plan in jobs if _falls_back(plan)]
+    scored = [
+        overrides
+        for overrides, plan in jobs
+        if plan.monitor.objective.startswith("val/") and not _falls_back(plan)
+    ]
+    if not without or not scored:
+        return []
+    objective = next(plan.monitor.objective for _, plan in jobs if _falls_back(plan))
+    return [
+        Problem(
+            "monitor.objective",
+            f"{len(without)} job(s) of the sweep have no validation split ([{' '.join(without[0])}]) and "
+            f"would return train/loss, ranked against the {objective} of the others "
+            f"([{' '.join(scored[0])}])",
+            "give every job a validation split (e.g. data.val_fraction=0.1), or rank them all by "
+            "monitor.objective=train/loss",
+            check="sweep-objective",
+            related=("data",),
+        )
+    ]
+
+
+def _falls_back(plan: Plan) -> bool:
+    """Whether *plan*'s job would return ``train/loss`` for its validation objective (it has no validation split)."""
+    return any(p.check == "objective-validation" for p in plan.problems)
+
+
 def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Problem]:
     """A problem for each run dir several jobs of one sweep would share.
 
