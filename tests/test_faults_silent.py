@@ -162,18 +162,9 @@ def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
 
 
 def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_path: Path) -> None:
-    """A job that failed before training (its data's preflight: shards missing from storage) wrote no
-    summary, so the sweep counted nothing and exited 0 with no job run."""
-    from blocks.data.shards.manifest import MANIFEST
-    from blocks.data.shards.prepare import PrepareOptions, prepare
-
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "doc.txt").write_text("the same few words, again and again. " * 8)
-    prepare(str(corpus), str(tmp_path / "shards"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1))
-    manifest_only = tmp_path / "manifest-only"
-    manifest_only.mkdir()
-    (manifest_only / MANIFEST).write_bytes((tmp_path / "shards" / MANIFEST).read_bytes())
+    """A job that failed before training (then its data's preflight, now checkpoint storage it
+    cannot write to) wrote no summary, so the sweep counted nothing and exited 0 with no job run."""
+    (tmp_path / "a-file").write_text("checkpoint.dir below a file cannot be made\n")
     sweep = tmp_path / "sweep"
     (sweep / "0").mkdir(parents=True)  # an earlier sweep into the same dir left its own outcome
     (sweep / "0" / "summary.json").write_text(
@@ -184,11 +175,8 @@ def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_pa
         [
             "run",
             "-m",
-            "recipe=tiny_lm",
-            "data=stream",
-            f"data.path={manifest_only}",
-            "data.seq_len=4",
-            "trainer.val_every=null",
+            "recipe=blobs",
+            f"checkpoint.dir={tmp_path / 'a-file'}/s${{trainer.seed}}",
             "trainer.max_steps=2",
             "trainer.seed=1,2",
             "monitor.progress=off",
@@ -201,9 +189,46 @@ def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_pa
     for job in ("0", "1"):
         summary = read_summary(sweep / job)
         assert summary["status"] == "failed" and summary["global_step"] == 0
-        assert summary["reason"].startswith("data.path:") and "missing" in summary["reason"], summary[
+        assert summary["reason"].startswith("checkpoint.dir: checkpoints cannot be written"), summary[
             "reason"
         ]
+
+
+def test_a_sweep_over_data_one_job_cannot_read_is_refused_before_any_job_starts(tmp_path: Path) -> None:
+    """A single run over shards missing from storage is refused before it starts; the sweep's precheck
+    skipped the data's preflight, said "all valid", trained job 0 and failed job 1."""
+    from blocks.data.shards.manifest import MANIFEST
+    from blocks.data.shards.prepare import PrepareOptions, prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("the same few words, again and again. " * 8)
+    prepare(str(corpus), str(tmp_path / "shards"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1))
+    manifest_only = tmp_path / "manifest-only"
+    manifest_only.mkdir()
+    (manifest_only / MANIFEST).write_bytes((tmp_path / "shards" / MANIFEST).read_bytes())
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            "recipe=tiny_lm",
+            "data=stream",
+            f"data.path={tmp_path / 'shards'},{manifest_only}",
+            "data.seq_len=4",
+            "trainer.val_every=null",
+            "monitor.objective=train/loss",
+            "trainer.max_steps=2",
+            "monitor.progress=off",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    output = " ".join(result.output.split())
+    assert f"blocks: job [recipe=tiny_lm data=stream data.path={manifest_only}" in output
+    assert "shard file(s) of the manifest are missing" in output and "all valid" not in output
+    assert not sweep.exists()
 
 
 def test_a_sweep_maximizing_a_validation_objective_without_a_validation_split_is_refused(

@@ -383,6 +383,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     failed = 0
     hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
     warnings: dict[tuple[str, str, str], Problem] = {}  # each distinct one, shown once
+    preflighted: list[tuple[Any, BlocksError | None]] = []  # each distinct data block's preflight
     for one in job_overrides:
         header = RUN_HEADER
         if len(job_overrides) > 1:
@@ -403,6 +404,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         try:
             with collection_paused():  # a block's import path may import torch and Lightning
                 refuse_objects(plan.blocks.values())
+            _preflight_data(plan, preflighted)
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1
@@ -430,6 +432,27 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
+
+
+def _preflight_data(plan: Plan, done: list[tuple[Any, BlocksError | None]]) -> None:
+    """Run the I/O checks of *plan*'s data block, once per distinct block of a sweep (*done*: those run, with what each raised).
+
+    A single run's driver does them before anything starts (shards missing from their storage,
+    an unreachable bucket); a sweep's precheck does them for every job before the first starts.
+    """
+    data = plan.blocks["data"]
+    found = [error for seen, error in done if seen == data]
+    if found:
+        error = found[0]
+    else:
+        try:
+            plan.data.preflight()
+            error = None
+        except BlocksError as exc:
+            error = exc
+        done.append((data, error))
+    if error is not None:
+        raise error
 
 
 def _plan_job(overrides: Sequence[str], config_dir: str | None, *, multirun: bool) -> tuple[Job, Plan]:
