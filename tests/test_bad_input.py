@@ -321,6 +321,20 @@ def test_a_validation_objective_without_a_validation_split_warns() -> None:
     assert not found[0].is_error
 
 
+def test_a_maximized_validation_objective_without_a_validation_split_is_an_error() -> None:
+    """A sweeper maximizing ``val/accuracy`` got ``train/loss`` from each job, and picked the worst model."""
+    problem = problem_on(
+        "monitor.objective",
+        "recipe=blobs",
+        "data.val_fraction=0",
+        "monitor.objective=val/accuracy",
+        "monitor.objective_mode=max",
+    )
+    assert problem.check == "objective-validation"
+    assert "no validation split" in problem.message and "maximized" in problem.message
+    assert "data.val_fraction=0.1" in problem.fix and "monitor.objective_mode=min" in problem.fix
+
+
 # where the run dir goes (an unset shell variable, a file, an interpolation)
 
 

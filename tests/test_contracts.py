@@ -50,6 +50,7 @@ WITHOUT_PLAN_EXAMPLE = [
     "resume-usable",
     "checkpoint-dir-foreign",  # needs a checkpoint dir holding a user's entry: tests/test_faults_checkpoints.py
     "sweep-checkpoint-dir",  # a check across a sweep's jobs: tests/test_faults_silent.py
+    "sweep-objective",  # a check across a sweep's jobs: tests/test_faults_silent.py
     "sweep-run-dir",  # a check across a sweep's jobs: tests/test_faults_silent.py, tests/test_faults_processes.py
     "checkpoint-storage",
     "ray-placement",

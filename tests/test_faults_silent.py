@@ -198,14 +198,19 @@ def test_a_later_sweep_does_not_resume_the_checkpoints_of_another_sweeps_jobs(tm
 
 
 def test_a_search_trial_without_an_objective_gets_the_failed_value(tmp_path: Path) -> None:
-    """A trial that trained nothing (it resumed a final checkpoint) completed with no metrics: its
-    objective was None and the Optuna sweeper crashed on it, leaving the other trials unrun."""
-    single = ["run", "recipe=blobs", "monitor.progress=off", "trainer.max_steps=2"]
+    """A trial that trained nothing (it resumed a final checkpoint that records no metrics, as an
+    older version's, of data without a validation split) completed with no metrics: its objective
+    was None and the Optuna sweeper crashed on it, leaving the other trials unrun."""
+    single = ["run", "recipe=blobs", "monitor.progress=off", "trainer.max_steps=2", "data.val_fraction=0"]
     assert run_in_process([*single, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path).returncode == 0
     final = tmp_path / "one" / "checkpoints" / "step-000000002"
+    manifest = json.loads((final / "MANIFEST.json").read_text())
+    manifest["metrics"] = {}
+    (final / "MANIFEST.json").write_text(json.dumps(manifest))
     search = [
         *SEARCH,
         "trainer.max_steps=2",
+        "data.val_fraction=0",
         f"checkpoint.resume={final}",
         f"hydra.sweep.dir={tmp_path / 's'}",
     ]
@@ -240,18 +245,9 @@ def test_sweep_jobs_may_not_share_a_run_dir(tmp_path: Path) -> None:
 
 
 def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_path: Path) -> None:
-    """A job that failed before training (its data's preflight: shards missing from storage) wrote no
-    summary, so the sweep counted nothing and exited 0 with no job run."""
-    from blocks.data.shards.manifest import MANIFEST
-    from blocks.data.shards.prepare import PrepareOptions, prepare
-
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "doc.txt").write_text("the same few words, again and again. " * 8)
-    prepare(str(corpus), str(tmp_path / "shards"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1))
-    manifest_only = tmp_path / "manifest-only"
-    manifest_only.mkdir()
-    (manifest_only / MANIFEST).write_bytes((tmp_path / "shards" / MANIFEST).read_bytes())
+    """A job that failed before training (then its data's preflight, now checkpoint storage it
+    cannot write to) wrote no summary, so the sweep counted nothing and exited 0 with no job run."""
+    (tmp_path / "a-file").write_text("checkpoint.dir below a file cannot be made\n")
     sweep = tmp_path / "sweep"
     (sweep / "0").mkdir(parents=True)  # an earlier sweep into the same dir left its own outcome
     (sweep / "0" / "summary.json").write_text(
@@ -262,11 +258,8 @@ def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_pa
         [
             "run",
             "-m",
-            "recipe=tiny_lm",
-            "data=stream",
-            f"data.path={manifest_only}",
-            "data.seq_len=4",
-            "trainer.val_every=null",
+            "recipe=blobs",
+            f"checkpoint.dir={tmp_path / 'a-file'}/s${{trainer.seed}}",
             "trainer.max_steps=2",
             "trainer.seed=1,2",
             "monitor.progress=off",
@@ -279,6 +272,92 @@ def test_a_sweep_whose_jobs_could_not_start_exits_1_and_each_job_says_why(tmp_pa
     for job in ("0", "1"):
         summary = read_summary(sweep / job)
         assert summary["status"] == "failed" and summary["global_step"] == 0
-        assert summary["reason"].startswith("data.path:") and "missing" in summary["reason"], summary[
+        assert summary["reason"].startswith("checkpoint.dir: checkpoints cannot be written"), summary[
             "reason"
         ]
+
+
+def test_a_sweep_over_data_one_job_cannot_read_is_refused_before_any_job_starts(tmp_path: Path) -> None:
+    """A single run over shards missing from storage is refused before it starts; the sweep's precheck
+    skipped the data's preflight, said "all valid", trained job 0 and failed job 1."""
+    from blocks.data.shards.manifest import MANIFEST
+    from blocks.data.shards.prepare import PrepareOptions, prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("the same few words, again and again. " * 8)
+    prepare(str(corpus), str(tmp_path / "shards"), PrepareOptions(val_fraction=0, shard_tokens=25, workers=1))
+    manifest_only = tmp_path / "manifest-only"
+    manifest_only.mkdir()
+    (manifest_only / MANIFEST).write_bytes((tmp_path / "shards" / MANIFEST).read_bytes())
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            "recipe=tiny_lm",
+            "data=stream",
+            f"data.path={tmp_path / 'shards'},{manifest_only}",
+            "data.seq_len=4",
+            "trainer.val_every=null",
+            "monitor.objective=train/loss",
+            "trainer.max_steps=2",
+            "monitor.progress=off",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    output = " ".join(result.output.split())
+    assert f"blocks: job [recipe=tiny_lm data=stream data.path={manifest_only}" in output
+    assert "shard file(s) of the manifest are missing" in output and "all valid" not in output
+    assert not sweep.exists()
+
+
+def test_a_sweep_maximizing_a_validation_objective_without_a_validation_split_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Each trial returned train/loss to an Optuna study maximizing val/accuracy, which picked the worst
+    model; the plan's warning was not shown by the sweep's precheck, which said "all valid"."""
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            "hparams_search=optuna",
+            "recipe=blobs",
+            "monitor.objective=val/accuracy",
+            "monitor.objective_mode=max",
+            "hydra.sweeper.direction=maximize",
+            "data.val_fraction=0",
+            "hydra.sweeper.n_trials=2",
+            "trainer.max_steps=2",
+            "monitor.progress=off",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.output[-3000:]
+    output = " ".join(result.output.split())
+    assert "error monitor.objective: 'val/accuracy' is never logged" in output
+    assert "all valid" not in output and not sweep.exists()
+
+
+def test_a_sweep_ranking_some_jobs_by_train_loss_is_refused_and_warnings_show_once(tmp_path: Path) -> None:
+    """``data.val_fraction=0,0.1`` ranked the jobs without a validation split by train/loss against the
+    others' val/loss; the plans' warnings were never shown by the sweep's precheck."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "recipe=blobs", "trainer.max_steps=1", "monitor.progress=off", f"hydra.sweep.dir={sweep}"]
+    for command in ("plan", "run"):
+        mixed = run_in_process([command, *args, "data.val_fraction=0,0.1", "trainer.seed=1,2"], cwd=tmp_path)
+        assert mixed.returncode == 2, mixed.output[-3000:]
+        output = " ".join(mixed.output.split())
+        assert "error monitor.objective: 2 job(s) of the sweep have no validation split" in output
+        assert "ranked against the val/loss of the others" in output
+    assert output.count("'val/loss' is never logged") == 1, output
+    assert not sweep.exists()
+    uniform = run_in_process(["run", *args, "data.val_fraction=0", "trainer.seed=1,2"], cwd=tmp_path)
+    assert uniform.returncode == 0, uniform.output[-3000:]
+    output = " ".join(uniform.output.split())
+    assert output.count("warning monitor.objective: 'val/loss' is never logged") == 1, output
+    assert "planned 2 job(s): all valid" in output

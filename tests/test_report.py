@@ -177,14 +177,34 @@ def test_a_throughput_objective_is_the_steady_figure_else_the_whole_runs() -> No
     from blocks.core.run_files import Summary
     from blocks.launch.driver import objective
 
-    def returned(name: str, **figures: object) -> float | None:
-        plan = SimpleNamespace(monitor=SimpleNamespace(objective=name))
+    def returned(name: str, mode: str = "min", **figures: object) -> float | None:
+        plan = SimpleNamespace(monitor=SimpleNamespace(objective=name, objective_mode=mode))
         return objective(plan, Summary(status="completed", **{"metrics": SCORED["metrics"], **figures}))  # type: ignore[arg-type]
 
     assert returned("samples_per_s", samples_per_s=30.0, steady_samples_per_s=60.0) == 60.0
     assert returned("samples_per_s", samples_per_s=30.0) == 30.0, "fewer than two windows: the whole run's"
     assert returned("tokens_per_s", tokens_per_s=3840.0, steady_tokens_per_s=7680.0) == 7680.0
     assert returned("val/perplexity") == 7.4 and returned("val/nothing") == 1.0, "else train/loss"
+    assert returned("val/nothing", mode="max") is None, "a maximizing sweeper never gets a loss"
+
+
+def test_a_maximized_objective_ranks_no_job_by_its_training_loss(cli_in_process, tmp_path: Path) -> None:
+    """Jobs without ``val/accuracy`` were ranked by ``train/loss`` under ``--mode max``: the worst model first."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for job, loss in (("0", 1.0), ("1", 3.0)):
+        small_run_dir(sweep / job)
+        (sweep / job / "summary.json").write_text(
+            json.dumps({"status": "completed", "metrics": {"train/loss": loss}})
+        )
+    result = cli_in_process("report", str(sweep), "--mode", "max")
+    assert result.returncode == 0, result.output
+    rows = table_rows((sweep / "report" / "report.md").read_text())[1:]
+    assert [(row[0], row[-1]) for row in rows] == [("-", "-"), ("-", "-")], rows
+    minimized = cli_in_process("report", str(sweep))
+    assert minimized.returncode == 0, minimized.output
+    rows = table_rows((sweep / "report" / "report.md").read_text())[1:]
+    assert [(row[0], row[1]) for row in rows] == [("1", "0"), ("2", "1")], "minimized: train/loss stands in"
 
 
 def small_run_dir(root: Path) -> Path:

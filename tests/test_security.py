@@ -997,3 +997,38 @@ def test_loggers_get_env_secrets_as_interpolations_not_values(tmp_path: Path, mo
     logged = run_hyperparameters(jobs.plan(["recipe=blobs"]), tmp_path)
     assert "s3cr3t-value" not in repr(logged)
     assert any("oc.env:BLOCKS_TEST_SECRET" in str(value) for value in logged.values())
+
+
+@pytest.mark.parametrize("passed_on", [False, True])
+def test_a_sweep_over_values_read_from_the_environment_writes_none_of_them(
+    passed_on: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A swept key whose values read the environment identifies each job by its interpolation text.
+
+    ``.sweep-job.json`` recorded each job's swept values resolved: the secret, in a file of the
+    run dir, while ``config.yaml`` and ``plan.json`` kept ``${oc.env:...}``. With another override
+    that passes the value on (an interpolation of a config key), the sweep's callback read the
+    overrides resolved, failed, and followed none of the jobs.
+    """
+    secrets = ("s3cr3t-swept-a", "s3cr3t-swept-b")
+    monkeypatch.setenv("BLOCKS_TEST_SECRET", secrets[0])
+    monkeypatch.setenv("BLOCKS_TEST_SECRET_B", secrets[1])
+    sweep = tmp_path / "sweep"
+    result = run_in_process(
+        [
+            "run",
+            "-m",
+            "recipe=blobs",
+            "trainer.max_steps=2",
+            "monitor.progress=off",
+            "+monitor.logger_args.csv.name='${oc.env:BLOCKS_TEST_SECRET}','${oc.env:BLOCKS_TEST_SECRET_B}'",
+            *(["+monitor.logger_args.csv.version='v-${monitor.logger_args.csv.name}'"] if passed_on else []),
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    identity = json.loads((sweep / "1" / ".sweep-job.json").read_text())["identity"]
+    assert identity == {"monitor.logger_args.csv.name": "${oc.env:BLOCKS_TEST_SECRET_B}"}
+    for secret in secrets:
+        hidden_everywhere(secret, result.output, sweep)

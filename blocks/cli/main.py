@@ -133,6 +133,10 @@ def cmd_plan(
         shared = shared_checkpoint_dirs(plans) + shared_run_dirs(hydra_configs)
     elif multirun and all(plan.ok for _, plan in plans):
         shared = _search_shared_checkpoint_dir(list(overrides), config_dir, space or {})
+    if multirun:
+        from blocks.launch.sweep import mixed_objectives
+
+        shared += mixed_objectives(plans)
     if as_json:
         payload = [dict(plan.to_json(), overrides=one) for one, plan in plans]
         if shared:  # every job of the sweep takes part in the clash
@@ -363,7 +367,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     from blocks.cli.render import print_problems
     from blocks.compat.hydra_private import hydra_args_parser
     from blocks.launch.driver import PLANNED, job_key
-    from blocks.launch.sweep import shared_checkpoint_dirs, shared_run_dirs
+    from blocks.launch.sweep import mixed_objectives, shared_checkpoint_dirs, shared_run_dirs
     from blocks.spec.imports import refuse_objects
 
     PLANNED.clear()
@@ -408,6 +412,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
     job_overrides, space = _sweep_jobs(overrides, parsed.config_dir)
     failed = 0
     hydra_configs = []  # of the jobs the basic sweeper will launch, in its order
+    warnings: dict[tuple[str, str, str], Problem] = {}  # each distinct one, shown once
+    preflighted: list[tuple[Any, BlocksError | None]] = []  # each distinct data block's preflight
     for one in job_overrides:
         header = RUN_HEADER
         if len(job_overrides) > 1:
@@ -419,6 +425,8 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             _fail(exc, header)
             failed += 1
             continue
+        for problem in plan.warnings:
+            warnings.setdefault((problem.key, problem.message, problem.fix), problem)
         if not plan.ok:
             print_problems(stderr, plan.errors, header=header)
             failed += 1
@@ -426,6 +434,7 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
         try:
             with collection_paused():  # a block's import path may import torch and Lightning
                 refuse_objects(plan.blocks.values())
+            _preflight_data(plan, preflighted)
         except BlocksError as exc:
             _fail(exc, header)
             failed += 1
@@ -440,14 +449,42 @@ def _precheck(args: Sequence[str]) -> int | Checked | None:
             shared += shared_run_dirs(hydra_configs)
     elif not failed:
         shared = _search_shared_checkpoint_dir(overrides, parsed.config_dir, space)
+    shared += mixed_objectives(
+        [(one, PLANNED[job_key(one)]) for one in job_overrides if job_key(one) in PLANNED]
+    )
     if shared:
         print_problems(stderr, shared, header="blocks: the jobs of the sweep clash; no job was started")
         failed += 1
+    if warnings:
+        print_problems(
+            stdout, warnings.values(), header="blocks: warnings of the sweep's jobs (each shown once)"
+        )
     if failed:
         PLANNED.clear()
         return EXIT_INVALID
     stdout.print(f"[green]planned {len(job_overrides)} job(s): all valid[/]", highlight=False)
     return None
+
+
+def _preflight_data(plan: Plan, done: list[tuple[Any, BlocksError | None]]) -> None:
+    """Run the I/O checks of *plan*'s data block, once per distinct block of a sweep (*done*: those run, with what each raised).
+
+    A single run's driver does them before anything starts (shards missing from their storage,
+    an unreachable bucket); a sweep's precheck does them for every job before the first starts.
+    """
+    data = plan.blocks["data"]
+    found = [error for seen, error in done if seen == data]
+    if found:
+        error = found[0]
+    else:
+        try:
+            plan.data.preflight()
+            error = None
+        except BlocksError as exc:
+            error = exc
+        done.append((data, error))
+    if error is not None:
+        raise error
 
 
 def _plan_job(overrides: Sequence[str], config_dir: str | None, *, multirun: bool) -> tuple[Job, Plan]:

@@ -212,7 +212,8 @@ CHECKS: tuple[Check, ...] = (
         "objective-validation",
         ("monitor", "data"),
         "monitor.objective",
-        "a validation objective has a validation split to come from (a warning: sweepers get train/loss)",
+        "a validation objective has a validation split to come from (a warning when minimized: sweepers "
+        "get train/loss; an error when maximized)",
         ("recipe=blobs", "data.val_fraction=0", "monitor.objective=val/loss"),
     ),
     Check(
@@ -665,6 +666,14 @@ CHECKS: tuple[Check, ...] = (
         ("checkpoint",),
         "checkpoint.dir",
         "the jobs of a sweep keep their checkpoints apart (each resumes from the newest in its checkpoint.dir)",
+        (),
+    ),
+    Check(
+        "sweep-objective",
+        ("monitor", "data"),
+        "monitor.objective",
+        "the jobs of a sweep are all ranked by their validation objective, or none is (a job without a "
+        "validation split returns train/loss)",
         (),
     ),
     Check(

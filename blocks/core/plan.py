@@ -196,11 +196,12 @@ class CheckContext:
         validation_check: str,
         validation_severity: Severity = "error",
         fallback: str = "",
+        validation_fix: str = "",
     ) -> None:
         """Report field *name* if the metric it names is never logged (with a did-you-mean).
 
         A ``val/`` metric also needs a validation split. *fallback* says what happens instead
-        (for a warning). Every field that names a metric (``checkpoint.monitor``,
+        (for a warning), *validation_fix* replaces the usual fix. Every field that names a metric (``checkpoint.monitor``,
         ``monitor.objective``) is checked here, against :attr:`metrics`.
         """
         key = self._sink._key(name)
@@ -222,7 +223,8 @@ class CheckContext:
                 name,
                 f"'{metric}' is never logged: data={self.data.block_name} has no validation split"
                 + (f"; {fallback}" if fallback else ""),
-                f"{key}=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
+                validation_fix
+                or f"{key}=train/loss, or give the data a validation split (e.g. data.val_fraction=0.1)",
                 check=validation_check,
                 related=("data",),
             )

@@ -231,13 +231,16 @@ def failed_objective(cfg: DictConfig) -> float:
 
 
 def objective(plan: Plan, summary: Summary) -> float | None:
-    """The value a sweeper optimizes: ``monitor.objective``, else ``train/loss`` (None when the run has neither).
+    """The value a sweeper optimizes: ``monitor.objective``, else (minimized) ``train/loss``; None when the run has neither.
 
-    A throughput objective is the run's steady figure (see :func:`objective_value`).
+    A throughput objective is the run's steady figure (see :func:`objective_value`). A maximized
+    objective has no fallback: a sweeper maximizing the loss would pick the worst model.
     """
     figures = dataclasses.asdict(summary)
     value = objective_value(figures, plan.monitor.objective)
-    return objective_value(figures, "train/loss") if value is None else value
+    if value is None and plan.monitor.objective_mode != "max":
+        return objective_value(figures, "train/loss")
+    return value
 
 
 def exit_code(summary: Summary) -> int:

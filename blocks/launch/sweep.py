@@ -22,6 +22,7 @@ from blocks.core import catalog, paths
 from blocks.core.compose import GROUPS, group_options
 from blocks.core.overrides import syntax_problems
 from blocks.core.run_files import CONFIG_FILE, PLAN_FILE, SUMMARY_FILE
+from blocks.core.secrets import env_interpolations
 from blocks.spec.errors import BlocksError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -163,6 +164,41 @@ def _short(key: str) -> str:
     return key.rsplit(".", 1)[-1].rsplit("/", 1)[-1]
 
 
+def mixed_objectives(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[Problem]:
+    """A problem when a validation objective ranks some jobs of a sweep and ``train/loss`` others.
+
+    A job without a validation split returns ``train/loss`` for a minimized validation
+    objective (the plan's ``objective-validation`` warning): a sweep that varies the split
+    (``data.val_fraction=0,0.1``) would rank a training loss against validation scores.
+    """
+    without = [overrides for overrides, plan in jobs if _falls_back(plan)]
+    scored = [
+        overrides
+        for overrides, plan in jobs
+        if plan.monitor.objective.startswith("val/") and not _falls_back(plan)
+    ]
+    if not without or not scored:
+        return []
+    objective = next(plan.monitor.objective for _, plan in jobs if _falls_back(plan))
+    return [
+        Problem(
+            "monitor.objective",
+            f"{len(without)} job(s) of the sweep have no validation split ([{' '.join(without[0])}]) and "
+            f"would return train/loss, ranked against the {objective} of the others "
+            f"([{' '.join(scored[0])}])",
+            "give every job a validation split (e.g. data.val_fraction=0.1), or rank them all by "
+            "monitor.objective=train/loss",
+            check="sweep-objective",
+            related=("data",),
+        )
+    ]
+
+
+def _falls_back(plan: Plan) -> bool:
+    """Whether *plan*'s job would return ``train/loss`` for its validation objective (it has no validation split)."""
+    return any(p.check == "objective-validation" for p in plan.problems)
+
+
 def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Problem]:
     """A problem for each run dir several jobs of one sweep would share.
 
@@ -221,8 +257,10 @@ def swept_keys(config: DictConfig) -> tuple[str, ...]:
     from hydra.errors import HydraException
 
     keys: set[str] = set()
+    # unresolved: an override's value may interpolate a key of the job (or read the environment)
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
     try:
-        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        parsed = OverridesParser.create().parse_overrides([str(o) for o in task or ()])
     except HydraException:
         parsed = []
     keys.update(o.key_or_group for o in parsed if o.is_sweep_override())
@@ -316,12 +354,26 @@ class SweepJob:
 
 
 def job_value(config: DictConfig, choices: dict[str, str], key: str) -> Any:
-    """The value of *key* in a job: the option chosen for a group (``optim``), else the config's (plain data, None when absent)."""
+    """The value of *key* in a job: the option chosen for a group (``optim``), else the config's (plain data, None when absent).
+
+    A value read from the environment (``${oc.env:VAR}``, or an interpolation that passes one
+    on) is its interpolation text, as ``config.yaml`` keeps it: :data:`SWEEP_JOB_FILE` records
+    these values in the run dir.
+    """
     if key in choices:
         return choices[key]
     value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=False)  # values from the environment stay ${oc.env:...}
+    parent_key, _, name = key.replace("[", ".").replace("]", "").rpartition(".")
+    parent = OmegaConf.select(config, parent_key, default=None) if parent_key else config
+    if isinstance(parent, (DictConfig, ListConfig)) and OmegaConf.is_interpolation(
+        parent, int(name) if isinstance(parent, ListConfig) and name.isdigit() else name
+    ):
+        dotted = f"{parent_key}.{name}" if parent_key else name
+        for path, raw in env_interpolations(config).items():
+            if ".".join(map(str, path)) == dotted:
+                return raw
     return value
 
 

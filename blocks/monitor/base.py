@@ -73,8 +73,9 @@ class MonitorBlock(Block):
             every rank dumps its Python stacks into ``<run dir>/stacks/`` and the job fails,
             so torchrun's restarts (``trainer.max_failures``) can take over, or a sweep goes on
             with its next job (0: off).
-        objective: the metric a run returns to Hydra's sweeper (e.g. Optuna); falls back to
-            ``train/loss`` when the run has no such metric.
+        objective: the metric a run returns to Hydra's sweeper (e.g. Optuna); a minimized one
+            falls back to ``train/loss`` when the run has no such metric. A validation metric
+            without a validation split is a plan error when maximized, a warning otherwise.
         objective_mode: ``min`` or ``max``: how ``blocks report`` ranks a sweep's jobs.
         peak_flops: peak FLOP/s of one device, for MFU; 0 uses a table of known CUDA GPUs
             (no MFU when unknown, e.g. on CPU).
@@ -156,13 +157,22 @@ class Monitor(MonitorBlock):
             )
         ctx.positive("stall_timeout_s", self.stall_timeout_s, allow_zero=True)
         ctx.choice("objective_mode", self.objective_mode, OBJECTIVE_MODES)
+        # A minimized objective falls back to train/loss; a maximized one has nothing to stand in.
+        maximized = self.objective_mode == "max"
         ctx.monitored_metric(
             "objective",
             self.objective,
             check="objective-metric",
             validation_check="objective-validation",
-            validation_severity="warning",
-            fallback="a sweeper gets train/loss instead",
+            validation_severity="error" if maximized else "warning",
+            fallback="it is maximized, and train/loss (what a sweeper gets instead) is a loss"
+            if maximized
+            else "a sweeper gets train/loss instead",
+            validation_fix="give the data a validation split (e.g. data.val_fraction=0.1), or minimize the "
+            "training loss: monitor.objective=train/loss monitor.objective_mode=min "
+            "(and hydra.sweeper.direction=minimize)"
+            if maximized
+            else "",
         )
         ctx.positive("peak_flops", self.peak_flops, allow_zero=True)
         for i, entry in enumerate(self.loggers):

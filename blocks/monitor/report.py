@@ -392,10 +392,12 @@ def _sweep_report(
     objective = objective or str(monitor.get("objective", "val/loss"))
     mode = mode or str(monitor.get("objective_mode", "min"))
     params = swept_parameters(runs)
-    # Without --objective, a job lacking the metric is scored as the driver scored it for the sweeper.
-    # Only a completed job is scored: another one's last logged value is of a step it did not finish from.
+    # Without --objective, a job lacking the metric is scored as the driver scored it for the sweeper
+    # (train/loss, when minimized). Only a completed job is scored: another one's last logged value is
+    # of a step it did not finish from.
+    fallback = not explicit and mode != "max"
     scored = [
-        (run, _objective(run, objective, fallback=not explicit) if run.status == "completed" else None)
+        (run, _objective(run, objective, fallback=fallback) if run.status == "completed" else None)
         for run in runs
     ]
     ranked = sorted(scored, key=lambda item: _rank_key(item[1], mode))
