@@ -270,8 +270,8 @@ def test_a_kept_state_is_read_from_a_local_copy_not_held_in_memory(
 ) -> None:
     """Regression: the download was held in memory while the state loaded from it (twice the file per
     process, per rank under DDP), and the kept state stayed in memory until the load took it. Now the
-    download goes chunk by chunk to a copy in the temporary directory, whose tensors the kept state
-    maps (the copy's name is gone at once); with no room there (a directory that cannot be used),
+    download goes chunk by chunk to a nameless copy in the temporary directory, which the kept
+    state's tensors map; with no room there (a directory that cannot be used),
     the bytes are held in memory as before."""
     import tempfile
 
@@ -290,8 +290,38 @@ def test_a_kept_state_is_read_from_a_local_copy_not_held_in_memory(
             store.verify(url)
         mapped = _mapping_of(store.kept_state(url)["w"].data_ptr())
         if room:
-            assert mapped is not None and mapped.startswith(f"{temporary}/blocks-state-"), mapped
-            assert mapped.endswith("(deleted)") and not list(temporary.iterdir()), "the copy's name is gone"
+            assert mapped is not None and mapped.startswith(f"{temporary}/"), mapped
+            assert mapped.endswith("(deleted)") and not list(temporary.iterdir()), "the copy has no name"
         else:
             assert mapped is None, mapped
         assert torch.equal(load_state(url)["w"], weights)
+
+
+FULL_DISK = """
+import logging, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+logging.basicConfig()
+from blocks.checkpoint import store
+from blocks.checkpoint.io import load_state, load_state_file
+with store.keeping(load_state_file):
+    store.verify(sys.argv[1])
+print(float(load_state(sys.argv[1])["w"].sum()))
+"""
+
+
+def test_a_copy_the_disk_has_no_room_for_after_all_is_read_into_memory(s3: Any) -> None:
+    """The room for the copy is judged before writing it, and the ranks of a job each write one: a
+    write that failed for want of space (here a file-size limit, as a full disk fails it) ended the
+    resume with a traceback instead of reading the file into memory."""
+    import subprocess
+    import sys
+
+    import torch
+
+    weights = torch.randn(1 << 20)  # 4 MiB, past the limit of 1 MiB
+    url = checkpoint_on_s3(s3, "no-room", {"w": weights})
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, url], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no room left for a copy of state.pt" in done.stderr
+    assert float(done.stdout.split()[-1]) == pytest.approx(float(weights.sum()), rel=1e-6)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import functools
 import hashlib
 import json
@@ -519,9 +520,10 @@ def keeping(load: Callable[[str | BinaryIO, str], Any]) -> Iterator[None]:
     The file is downloaded once, in order, and hashed as its bytes arrive, into a local copy
     (:func:`spooled`); once the digest matches, ``load(source, url)`` reads that copy and what
     it returns is kept for :func:`kept_state` (the resume's checks and its load read it there,
-    not from the store). *source* is the copy's path, which *load* should map rather than read
-    (the copy's name is unlinked once *load* returns: its mapped pages stay readable), or an
-    open file over the bytes in memory when the temporary directory has no room for it. A file
+    not from the store). *source* is a path that opens the copy, which *load* should map rather
+    than read (the copy has no name, and its disk space and pages last as long as tensors map
+    them: in a run on the CPU, the optimizer state restored from it does until training ends),
+    or an open file over the bytes in memory when the temporary directory has no room for it. A file
     that does not match is refused as ever, unloaded. A *load* that fails (a state that is
     unsafe to unpickle) keeps nothing: the later reader fails in turn. Local files are never
     kept (they are mapped and read where they are). One state at most is kept; keeping another
@@ -575,12 +577,14 @@ _SPOOL_HEADROOM = 1 << 30
 
 
 @contextlib.contextmanager
-def spooled(size: int) -> Iterator[BinaryIO | None]:
-    """A temporary file for a downloaded copy of *size* bytes, deleted on exit; None when there is no room.
+def spooled(size: int) -> Iterator[tuple[BinaryIO, str] | None]:
+    """A temporary file for a downloaded copy of *size* bytes and the path that opens it; None when there is no room.
 
     In the system's temporary directory (``TMPDIR``), when it has *size* bytes free and
     :data:`_SPOOL_HEADROOM` more: a state read from a copy on disk (mapped) is not held in
-    memory twice, as bytes and as tensors. Where it has not, the bytes are held in memory.
+    memory twice, as bytes and as tensors. Where it has not, the bytes are held in memory. The
+    file has no name (Linux opens it through ``/proc/self/fd``), so a process killed while it
+    downloads leaves nothing behind; elsewhere it is a named file, removed on exit.
     """
     directory = tempfile.gettempdir()
     try:
@@ -590,8 +594,13 @@ def spooled(size: int) -> Iterator[BinaryIO | None]:
     if not room:
         yield None
         return
-    with tempfile.NamedTemporaryFile(dir=directory, prefix="blocks-state-", suffix=".pt") as copy:
-        yield copy  # type: ignore[misc]  # a BinaryIO with a name
+    with contextlib.ExitStack() as stack:
+        copy: BinaryIO = stack.enter_context(tempfile.TemporaryFile(dir=directory, prefix="blocks-state-"))
+        path = f"/proc/self/fd/{copy.fileno()}"
+        if not os.path.exists(path):  # no /proc (macOS): a named copy
+            named = stack.enter_context(tempfile.NamedTemporaryFile(dir=directory, prefix="blocks-state-"))
+            copy, path = named, named.name  # type: ignore[assignment]  # a binary file
+        yield copy, path
 
 
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
@@ -728,16 +737,32 @@ class _FileCheck:
 
     @contextlib.contextmanager
     def fetched(self) -> Iterator[str | BinaryIO]:
-        """The whole file, downloaded once and checked (:meth:`download`): a local copy's path, or the bytes in memory (:func:`spooled`)."""
-        with spooled(self.expected["size"]) as copy:
-            if copy is None:
-                data = bytearray(self.expected["size"])
-                self.download(memoryview(data), None)
-                yield _MemoryFile(data)  # type: ignore[misc]  # read/readinto/seek/tell
-                return
-            self.download(memoryview(bytearray(min(_FETCH_CHUNK, self.expected["size"]))), copy)
-            copy.flush()
-            yield copy.name
+        """The whole file, downloaded once and checked (:meth:`download`): a local copy's path, or the bytes in memory (:func:`spooled`).
+
+        A copy the disk has no room for after all (the ranks of a job each make one) is given up
+        for memory, with a warning: the file is downloaded again.
+        """
+        size = self.expected["size"]
+        with spooled(size) as copy:
+            if copy is not None:
+                try:
+                    self.download(memoryview(bytearray(min(_FETCH_CHUNK, size))), copy[0])
+                    copy[0].flush()
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                        raise
+                    log.warning(
+                        "%s: no room left for a copy of %s (%s); reading it into memory",
+                        self.url,
+                        self.relative,
+                        exc,
+                    )
+                else:
+                    yield copy[1]
+                    return
+        data = bytearray(size)
+        self.download(memoryview(data), None)
+        yield _MemoryFile(data)  # type: ignore[misc]  # read/readinto/seek/tell
 
     def download(self, buffer: memoryview, sink: BinaryIO | None) -> None:
         """Read the file once, in order, hashing it as it arrives unless known good; :class:`CheckpointError` on a mismatch.
