@@ -137,3 +137,31 @@ def test_padding_is_dropped_from_tensors_inside_any_output_or_batch_structure() 
     )  # a structure, not samples
     logits, scale, extra = _samples(outputs, valid)
     assert logits.tolist() == [[0, 1], [4, 5]] and scale.item() == 1.0 and extra["aux"].tolist() == [1.0, 1.0]
+
+
+def test_a_dataset_with_its_own_batched_read_is_read_with_it_under_the_batchs_seed() -> None:
+    """A dataset's own ``__getitems__`` (torch's batched read, as Hugging Face datasets have) was bypassed
+    for a read sample by sample once every training set was fetched with the batch's seed."""
+    import torch
+
+    from blocks.runtime.datamodule import BatchedFetch
+    from blocks.runtime.sampler import SeededBatch
+
+    class BatchedReads(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.reads: list[list[int]] = []
+
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, index: int) -> dict:
+            raise AssertionError("read sample by sample")
+
+        def __getitems__(self, indices: list[int]) -> list[dict]:
+            self.reads.append(list(indices))
+            return [{"inputs": torch.rand(()), "targets": torch.tensor(i)} for i in indices]
+
+    dataset = BatchedReads()
+    first, again = (BatchedFetch(dataset).__getitems__(SeededBatch([3, 1], seed=11)) for _ in range(2))
+    assert dataset.reads == [[3, 1], [3, 1]]
+    assert [s["inputs"] for s in first] == [s["inputs"] for s in again], "drawn from the batch's seed"

@@ -506,8 +506,8 @@ def test_a_resumed_run_loads_each_batch_with_the_augmentations_the_uninterrupted
     from the batch after's (and the model's dropout from other numbers); with workers, the
     resumed workers started again from their seeds. Either way the resumed run trained on
     other samples than the uninterrupted one. With the draws seeded per batch, another
-    ``data.num_workers`` trains the same run too, and ``blocks eval`` scores the validation
-    samples the run's validation drew.
+    ``data.num_workers`` trains the same run too (the model draws from torch only), and
+    ``blocks eval`` scores the validation samples the run's validation drew.
     """
     monkeypatch.setenv("BLOCKS_ALLOW_IMPORTS", "tests")
     args = [

@@ -34,9 +34,12 @@ def fetch(dataset: Any, indices: list[int], seed: int | None) -> Any:
     """Samples *indices* of *dataset*, the draws of loading them made from *seed* (:func:`seeded_draws`).
 
     A dataset with a ``gather(indices)`` method gathers them in one indexing operation, which
-    saves a call and a copy per sample, a measurable share of a small model's step.
+    saves a call and a copy per sample, a measurable share of a small model's step; one with
+    torch's ``__getitems__`` (a batched read) is read with it; any other, sample by sample.
     """
     gather = getattr(dataset, "gather", None)
+    if not callable(gather):
+        gather = getattr(dataset, "__getitems__", None)
     with seeded_draws(seed):
         return gather(indices) if callable(gather) else [dataset[i] for i in indices]
 
@@ -47,7 +50,9 @@ class BatchedFetch(Dataset):
     The DataLoader calls ``__getitems__`` with a whole batch of indices (the batch sampler's
     :class:`~blocks.runtime.sampler.SeededBatch`) when a dataset has it: the random draws of
     loading them (augmentations) follow from the batch's place in the data, and a resume, or
-    another ``data.num_workers``, loads each batch as the uninterrupted run did. The datasets
+    another ``data.num_workers``, loads each batch as the uninterrupted run did (a model that
+    draws from Python's or NumPy's generator in a step draws differently with and without
+    workers: see :func:`~blocks.runtime.seeds.seeded_draws`). The datasets
     themselves keep torch's plain protocol, so they still work with any DataLoader.
     """
 
@@ -226,10 +231,10 @@ class BlocksDataModule(pl.LightningDataModule):
         """Options shared by the loaders.
 
         Each loader gets its own generator, so creating an iterator never draws from the global
-        RNG (which would shift dropout after a resume). It only seeds the loader's workers (the
-        batch samplers decide the order), by data-parallel index: workers of different shares
-        draw different augmentations. Workers outlive a signal to the whole job
-        (:func:`outlive_stop_signals`).
+        RNG (which would shift dropout after a resume). It only seeds the loader's workers, by
+        data-parallel index, for what they draw outside loading a batch: the batch samplers
+        decide the order, and each batch's seed its augmentations (:func:`fetch`). Workers
+        outlive a signal to the whole job (:func:`outlive_stop_signals`).
         """
         rank = self.trainer.global_rank if self.trainer is not None else 0
         workers = self.data.num_workers
