@@ -1032,3 +1032,14 @@ def test_a_sweep_over_values_read_from_the_environment_writes_none_of_them(
     assert identity == {"monitor.logger_args.csv.name": "${oc.env:BLOCKS_TEST_SECRET_B}"}
     for secret in secrets:
         hidden_everywhere(secret, result.output, sweep)
+
+
+def test_a_swept_value_read_from_the_environment_is_named_without_reading_it() -> None:
+    """The swept value's interpolation text was looked up only after resolving it, which read the
+    environment (and failed on a variable not set where the sweep records its jobs)."""
+    from omegaconf import OmegaConf
+
+    from blocks.launch.sweep import job_value
+
+    config = OmegaConf.create({"monitor": {"tag": "${oc.env:BLOCKS_TEST_NEVER_SET}"}})
+    assert job_value(config, {}, "monitor.tag") == "${oc.env:BLOCKS_TEST_NEVER_SET}"

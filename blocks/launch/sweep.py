@@ -129,7 +129,7 @@ def shared_checkpoint_dirs(
     ]
     if searched:
         what = "every trial of the search would keep its checkpoints in {directory} and resume from another's"
-        example = "-".join(_short(key) + "${" + key + "}" for key in searched)
+        example = "-".join(_short(key) + "${" + _interpolated(key) + "}" for key in searched)
         fix = (
             "leave checkpoint.dir unset (each trial then keeps its checkpoints in its own run dir), or make "
             f"it name every key the search varies ({', '.join(searched)}), e.g. checkpoint.dir=<dir>/{example}"
@@ -157,6 +157,11 @@ def normalized_dir(directory: str) -> str:
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", directory):
         return directory.rstrip("/") or directory
     return os.path.normpath(os.path.abspath(directory))
+
+
+def _interpolated(key: str) -> str:
+    """What names *key*'s value in an interpolation: a config group's choice (``model``) is ``hydra:runtime.choices.model``."""
+    return key if "." in key else f"hydra:runtime.choices.{key}"
 
 
 def _short(key: str) -> str:
@@ -196,7 +201,8 @@ def mixed_objectives(jobs: Sequence[tuple[Sequence[str], Plan]]) -> list[Problem
 
 def _falls_back(plan: Plan) -> bool:
     """Whether *plan*'s job would return ``train/loss`` for its validation objective (it has no validation split)."""
-    return any(p.check == "objective-validation" for p in plan.problems)
+    # A warning only: maximized, it is an error and the job falls back to nothing.
+    return any(p.check == "objective-validation" for p in plan.warnings)
 
 
 def shared_run_dirs(jobs: Sequence[tuple[Sequence[str], DictConfig]]) -> list[Problem]:
@@ -362,18 +368,18 @@ def job_value(config: DictConfig, choices: dict[str, str], key: str) -> Any:
     """
     if key in choices:
         return choices[key]
-    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=False)  # values from the environment stay ${oc.env:...}
     parent_key, _, name = key.replace("[", ".").replace("]", "").rpartition(".")
     parent = OmegaConf.select(config, parent_key, default=None) if parent_key else config
     if isinstance(parent, (DictConfig, ListConfig)) and OmegaConf.is_interpolation(
         parent, int(name) if isinstance(parent, ListConfig) and name.isdigit() else name
-    ):
+    ):  # looked at before it is resolved, which would read the environment
         dotted = f"{parent_key}.{name}" if parent_key else name
         for path, raw in env_interpolations(config).items():
             if ".".join(map(str, path)) == dotted:
                 return raw
+    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=False)  # values from the environment stay ${oc.env:...}
     return value
 
 
