@@ -429,11 +429,11 @@ def _refuse_a_lost_position(directory: str, previous: Start) -> None:
     raise BlocksError(
         Problem(
             "checkpoint.resume",
-            f"no committed checkpoint is left in {directory}, but this run dir's job resumed from "
-            f"{resumed} there: its checkpoints were deleted or lost, and training would start "
+            f"none of the checkpoints this run dir's job saved or continued is left in {directory} "
+            f"(it resumed from {resumed} there): they were deleted or lost, and training would start "
             "over from step 0",
-            f"restore the checkpoints into {directory} (or point checkpoint.resume at a copy of "
-            "one), or start over from step 0 with checkpoint.resume=never",
+            f"restore the checkpoints into {directory} (or rerun pointing checkpoint.resume at a copy "
+            "of one), or rerun from step 0 with checkpoint.resume=never",
             check="resume-usable",
         )
     )
