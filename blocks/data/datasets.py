@@ -20,6 +20,8 @@ Sample = dict[str, torch.Tensor]
 class TokenWindows(Dataset[Sample]):
     """Non-overlapping windows of ``seq_len + 1`` tokens; item ``i`` predicts window ``i`` shifted by one."""
 
+    draws_while_loading = False  # no random numbers: loading needs no seed (blocks.runtime.datamodule.fetch)
+
     def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
         self.tokens = tokens
         self.seq_len = seq_len
@@ -55,6 +57,8 @@ class TokenWindows(Dataset[Sample]):
 
 class TensorPairs(Dataset[Sample]):
     """Samples from two aligned tensors: features and labels."""
+
+    draws_while_loading = False  # no random numbers: loading needs no seed (blocks.runtime.datamodule.fetch)
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         self.inputs = inputs

@@ -28,17 +28,23 @@ class SeededBatch(list[int]):
     """A micro-batch's sample indices, with the seed of the draws made while loading them (:func:`batch_seed`).
 
     The loader hands the batch sampler's lists to the dataset's ``__getitems__`` as they are (to a
-    worker, pickled), so the seed travels with the indices it belongs to.
+    worker, pickled), so the seed travels with the indices it belongs to. It is derived from
+    *key* (``batch_seed``'s arguments) when a fetch asks for it.
     """
 
-    __slots__ = ("seed",)
+    __slots__ = ("key",)
 
-    def __init__(self, indices: list[int], seed: int) -> None:
+    def __init__(self, indices: list[int], key: tuple[int, str, int, int]) -> None:
         super().__init__(indices)
-        self.seed = seed
+        self.key = key
 
-    def __reduce__(self) -> tuple[type[SeededBatch], tuple[list[int], int]]:
-        return SeededBatch, (list(self), self.seed)
+    @property
+    def seed(self) -> int:
+        """The seed of the batch's draws."""
+        return batch_seed(*self.key)
+
+    def __reduce__(self) -> tuple[type[SeededBatch], tuple[list[int], tuple[int, str, int, int]]]:
+        return SeededBatch, (list(self), self.key)
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -104,9 +110,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         for step in range(first, self.steps_per_epoch):
             for micro in range(self.accumulate):
                 begin = step * self.global_batch + micro * per_micro_step + self.rank * self.micro_batch
-                yield SeededBatch(
-                    order[begin : begin + self.micro_batch], batch_seed(seed, "train", epoch, begin)
-                )
+                yield SeededBatch(order[begin : begin + self.micro_batch], (seed, "train", epoch, begin))
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -149,4 +153,4 @@ class ShardedBatchSampler(Sampler[list[int]]):
         """The batches in order; every pass loads each with the same draws (:func:`batch_seed` of its first position)."""
         for begin in range(0, len(self.positions), self.batch_size):
             positions = self.positions[begin : begin + self.batch_size]
-            yield SeededBatch(positions, batch_seed(self.seed, "eval", 0, positions[0]))
+            yield SeededBatch(positions, (self.seed, "eval", 0, positions[0]))

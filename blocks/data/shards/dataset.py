@@ -23,6 +23,8 @@ class ShardWindows(Dataset[Sample]):
     stay open. Touching a shard starts fetching the shards that follow it in the epoch order.
     """
 
+    draws_while_loading = False  # no random numbers: loading needs no seed (blocks.runtime.datamodule.fetch)
+
     def __init__(
         self,
         manifest: Manifest,
