@@ -469,3 +469,88 @@ def test_a_built_in_block_with_a_field_no_config_holds_is_refused_at_registratio
     message = str(raised.value)
     assert message.startswith(f"model.pair: model block 'pair' ({__name__}.") and __file__ in message
     assert "has field 'pair' of type tuple[int, str], which no config can hold (ValidationError" in message
+
+
+def test_a_package_that_exits_while_importing_is_named_and_the_other_runs_go_on(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: a package calling ``sys.exit()`` at import ended every ``blocks`` command, saying
+    only its own message, with no package named."""
+    fake_site.install(
+        "exiting-blocks",
+        "0.1.0",
+        {"exits": "exiting_blocks"},
+        {"exiting_blocks/__init__.py": "import sys\nsys.exit('exiting cannot start')\n"},
+    )
+    result = cli_in_process("plan", "recipe=blobs")
+    assert result.returncode == 0, result.output
+    text = " ".join(result.output.split())
+    assert "exiting-blocks 0.1.0 (entry point 'exits' = exiting_blocks) failed to import" in text, text
+
+
+def test_a_lone_module_package_takes_no_conf_dir_beside_it(fake_site: FakeSite, cli_in_process) -> None:
+    """Regression: a package that is a single module took any ``conf/`` in site-packages (another
+    distribution's, badly packaged) as its presets."""
+    fake_site.install(
+        "single-blocks",
+        "0.1.0",
+        {"single": "single_blocks"},
+        {"single_blocks.py": "BLOCKS_API = 1\n", "conf/model/foreign.yaml": "_block_: mlp\n"},
+    )
+    result = cli_in_process("list")  # the options of each group, presets included
+    assert result.returncode == 0, result.output
+    assert "single/foreign" not in result.output
+
+
+def test_an_api_version_written_as_a_string_is_named_as_one(fake_site: FakeSite, cli_in_process) -> None:
+    """Regression: ``BLOCKS_API = "1"`` was refused saying it targets block API 1, which this blocks implements."""
+    fake_site.install(
+        "quoted-blocks",
+        "0.1.0",
+        {"quoted": "quoted_blocks"},
+        {"quoted_blocks/__init__.py": 'BLOCKS_API = "1"\n'},
+    )
+    result = cli_in_process("plan", "recipe=blobs")
+    text = " ".join(result.output.split())
+    assert "targets block API '1', but this blocks implements block API 1" in text, text
+    assert "must set BLOCKS_API = 1, an int" in text, text
+
+
+UNFINISHED = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import ModelBlock
+
+BLOCKS_API = 1
+
+
+@register("unfinished")
+@dataclass(frozen=True, kw_only=True)
+class Unfinished(ModelBlock):
+    """A model block without num_parameters."""
+
+    def build(self, spec):
+        """A network."""
+        from torch import nn
+
+        return nn.Linear(spec.num_features, spec.num_classes)
+'''
+
+
+def test_a_block_missing_a_required_method_is_told_to_define_it_not_blamed_on_blocks(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: the base class's ``NotImplementedError`` was reported as "a bug in blocks"."""
+    fake_site.install(
+        "unfinished-blocks",
+        "0.1.0",
+        {"todo": "unfinished_blocks"},
+        {"unfinished_blocks/__init__.py": UNFINISHED},
+    )
+    result = cli_in_process("plan", "recipe=blobs", "model=todo/unfinished")
+    assert result.returncode == 2, result.output
+    text = " ".join(result.output.replace("│", "").split())
+    assert "does not define num_parameters(), which every model block must" in text, text
+    assert "define num_parameters() in unfinished_blocks:Unfinished" in text, text
+    assert "bug in blocks" not in text

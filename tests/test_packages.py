@@ -197,6 +197,26 @@ def test_a_new_package_installs_and_passes_its_own_test(venv: Venv, tmp_path: Pa
     assert "1 passed" in tested.stdout
 
 
+def test_a_new_package_passes_ruff_as_made(tmp_path: Path) -> None:
+    """Regression: the scaffolded package failed ``ruff check`` (its imports' grouping) and ``ruff format
+    --check`` (lines past ruff's default length) in its own directory, before a line was changed."""
+    import subprocess
+    import sys
+
+    from tests.conftest import run_in_process
+
+    assert run_in_process(["new-package", "lint-blocks"], cwd=tmp_path).returncode == 0
+    for command in (["check", "--no-cache", "."], ["format", "--no-cache", "--check", "."]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *command],
+            cwd=tmp_path / "lint-blocks",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_new_package_refuses_an_existing_directory_and_a_bad_name(tmp_path: Path) -> None:
     """In this process: a refused scaffold reads no installed package (``venv``'s three CLI starts took ~3 s)."""
     (tmp_path / "taken").mkdir()

@@ -40,6 +40,9 @@ packages = ["src/$module"]
 [tool.pytest.ini_options]
 # blocks' conformance kit trains in pytest's own process (no interpreter start per run)
 blocks_kit_in_process = true
+
+[tool.ruff]
+line-length = 110
 """
 
 README = """\
@@ -84,10 +87,9 @@ from blocks.data import FeatureBatch
 from blocks.model import ModelBlock
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from blocks.core.plan import CheckContext
     from blocks.data import BatchSpec
+    from torch import nn
 
 
 @register("tiny_mlp")
@@ -106,7 +108,7 @@ class TinyMLP(ModelBlock):
     def num_parameters(self, spec: BatchSpec) -> int:
         """Weights and biases of both layers (torch-free, for the plan)."""
         assert isinstance(spec, FeatureBatch)
-        return spec.num_features * self.hidden + self.hidden + self.hidden * spec.num_classes + spec.num_classes
+        return (spec.num_features + 1) * self.hidden + (self.hidden + 1) * spec.num_classes
 
     def build(self, spec: BatchSpec) -> nn.Module:
         """The network for *spec*."""

@@ -52,6 +52,15 @@ def raised_in_block(exc: BaseException, blocks: Mapping[str, Block]) -> Problem 
         ask = f"report it to the maintainers of {entry.package} (with this message)"
     else:  # a project's own block, or one a script registered
         made_by, ask = target, f"fix {target}"
+    if in_blocks and made_by != "blocks" and isinstance(exc, NotImplementedError):
+        name = _method_name(method, block).rsplit(".", 1)[-1]
+        return Problem(
+            key=kind,
+            message=f"{kind} block '{block.block_name}' ({target}, from {made_by}) does not define {name}(), "
+            f"which every {kind} block must: blocks' base class has none to fall back on",
+            fix=f"define {name}() in {target} (see the docs: Write a block), or choose another {kind} block",
+            check="block-raised",
+        )
     where = ""
     if in_blocks and made_by != "blocks":
         # blocks' base-class code, reached through super(): a bug in blocks, or a value of the

@@ -258,7 +258,7 @@ def _load(name: str, ep: EntryPoint) -> None:
     try:
         with REGISTRY.namespace(name, dist_name, version), RECIPES.namespace(name, dist_name):
             module = importlib.import_module(ep.module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a package that exits while importing must not end blocks
         REGISTRY.drop_namespace(name)
         RECIPES.drop_namespace(name)
         _problems[name] = PackageProblem(
@@ -272,19 +272,21 @@ def _load(name: str, ep: EntryPoint) -> None:
         return
     api = getattr(module, "BLOCKS_API", None)
     source = getattr(module, "__file__", None)
-    conf = Path(source).parent / "conf" if source else None
+    is_package = module.__spec__ is not None and module.__spec__.submodule_search_locations is not None
+    # A lone module has no conf/ of its own: one beside it is another distribution's.
+    conf = Path(source).parent / "conf" if source and is_package else None
     package = BlockPackage(name, ep.module, dist_name, version, api, conf if conf and conf.is_dir() else None)
     _packages[name] = package
     REGISTRY.package_modules.append(ep.module)
     if not package.compatible:
-        declared = f"targets block API {api}" if api is not None else "declares no BLOCKS_API"
+        declared = f"targets block API {api!r}" if api is not None else "declares no BLOCKS_API"
         _problems[name] = PackageProblem(
             name,
             "incompatible",
             f"package {label} {declared}, but this blocks implements block API {API_VERSION}; "
             f"its blocks are listed but cannot be used",
             f"install a release of {dist_name} made for block API {API_VERSION} "
-            f"(its module {ep.module} must set BLOCKS_API = {API_VERSION})",
+            f"(its module {ep.module} must set BLOCKS_API = {API_VERSION}, an int)",
         )
 
 
