@@ -554,3 +554,46 @@ def test_a_block_missing_a_required_method_is_told_to_define_it_not_blamed_on_bl
     assert "does not define num_parameters(), which every model block must" in text, text
     assert "define num_parameters() in unfinished_blocks:Unfinished" in text, text
     assert "bug in blocks" not in text
+
+
+ACME = '''
+from dataclasses import dataclass
+
+from blocks import register
+from blocks.model import MLP
+
+BLOCKS_API = 1
+
+
+@register("tiny")
+@dataclass(frozen=True, kw_only=True)
+class Tiny(MLP):
+    """An MLP."""
+'''
+
+
+def test_blocks_of_a_package_whose_namespace_collided_are_not_registered_under_an_importers(
+    fake_site: FakeSite, cli_in_process
+) -> None:
+    """Regression: two packages claiming 'acme' were both refused, but a third package importing one of
+    them registered its blocks in its own namespace, attributed to itself (and a project recipe
+    importing it, as built-in blocks of blocks)."""
+    fake_site.install("acme-one", "0.1.0", {"acme": "acme_one"}, {"acme_one/__init__.py": ACME})
+    fake_site.install("acme-two", "0.1.0", {"acme": "acme_two"}, {"acme_two/__init__.py": "BLOCKS_API = 1\n"})
+    fake_site.install(
+        "cross-blocks",
+        "0.1.0",
+        {"crs": "cross_blocks"},
+        {"cross_blocks/__init__.py": "import acme_one\nBLOCKS_API = 1\n"},
+    )
+    result = cli_in_process("list", "model", "--json")
+    assert result.returncode == 0, result.output
+    names = {e["name"] for e in json.loads(result.output[result.output.index("\n[") + 1 :])}
+    assert not {"crs/tiny", "acme/tiny", "tiny"} & names, names
+    planned = cli_in_process("plan", "recipe=blobs")
+    text = " ".join(planned.output.split())
+    assert "both claim the block namespace 'acme'" in text, text
+    assert "cross-blocks 0.1.0 (entry point 'crs' = cross_blocks) failed to import" in text, text
+    assert (
+        "acme_one is part of package acme-one 0.1.0, whose block namespace 'acme' was not loaded" in text
+    ), text

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from blocks.core.recipe import RECIPES
 from blocks.spec.block import Block
-from blocks.spec.errors import ConfigError, Problem, describe_exception
+from blocks.spec.errors import ConfigError, Problem, RegistryError, describe_exception
 from blocks.spec.registry import CONFIG_TYPES, REGISTRY, Entry, Rejected
 
 if TYPE_CHECKING:
@@ -151,16 +151,27 @@ def discover(group: str = ENTRY_POINT_GROUP) -> None:
     by_name: dict[str, list[EntryPoint]] = defaultdict(list)
     for ep in entry_points(group=group):
         by_name[ep.name].append(ep)
-    # A package's blocks take its namespace even when another package imports them first.
+    # A package's blocks take its namespace even when another package imports them first; those of
+    # a package that is not loaded (its namespace collides, or is invalid) take none.
     owners: dict[str, tuple[str, str, str]] = {}
+    refused: dict[str, tuple[str, str, str]] = {}
     for namespace, eps in by_name.items():
         if len({_dist_label(ep) for ep in eps}) == 1 and _NAMESPACE.match(namespace):
             owners[eps[0].module] = (namespace, *_dist_name_version(eps[0]))
+        else:
+            refused.update((ep.module, (namespace, *_dist_name_version(ep))) for ep in eps)
 
     by_top = _owners_by_top_level(owners)
 
     def owner(module: str) -> tuple[str, str, str] | None:
-        return _owner_of(module, owners) or by_top.get(module.split(".")[0])
+        found = _owner_of(module, owners) or by_top.get(module.split(".")[0])
+        if found is None and (lost := _owner_of(module, refused)) is not None:
+            namespace, dist_name, version = lost
+            raise RegistryError(
+                f"{module} is part of package {dist_name} {version}, whose block namespace '{namespace}' "
+                "was not loaded (see `blocks list`): its blocks cannot be registered under another"
+            )
+        return found
 
     REGISTRY.owner = RECIPES.owner = owner
     for name in sorted(by_name):
