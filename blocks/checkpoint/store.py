@@ -812,9 +812,9 @@ def load_verified(url: str, load: Callable[[BinaryIO], _T]) -> _T:
     once, in order, into a local copy (:func:`spooled`; into memory where there is no room),
     hashed as the bytes arrive, and *load* reads the copy once it matches: a loader's reads jump
     about the file (a zip reader reads its end first), and read from the store they fetched
-    parts of it twice or more. The copy lives only while *load* runs. A mismatch raises :class:`CheckpointError`, also when *load* itself failed on
-    the damaged file; nothing *load* returned is handed out unverified. *load* must only read
-    (it may see a corrupt file).
+    parts of it twice or more. The copy lives only while *load* runs. A mismatch raises
+    :class:`CheckpointError`, also when *load* itself failed on the damaged file; nothing
+    *load* returned is handed out unverified. *load* must only read (it may see a corrupt file).
     """
     manifest = read_manifest(url)
     _run_checks(
@@ -1005,8 +1005,9 @@ def to_delete(
     """URLs retention may delete: not among the newest ``keep_last``, the best ``keep_best``, or *protected*.
 
     The best are ranked by *monitor* in their manifests; a checkpoint without it (not measured
-    at its step) or with NaN (which no value is better or worse than) is no candidate. The newest committed checkpoint is always kept. *stale* checkpoints are newer than the
-    one this run started from: left behind by an earlier attempt that got further but could not
+    at its step) or with NaN (which no value is better or worse than) is no candidate. The
+    newest committed checkpoint is always kept. *stale* checkpoints are newer than the one this
+    run started from: left behind by an earlier attempt that got further but could not
     be resumed from (corrupt, or ``resume=never``). They never count among the newest or the
     best (else each new checkpoint would be deleted right after it is written) and are deleted
     once this run has saved a checkpoint at or past their step.

@@ -201,8 +201,9 @@ class CheckContext:
         """Report field *name* if the metric it names is never logged (with a did-you-mean).
 
         A ``val/`` metric also needs a validation split. *fallback* says what happens instead
-        (for a warning), *validation_fix* replaces the usual fix. Every field that names a metric (``checkpoint.monitor``,
-        ``monitor.objective``) is checked here, against :attr:`metrics`.
+        (for a warning); *validation_fix*, when given, replaces the usual fix. Every field that
+        names a metric (``checkpoint.monitor``, ``monitor.objective``) is checked here, against
+        :attr:`metrics`.
         """
         key = self._sink._key(name)
         logged = self.metrics

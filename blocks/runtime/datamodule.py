@@ -61,8 +61,8 @@ class BatchedFetch(Dataset):
     loading them (augmentations) follow from the batch's place in the data, and a resume, or
     another ``data.num_workers``, loads each batch as the uninterrupted run did (a model that
     draws from Python's or NumPy's generator in a step draws differently with and without
-    workers: see :func:`~blocks.runtime.seeds.seeded_draws`). The datasets
-    themselves keep torch's plain protocol, so they still work with any DataLoader.
+    workers: see :func:`~blocks.runtime.seeds.seeded_draws`). The datasets themselves keep
+    torch's plain protocol, so they still work with any DataLoader.
     """
 
     def __init__(self, dataset: Any) -> None:

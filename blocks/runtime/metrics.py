@@ -33,7 +33,8 @@ class MetricsRecorder(pl.Callback):
     scheduler steps), ``grad_norm`` (before clipping, unscaled), ``samples_per_s``,
     ``tokens_per_s`` (token batches), ``step_time_s``, ``data_wait_s`` (time per step spent
     waiting for the next batch), ``peak_memory_mb`` (CUDA max allocated, or the process's peak
-    RSS on CPU, since this job's training started: see :func:`reset_peak_memory`) and, when the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
+    RSS on CPU, since this job's training started: see :func:`reset_peak_memory`) and, when
+    the model reports its FLOPs per sample, ``tflops_per_s`` and ``mfu``
     (when the device's peak at the run's precision is known: fp32 for ``32-true``, the 16-bit
     tensor-core peak otherwise). With several processes the loss is averaged over ranks and
     ``train/loss_spread`` ((max - min) / mean over ranks) is logged, with each rank's loss
